@@ -283,7 +283,10 @@ mod tests {
         let mut ch = Vec::new();
         p.allocate(&mut ch).unwrap();
         p.allocate(&mut ch).unwrap();
-        assert_eq!(ch, vec![PoolChange::Evicted(h(11)), PoolChange::Evicted(h(21))]);
+        assert_eq!(
+            ch,
+            vec![PoolChange::Evicted(h(11)), PoolChange::Evicted(h(21))]
+        );
         assert_eq!(p.lookup(h(10)), Some(r1[0]));
         assert_eq!(p.lookup(h(11)), None);
         // Releasing 10 again makes it most recently used.

@@ -32,7 +32,11 @@ pub struct Args {
     pub block_size: usize,
     /// KV-cache capacity in blocks (vLLM: --num-gpu-blocks-override).
     /// 25,000 blocks of 16 is what an 8B model leaves free on an 80 GB H100.
-    #[arg(long, visible_alias = "num-gpu-blocks-override", default_value_t = 25_000)]
+    #[arg(
+        long,
+        visible_alias = "num-gpu-blocks-override",
+        default_value_t = 25_000
+    )]
     pub num_gpu_blocks: usize,
     /// Most sequences in one batch.
     #[arg(long, default_value_t = 256)]
@@ -144,7 +148,8 @@ pub struct KvEventsSettings {
 impl Args {
     /// The latency profile with overrides applied.
     pub fn latency_profile(&self) -> Result<LatencyProfile, String> {
-        let mut p = LatencyProfile::by_name(&self.profile).ok_or_else(|| format!("unknown profile {}", self.profile))?;
+        let mut p = LatencyProfile::by_name(&self.profile)
+            .ok_or_else(|| format!("unknown profile {}", self.profile))?;
         let set = |dst: &mut f64, v: Option<f64>, scale: f64, name: &str| -> Result<(), String> {
             if let Some(v) = v {
                 if !(v.is_finite() && v >= 0.0) {
@@ -154,12 +159,37 @@ impl Args {
             }
             Ok(())
         };
-        set(&mut p.prefill_overhead_us, self.prefill_overhead_ms, 1000.0, "prefill-overhead-ms")?;
-        set(&mut p.prefill_per_token_us, self.prefill_per_token_us, 1.0, "prefill-per-token-us")?;
-        set(&mut p.prefill_attn_per_pair_ns, self.prefill_attn_per_pair_ns, 1.0, "prefill-attn-per-pair-ns")?;
-        set(&mut p.step_base_us, self.step_base_ms, 1000.0, "step-base-ms")?;
+        set(
+            &mut p.prefill_overhead_us,
+            self.prefill_overhead_ms,
+            1000.0,
+            "prefill-overhead-ms",
+        )?;
+        set(
+            &mut p.prefill_per_token_us,
+            self.prefill_per_token_us,
+            1.0,
+            "prefill-per-token-us",
+        )?;
+        set(
+            &mut p.prefill_attn_per_pair_ns,
+            self.prefill_attn_per_pair_ns,
+            1.0,
+            "prefill-attn-per-pair-ns",
+        )?;
+        set(
+            &mut p.step_base_us,
+            self.step_base_ms,
+            1000.0,
+            "step-base-ms",
+        )?;
         set(&mut p.per_seq_us, self.per_seq_us, 1.0, "per-seq-us")?;
-        set(&mut p.decode_per_ctx_token_us, self.decode_per_ctx_token_ns, 0.001, "decode-per-ctx-token-ns")?;
+        set(
+            &mut p.decode_per_ctx_token_us,
+            self.decode_per_ctx_token_ns,
+            0.001,
+            "decode-per-ctx-token-ns",
+        )?;
         Ok(p)
     }
 
@@ -169,7 +199,10 @@ impl Args {
             return Err("--block-size must be positive".into());
         }
         if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
-            return Err(format!("--time-scale must be >= 0, got {}", self.time_scale));
+            return Err(format!(
+                "--time-scale must be >= 0, got {}",
+                self.time_scale
+            ));
         }
         if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 || self.max_model_len < 2 {
             return Err("--max-num-seqs and --max-num-batched-tokens must be positive, --max-model-len at least 2".into());
@@ -180,7 +213,10 @@ impl Args {
                 self.num_gpu_blocks, self.block_size, self.num_gpu_blocks * self.block_size, self.max_model_len
             ));
         }
-        for (n, r) in [("fault-fail-rate", self.fault_fail_rate), ("fault-drop-event-rate", self.fault_drop_event_rate)] {
+        for (n, r) in [
+            ("fault-fail-rate", self.fault_fail_rate),
+            ("fault-drop-event-rate", self.fault_drop_event_rate),
+        ] {
             if !(0.0..=1.0).contains(&r) {
                 return Err(format!("--{n} must be within [0, 1], got {r}"));
             }
@@ -195,32 +231,47 @@ impl Args {
         let mut s = KvEventsSettings {
             enabled: true,
             endpoint: format!("tcp://{}:{}", self.host, self.kv_events_port),
-            replay_endpoint: (!self.no_kv_events_replay).then(|| format!("tcp://{}:{}", self.host, self.kv_events_replay_port)),
+            replay_endpoint: (!self.no_kv_events_replay)
+                .then(|| format!("tcp://{}:{}", self.host, self.kv_events_replay_port)),
             topic: self.kv_events_topic.clone(),
             buffer_steps: self.kv_events_buffer_steps,
         };
         if let Some(cfg) = &self.kv_events_config {
-            let v: serde_json::Value = serde_json::from_str(cfg).map_err(|e| format!("--kv-events-config is not valid JSON: {e}"))?;
-            let obj = v.as_object().ok_or("--kv-events-config must be a JSON object")?;
+            let v: serde_json::Value = serde_json::from_str(cfg)
+                .map_err(|e| format!("--kv-events-config is not valid JSON: {e}"))?;
+            let obj = v
+                .as_object()
+                .ok_or("--kv-events-config must be a JSON object")?;
             let host = &self.host;
             let fix = |e: &str| e.replace("://*:", &format!("://{host}:"));
             for (k, val) in obj {
                 match (k.as_str(), val) {
                     ("enable_kv_cache_events", serde_json::Value::Bool(b)) => s.enabled = *b,
-                    ("publisher", serde_json::Value::String(p)) if p == "zmq" || p == "null" => s.enabled &= p == "zmq",
+                    ("publisher", serde_json::Value::String(p)) if p == "zmq" || p == "null" => {
+                        s.enabled &= p == "zmq"
+                    }
                     ("endpoint", serde_json::Value::String(e)) => s.endpoint = fix(e),
-                    ("replay_endpoint", serde_json::Value::String(e)) => s.replay_endpoint = Some(fix(e)),
+                    ("replay_endpoint", serde_json::Value::String(e)) => {
+                        s.replay_endpoint = Some(fix(e))
+                    }
                     ("replay_endpoint", serde_json::Value::Null) => s.replay_endpoint = None,
                     ("topic", serde_json::Value::String(t)) => s.topic = t.clone(),
                     ("buffer_steps", serde_json::Value::Number(n)) => {
-                        s.buffer_steps = n.as_u64().ok_or("--kv-events-config.buffer_steps must be a positive integer")? as usize
+                        s.buffer_steps = n
+                            .as_u64()
+                            .ok_or("--kv-events-config.buffer_steps must be a positive integer")?
+                            as usize
                     }
                     ("hwm" | "max_queue_size" | "enable_kv_cache_events" | "publisher", _) => {
                         if !matches!(k.as_str(), "hwm" | "max_queue_size") {
                             return Err(format!("--kv-events-config.{k} has the wrong type"));
                         }
                     }
-                    _ => return Err(format!("--kv-events-config.{k} is not a known field or has the wrong type")),
+                    _ => {
+                        return Err(format!(
+                            "--kv-events-config.{k} is not a known field or has the wrong type"
+                        ))
+                    }
                 }
             }
         }
@@ -250,7 +301,12 @@ mod tests {
 
     #[test]
     fn overrides_apply_with_units() {
-        let a = args(&["--prefill-overhead-ms", "10", "--decode-per-ctx-token-ns", "50"]);
+        let a = args(&[
+            "--prefill-overhead-ms",
+            "10",
+            "--decode-per-ctx-token-ns",
+            "50",
+        ]);
         let p = a.latency_profile().unwrap();
         assert_eq!(p.prefill_overhead_us, 10_000.0);
         assert!((p.decode_per_ctx_token_us - 0.05).abs() < 1e-12);
@@ -259,12 +315,17 @@ mod tests {
 
     #[test]
     fn vllm_kv_events_config_is_understood() {
-        let a = args(&["--kv-events-config", r#"{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv-events"}"#]);
+        let a = args(&[
+            "--kv-events-config",
+            r#"{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv-events"}"#,
+        ]);
         let s = a.kv_events().unwrap();
         assert_eq!(s.endpoint, "tcp://127.0.0.1:5557");
         assert_eq!(s.replay_endpoint.as_deref(), Some("tcp://127.0.0.1:5558"));
         assert_eq!(s.topic, "kv-events");
-        assert!(args(&["--kv-events-config", "{\"bogus\":1}"]).kv_events().is_err());
+        assert!(args(&["--kv-events-config", "{\"bogus\":1}"])
+            .kv_events()
+            .is_err());
         assert!(args(&["--kv-events-config", "[1"]).kv_events().is_err());
     }
 

@@ -141,7 +141,10 @@ impl Engine {
     /// A new, idle engine. `output_vocab` holds the token ids the synthetic
     /// completions cycle through (must be non-empty).
     pub fn new(cfg: EngineConfig, output_vocab: Arc<[u32]>) -> Self {
-        assert!(!output_vocab.is_empty(), "output vocabulary must not be empty");
+        assert!(
+            !output_vocab.is_empty(),
+            "output vocabulary must not be empty"
+        );
         assert!(cfg.block_size > 0, "block size must be positive");
         Engine {
             pool: BlockPool::new(cfg.num_gpu_blocks),
@@ -279,7 +282,10 @@ impl Engine {
             }
             let s = &mut self.running[i];
             for _ in 0..need {
-                let b = self.pool.allocate(&mut changes).expect("checked free blocks");
+                let b = self
+                    .pool
+                    .allocate(&mut changes)
+                    .expect("checked free blocks");
                 s.blocks.push(b);
             }
             sched.push((i, n));
@@ -327,7 +333,10 @@ impl Engine {
             s.blocks = hit_ids;
             s.registered = hit_blocks;
             for _ in 0..need {
-                let b = self.pool.allocate(&mut changes).expect("checked free blocks");
+                let b = self
+                    .pool
+                    .allocate(&mut changes)
+                    .expect("checked free blocks");
                 s.blocks.push(b);
             }
             s.num_computed = computed;
@@ -371,7 +380,8 @@ impl Engine {
             extend_chain(&mut s.hashes, &s.tokens[..full * bs], bs, salt.as_deref());
             let mut run_start: Option<usize> = None;
             for b in s.registered..full {
-                let stored = self.cfg.enable_prefix_caching && self.pool.cache(s.blocks[b], s.hashes[b]);
+                let stored =
+                    self.cfg.enable_prefix_caching && self.pool.cache(s.blocks[b], s.hashes[b]);
                 match (stored, run_start) {
                     (true, None) => run_start = Some(b),
                     (false, Some(st)) => {
@@ -441,7 +451,9 @@ fn push_removed(events: &mut Vec<KvEvent>, h: BlockHash) {
     if let Some(KvEvent::BlockRemoved { block_hashes }) = events.last_mut() {
         block_hashes.push(h);
     } else {
-        events.push(KvEvent::BlockRemoved { block_hashes: vec![h] });
+        events.push(KvEvent::BlockRemoved {
+            block_hashes: vec![h],
+        });
     }
 }
 
@@ -476,7 +488,12 @@ mod tests {
         Engine::new(cfg(blocks), Arc::from(vec![7u32, 8, 9]))
     }
 
-    fn add(e: &mut Engine, id: u64, prompt: Vec<u32>, max_tokens: u32) -> UnboundedReceiver<TokenOutput> {
+    fn add(
+        e: &mut Engine,
+        id: u64,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+    ) -> UnboundedReceiver<TokenOutput> {
         let (tx, rx) = unbounded_channel();
         e.add_request(NewRequest {
             id,
@@ -542,7 +559,10 @@ mod tests {
         let o2 = run_to_idle(&mut e);
         assert_eq!(drain(&mut r2)[0].cached_tokens, 32);
         assert_eq!(o1[0].work.prefill_tokens, 35);
-        assert_eq!(o2[0].work.prefill_tokens, 3, "only the uncached suffix is computed");
+        assert_eq!(
+            o2[0].work.prefill_tokens, 3,
+            "only the uncached suffix is computed"
+        );
         assert!(o2[0].duration < o1[0].duration);
         assert_eq!(e.stats().prefix_cache_hits, 32);
         assert_eq!(e.stats().prefix_cache_queries, 70);
@@ -570,9 +590,12 @@ mod tests {
             .iter()
             .flat_map(|o| o.events.iter())
             .filter_map(|ev| match ev {
-                KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, .. } => {
-                    Some((block_hashes.clone(), *parent_block_hash, token_ids.clone()))
-                }
+                KvEvent::BlockStored {
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    ..
+                } => Some((block_hashes.clone(), *parent_block_hash, token_ids.clone())),
                 _ => None,
             })
             .collect();
@@ -618,12 +641,21 @@ mod tests {
         c.max_num_batched_tokens = 16;
         c.max_num_seqs = 2;
         let mut e = Engine::new(c, Arc::from(vec![1u32]));
-        let mut rxs: Vec<_> = (0..3).map(|i| add(&mut e, i, (0..40).map(|t| t + i as u32 * 1000).collect(), 2)).collect();
+        let mut rxs: Vec<_> = (0..3)
+            .map(|i| add(&mut e, i, (0..40).map(|t| t + i as u32 * 1000).collect(), 2))
+            .collect();
         let outs = run_to_idle(&mut e);
         assert_eq!(outs[0].work.prefill_tokens, 16);
-        assert_eq!(outs[0].work.prefill_seqs, 1, "one 16-token chunk fills the budget");
-        assert!(outs.iter().all(|o| o.work.prefill_tokens + o.work.decode_seqs as u64 <= 16));
-        assert!(outs.iter().all(|o| o.work.prefill_seqs + o.work.decode_seqs <= 2));
+        assert_eq!(
+            outs[0].work.prefill_seqs, 1,
+            "one 16-token chunk fills the budget"
+        );
+        assert!(outs
+            .iter()
+            .all(|o| o.work.prefill_tokens + o.work.decode_seqs as u64 <= 16));
+        assert!(outs
+            .iter()
+            .all(|o| o.work.prefill_seqs + o.work.decode_seqs <= 2));
         for rx in &mut rxs {
             assert_eq!(drain(rx).len(), 2);
         }

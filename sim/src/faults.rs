@@ -42,7 +42,9 @@ pub struct FaultSettings {
 
 fn check_rate(name: &str, v: Option<f64>) -> Result<(), String> {
     match v {
-        Some(r) if !(0.0..=1.0).contains(&r) => Err(format!("{name} must be within [0, 1], got {r}")),
+        Some(r) if !(0.0..=1.0).contains(&r) => {
+            Err(format!("{name} must be within [0, 1], got {r}"))
+        }
         _ => Ok(()),
     }
 }
@@ -56,7 +58,8 @@ impl Faults {
             self.fail_rate_bits.store(r.to_bits(), Ordering::Relaxed);
         }
         if let Some(r) = s.drop_event_rate {
-            self.drop_event_rate_bits.store(r.to_bits(), Ordering::Relaxed);
+            self.drop_event_rate_bits
+                .store(r.to_bits(), Ordering::Relaxed);
         }
         if let Some(n) = s.drop_next_event_batches {
             self.drop_next_batches.store(n, Ordering::Relaxed);
@@ -74,12 +77,13 @@ impl Faults {
     pub fn current(&self) -> FaultSettings {
         FaultSettings {
             fail_rate: Some(self.fail_rate()),
-            drop_event_rate: Some(f64::from_bits(self.drop_event_rate_bits.load(Ordering::Relaxed))),
+            drop_event_rate: Some(f64::from_bits(
+                self.drop_event_rate_bits.load(Ordering::Relaxed),
+            )),
             drop_next_event_batches: Some(self.drop_next_batches.load(Ordering::Relaxed)),
-            stall_ms: Some(
-                self.stall_until()
-                    .map_or(0, |t| t.saturating_duration_since(Instant::now()).as_millis() as u64),
-            ),
+            stall_ms: Some(self.stall_until().map_or(0, |t| {
+                t.saturating_duration_since(Instant::now()).as_millis() as u64
+            })),
             unhealthy: Some(self.unhealthy()),
         }
     }
@@ -118,14 +122,31 @@ mod tests {
     #[test]
     fn rates_are_validated_and_drop_budget_counts_down() {
         let f = Faults::default();
-        assert!(f.apply(&FaultSettings { fail_rate: Some(1.5), ..Default::default() }).is_err());
-        f.apply(&FaultSettings { drop_next_event_batches: Some(2), ..Default::default() }).unwrap();
+        assert!(f
+            .apply(&FaultSettings {
+                fail_rate: Some(1.5),
+                ..Default::default()
+            })
+            .is_err());
+        f.apply(&FaultSettings {
+            drop_next_event_batches: Some(2),
+            ..Default::default()
+        })
+        .unwrap();
         assert!(f.drop_event_batch(0.99));
         assert!(f.drop_event_batch(0.99));
         assert!(!f.drop_event_batch(0.99));
-        f.apply(&FaultSettings { stall_ms: Some(10_000), ..Default::default() }).unwrap();
+        f.apply(&FaultSettings {
+            stall_ms: Some(10_000),
+            ..Default::default()
+        })
+        .unwrap();
         assert!(f.stall_until().is_some());
-        f.apply(&FaultSettings { stall_ms: Some(0), ..Default::default() }).unwrap();
+        f.apply(&FaultSettings {
+            stall_ms: Some(0),
+            ..Default::default()
+        })
+        .unwrap();
         assert!(f.stall_until().is_none());
     }
 }

@@ -176,7 +176,16 @@ mod tests {
         let keys: Vec<_> = m.iter().map(|(k, _)| k.as_str().unwrap()).collect();
         assert_eq!(
             keys,
-            ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"]
+            [
+                "type",
+                "block_hashes",
+                "parent_block_hash",
+                "token_ids",
+                "block_size",
+                "lora_id",
+                "medium",
+                "lora_name"
+            ]
         );
         // u64 above i64::MAX stays an unsigned int on the wire.
         assert_eq!(m[1].1.as_array().unwrap()[1].as_u64(), Some(u64::MAX));
@@ -184,8 +193,10 @@ mod tests {
 
     #[test]
     fn array_layout_is_positional() {
-        let v = KvEvent::BlockRemoved { block_hashes: vec![BlockHash(9)] }
-            .to_value(EventEncoding::Array, HashFormat::Bytes);
+        let v = KvEvent::BlockRemoved {
+            block_hashes: vec![BlockHash(9)],
+        }
+        .to_value(EventEncoding::Array, HashFormat::Bytes);
         let a = v.as_array().unwrap();
         assert_eq!(a[0].as_str(), Some("BlockRemoved"));
         assert_eq!(a[1].as_array().unwrap()[0].as_slice().unwrap().len(), 32);

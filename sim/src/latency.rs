@@ -161,7 +161,11 @@ mod tests {
         b.add_prefill(0, 8000);
         let mut c = StepWork::default();
         c.add_prefill(8000, 2000); // same new tokens, after a cached prefix
-        let (ta, tb, tc) = (ms(p.step_time(&a)), ms(p.step_time(&b)), ms(p.step_time(&c)));
+        let (ta, tb, tc) = (
+            ms(p.step_time(&a)),
+            ms(p.step_time(&b)),
+            ms(p.step_time(&c)),
+        );
         // 8000 tokens: 30 + 240 ms linear + 38 ms attention.
         assert!((300.0..320.0).contains(&tb), "{tb}");
         assert!(tb > ta * 3.0);

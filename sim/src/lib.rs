@@ -58,7 +58,11 @@ pub fn find_tokenizer_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
     }
     let rel = Path::new(".tools/tokenizers/qwen3");
     let mut starts = vec![std::env::current_dir().ok()];
-    starts.push(std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)));
+    starts.push(
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(Path::to_path_buf)),
+    );
     for start in starts.into_iter().flatten() {
         for dir in start.ancestors() {
             let c = dir.join(rel);
@@ -74,7 +78,10 @@ pub fn find_tokenizer_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 pub async fn serve(args: Args) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
     let dir = find_tokenizer_dir(args.tokenizer.as_deref())?;
-    let tokenizer = Arc::new(ChatTokenizer::from_dir(&dir).with_context(|| format!("loading tokenizer from {}", dir.display()))?);
+    let tokenizer = Arc::new(
+        ChatTokenizer::from_dir(&dir)
+            .with_context(|| format!("loading tokenizer from {}", dir.display()))?,
+    );
     let vocab = output_vocab(&tokenizer);
     let profile = args.latency_profile().map_err(anyhow::Error::msg)?;
     let faults = Arc::new(faults::Faults::default());
@@ -102,12 +109,23 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
             faults.clone(),
         )
         .await
-        .with_context(|| format!("binding KV-event sockets {} / {:?}", ev.endpoint, ev.replay_endpoint))?
+        .with_context(|| {
+            format!(
+                "binding KV-event sockets {} / {:?}",
+                ev.endpoint, ev.replay_endpoint
+            )
+        })?
     } else {
         // Events off: a sink that drops batches.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move { while rx.recv().await.is_some() {} });
-        (tx, publisher::BoundEndpoints { publish: "disabled".into(), replay: None })
+        (
+            tx,
+            publisher::BoundEndpoints {
+                publish: "disabled".into(),
+                replay: None,
+            },
+        )
     };
 
     let cfg = engine::EngineConfig {

@@ -14,8 +14,8 @@ pub const ITL_BUCKETS: &[f64] = &[
 ];
 /// vLLM's request latency buckets (seconds).
 pub const E2E_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
 
 /// A fixed-bucket histogram (cumulative on output).
@@ -158,11 +158,23 @@ pub struct StaticInfo {
 }
 
 fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
-fn metric(out: &mut String, kind: &str, name: &str, help: &str, labels: &str, v: impl std::fmt::Display) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {v}");
+fn metric(
+    out: &mut String,
+    kind: &str,
+    name: &str,
+    help: &str,
+    labels: &str,
+    v: impl std::fmt::Display,
+) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {v}"
+    );
 }
 
 /// Renders Prometheus text exposition format 0.0.4.
@@ -170,36 +182,163 @@ pub fn render(snap: &Snapshot, info: &StaticInfo, requests_failed: u64) -> Strin
     let mut o = String::with_capacity(8192);
     let l = format!("engine=\"0\",model_name=\"{}\"", esc(&info.model));
     let s = &snap.stats;
-    metric(&mut o, "gauge", "vllm:num_requests_running", "Number of requests in model execution batches.", &l, snap.running);
-    metric(&mut o, "gauge", "vllm:num_requests_waiting", "Number of requests waiting to be processed.", &l, snap.waiting);
-    metric(&mut o, "gauge", "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", &l, snap.kv_usage);
-    metric(&mut o, "counter", "vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", &l, s.prefix_cache_queries);
-    metric(&mut o, "counter", "vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", &l, s.prefix_cache_hits);
-    metric(&mut o, "counter", "vllm:prompt_tokens_total", "Number of prefill tokens processed.", &l, s.prompt_tokens);
-    metric(&mut o, "counter", "vllm:generation_tokens_total", "Number of generation tokens processed.", &l, s.generation_tokens);
-    metric(&mut o, "counter", "vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", &l, s.preemptions);
+    metric(
+        &mut o,
+        "gauge",
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        &l,
+        snap.running,
+    );
+    metric(
+        &mut o,
+        "gauge",
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        &l,
+        snap.waiting,
+    );
+    metric(
+        &mut o,
+        "gauge",
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        &l,
+        snap.kv_usage,
+    );
+    metric(
+        &mut o,
+        "counter",
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        &l,
+        s.prefix_cache_queries,
+    );
+    metric(
+        &mut o,
+        "counter",
+        "vllm:prefix_cache_hits_total",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        &l,
+        s.prefix_cache_hits,
+    );
+    metric(
+        &mut o,
+        "counter",
+        "vllm:prompt_tokens_total",
+        "Number of prefill tokens processed.",
+        &l,
+        s.prompt_tokens,
+    );
+    metric(
+        &mut o,
+        "counter",
+        "vllm:generation_tokens_total",
+        "Number of generation tokens processed.",
+        &l,
+        s.generation_tokens,
+    );
+    metric(
+        &mut o,
+        "counter",
+        "vllm:num_preemptions_total",
+        "Cumulative number of preemption from the engine.",
+        &l,
+        s.preemptions,
+    );
     let _ = writeln!(o, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter");
-    for (reason, v) in [("length", s.finished_length), ("stop", s.finished_stop), ("abort", s.aborted)] {
-        let _ = writeln!(o, "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {v}");
+    for (reason, v) in [
+        ("length", s.finished_length),
+        ("stop", s.finished_stop),
+        ("abort", s.aborted),
+    ] {
+        let _ = writeln!(
+            o,
+            "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {v}"
+        );
     }
-    s.ttft.render(&mut o, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &l);
-    s.itl.render(&mut o, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &l);
-    s.e2e.render(&mut o, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &l);
+    s.ttft.render(
+        &mut o,
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &l,
+    );
+    s.itl.render(
+        &mut o,
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        &l,
+    );
+    s.e2e.render(
+        &mut o,
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        &l,
+    );
     let ci = format!(
         "{l},block_size=\"{}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"{}\",cache_dtype=\"auto\"",
         info.block_size,
         info.num_gpu_blocks,
         if info.enable_prefix_caching { "True" } else { "False" }
     );
-    metric(&mut o, "gauge", "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", &ci, 1);
+    metric(
+        &mut o,
+        "gauge",
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        &ci,
+        1,
+    );
     // Simulator-only facts live outside vllm's namespace so nobody mistakes them for vLLM's.
-    metric(&mut o, "gauge", "vllm_sim:time_scale", "Wall-clock seconds per simulated second (0 = as fast as possible).", &l, info.time_scale);
+    metric(
+        &mut o,
+        "gauge",
+        "vllm_sim:time_scale",
+        "Wall-clock seconds per simulated second (0 = as fast as possible).",
+        &l,
+        info.time_scale,
+    );
     let pl = format!("{l},profile=\"{}\"", esc(&info.profile));
-    metric(&mut o, "gauge", "vllm_sim:latency_profile_info", "The latency profile in use.", &pl, 1);
-    metric(&mut o, "gauge", "vllm_sim:cached_blocks", "Blocks holding a cached prefix hash.", &l, snap.cached_blocks);
-    metric(&mut o, "counter", "vllm_sim:virtual_seconds_total", "Simulated GPU time elapsed.", &l, snap.virtual_time);
-    metric(&mut o, "counter", "vllm_sim:prompt_tokens_computed_total", "Prompt tokens actually prefilled (uncached, incl. recomputation).", &l, s.prompt_tokens_computed);
-    metric(&mut o, "counter", "vllm_sim:requests_failed_total", "Requests failed by fault injection.", &l, requests_failed);
+    metric(
+        &mut o,
+        "gauge",
+        "vllm_sim:latency_profile_info",
+        "The latency profile in use.",
+        &pl,
+        1,
+    );
+    metric(
+        &mut o,
+        "gauge",
+        "vllm_sim:cached_blocks",
+        "Blocks holding a cached prefix hash.",
+        &l,
+        snap.cached_blocks,
+    );
+    metric(
+        &mut o,
+        "counter",
+        "vllm_sim:virtual_seconds_total",
+        "Simulated GPU time elapsed.",
+        &l,
+        snap.virtual_time,
+    );
+    metric(
+        &mut o,
+        "counter",
+        "vllm_sim:prompt_tokens_computed_total",
+        "Prompt tokens actually prefilled (uncached, incl. recomputation).",
+        &l,
+        s.prompt_tokens_computed,
+    );
+    metric(
+        &mut o,
+        "counter",
+        "vllm_sim:requests_failed_total",
+        "Requests failed by fault injection.",
+        &l,
+        requests_failed,
+    );
     o
 }
 

@@ -172,19 +172,29 @@ pub fn parse_prompt(v: &Value) -> Result<Prompt, ApiError> {
             .map(|(i, x)| {
                 x.as_u64()
                     .and_then(|t| u32::try_from(t).ok())
-                    .ok_or_else(|| ApiError::bad_param("prompt", format!("prompt[{i}] must be a non-negative token id, got {x}")))
+                    .ok_or_else(|| {
+                        ApiError::bad_param(
+                            "prompt",
+                            format!("prompt[{i}] must be a non-negative token id, got {x}"),
+                        )
+                    })
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Prompt::Tokens),
         Value::Array(a) if a.len() == 1 => parse_prompt(&a[0]),
-        Value::Array(a) if a.is_empty() => Err(ApiError::bad_param("prompt", "prompt must not be empty")),
+        Value::Array(a) if a.is_empty() => {
+            Err(ApiError::bad_param("prompt", "prompt must not be empty"))
+        }
         Value::Array(_) => Err(ApiError::bad_param(
             "prompt",
             "batched prompts are not supported by vllm-sim; send one prompt per request",
         )),
         other => Err(ApiError::bad_param(
             "prompt",
-            format!("prompt must be a string or a list of token ids, got {}", type_name(other)),
+            format!(
+                "prompt must be a string or a list of token ids, got {}",
+                type_name(other)
+            ),
         )),
     }
 }
@@ -225,7 +235,10 @@ pub fn content_text(i: usize, v: &Value) -> Result<String, ApiError> {
         }
         other => Err(ApiError::bad_param(
             "messages",
-            format!("messages[{i}].content must be a string or an array of content parts, got {}", type_name(other)),
+            format!(
+                "messages[{i}].content must be a string or an array of content parts, got {}",
+                type_name(other)
+            ),
         )),
     }
 }
@@ -236,11 +249,26 @@ mod tests {
 
     #[test]
     fn prompts_parse_or_fail_clearly() {
-        assert_eq!(parse_prompt(&json!("hi")).unwrap(), Prompt::Text("hi".into()));
-        assert_eq!(parse_prompt(&json!([1, 2])).unwrap(), Prompt::Tokens(vec![1, 2]));
-        assert_eq!(parse_prompt(&json!([[3]])).unwrap(), Prompt::Tokens(vec![3]));
-        assert!(parse_prompt(&json!([-1])).unwrap_err().message.contains("prompt[0]"));
-        assert!(parse_prompt(&json!(5)).unwrap_err().message.contains("number"));
+        assert_eq!(
+            parse_prompt(&json!("hi")).unwrap(),
+            Prompt::Text("hi".into())
+        );
+        assert_eq!(
+            parse_prompt(&json!([1, 2])).unwrap(),
+            Prompt::Tokens(vec![1, 2])
+        );
+        assert_eq!(
+            parse_prompt(&json!([[3]])).unwrap(),
+            Prompt::Tokens(vec![3])
+        );
+        assert!(parse_prompt(&json!([-1]))
+            .unwrap_err()
+            .message
+            .contains("prompt[0]"));
+        assert!(parse_prompt(&json!(5))
+            .unwrap_err()
+            .message
+            .contains("number"));
         assert!(parse_prompt(&json!(["a", "b"])).is_err());
     }
 

@@ -65,7 +65,9 @@ pub async fn start(
 ) -> anyhow::Result<(UnboundedSender<PublisherCmd>, BoundEndpoints)> {
     let mut pub_sock = zeromq::PubSocket::new();
     let publish = pub_sock.bind(&cfg.endpoint).await?.to_string();
-    let ring: Ring = Arc::new(Mutex::new(VecDeque::with_capacity(cfg.buffer_steps.min(1 << 16))));
+    let ring: Ring = Arc::new(Mutex::new(VecDeque::with_capacity(
+        cfg.buffer_steps.min(1 << 16),
+    )));
     let topic = Bytes::from(cfg.topic.clone().into_bytes());
     let mut replay = None;
     if let Some(ep) = &cfg.replay_endpoint {
@@ -100,7 +102,13 @@ async fn publish_task(
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let payload = Bytes::from(encode_batch(ts, &events, cfg.dp_rank, cfg.encoding, cfg.hash_format));
+        let payload = Bytes::from(encode_batch(
+            ts,
+            &events,
+            cfg.dp_rank,
+            cfg.encoding,
+            cfg.hash_format,
+        ));
         {
             let mut r = ring.lock();
             if r.len() >= cfg.buffer_steps.max(1) {
@@ -114,7 +122,11 @@ async fn publish_task(
             tracing::debug!(seq = this, "kv events: batch dropped by fault injection");
             continue;
         }
-        let msg = frames(vec![topic.clone(), Bytes::copy_from_slice(&this.to_be_bytes()), payload]);
+        let msg = frames(vec![
+            topic.clone(),
+            Bytes::copy_from_slice(&this.to_be_bytes()),
+            payload,
+        ]);
         if let Err(e) = sock.send(msg).await {
             tracing::warn!(error = %e, "kv events: publish failed");
         }
@@ -136,21 +148,43 @@ async fn replay_task(mut sock: zeromq::RouterSocket, ring: Ring, topic: Bytes) {
         };
         let f = msg.into_vec();
         // [identity, "", start_seq8]; anything else is ignored as vLLM does.
-        let (Some(id), Some(start)) = (f.first(), f.last()) else { continue };
+        let (Some(id), Some(start)) = (f.first(), f.last()) else {
+            continue;
+        };
         if f.len() != 3 || start.len() != 8 {
-            tracing::warn!(frames = f.len(), "kv events replay: malformed request ignored");
+            tracing::warn!(
+                frames = f.len(),
+                "kv events replay: malformed request ignored"
+            );
             continue;
         }
         let start = u64::from_be_bytes(start[..8].try_into().expect("8 bytes"));
-        let batches: Vec<(u64, Bytes)> = ring.lock().iter().filter(|(s, _)| *s >= start).cloned().collect();
+        let batches: Vec<(u64, Bytes)> = ring
+            .lock()
+            .iter()
+            .filter(|(s, _)| *s >= start)
+            .cloned()
+            .collect();
         tracing::debug!(start, n = batches.len(), "kv events replay");
         for (s, p) in batches {
-            let m = frames(vec![id.clone(), Bytes::new(), topic.clone(), Bytes::copy_from_slice(&s.to_be_bytes()), p]);
+            let m = frames(vec![
+                id.clone(),
+                Bytes::new(),
+                topic.clone(),
+                Bytes::copy_from_slice(&s.to_be_bytes()),
+                p,
+            ]);
             if sock.send(m).await.is_err() {
                 break;
             }
         }
-        let end = frames(vec![id.clone(), Bytes::new(), Bytes::new(), Bytes::from_static(&END_SEQ), Bytes::new()]);
+        let end = frames(vec![
+            id.clone(),
+            Bytes::new(),
+            Bytes::new(),
+            Bytes::from_static(&END_SEQ),
+            Bytes::new(),
+        ]);
         let _ = sock.send(end).await;
     }
 }

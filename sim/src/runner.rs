@@ -139,7 +139,11 @@ fn run(
         if let Some(until) = faults.stall_until() {
             publish_snapshot(&engine, &snapshot);
             // Stay responsive to new commands while stalled.
-            match rx.recv_timeout(until.saturating_duration_since(Instant::now()).min(Duration::from_millis(50))) {
+            match rx.recv_timeout(
+                until
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(50)),
+            ) {
                 Ok(c) => handle(c, &mut engine),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return,

@@ -4,7 +4,10 @@
 use crate::engine::{FinishReason, NewRequest, TokenOutput};
 use crate::faults::{FaultSettings, Faults};
 use crate::metrics::{render, StaticInfo};
-use crate::openai::{content_text, parse_prompt, type_name, ApiError, ChatRequest, CompletionRequest, Prompt, StreamOptions};
+use crate::openai::{
+    content_text, parse_prompt, type_name, ApiError, ChatRequest, CompletionRequest, Prompt,
+    StreamOptions,
+};
 use crate::publisher::{BoundEndpoints, PublisherCmd};
 use crate::runner::{Command, EngineHandle};
 use axum::body::{Body, Bytes};
@@ -99,7 +102,9 @@ impl AppState {
         match m {
             None => Ok(()),
             Some(m) if *m == self.model => Ok(()),
-            Some(m) => Err(ApiError::not_found(format!("The model `{m}` does not exist."))),
+            Some(m) => Err(ApiError::not_found(format!(
+                "The model `{m}` does not exist."
+            ))),
         }
     }
 
@@ -112,14 +117,26 @@ impl AppState {
         None
     }
 
-    fn chat_prompt(&self, messages: &[crate::openai::ChatMessageIn], add_generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
+    fn chat_prompt(
+        &self,
+        messages: &[crate::openai::ChatMessageIn],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, ApiError> {
         if messages.is_empty() {
-            return Err(ApiError::bad_param("messages", "messages must contain at least one message"));
+            return Err(ApiError::bad_param(
+                "messages",
+                "messages must contain at least one message",
+            ));
         }
         let msgs = messages
             .iter()
             .enumerate()
-            .map(|(i, m)| Ok(ChatMessage { role: m.role.clone(), content: content_text(i, &m.content)? }))
+            .map(|(i, m)| {
+                Ok(ChatMessage {
+                    role: m.role.clone(),
+                    content: content_text(i, &m.content)?,
+                })
+            })
             .collect::<Result<Vec<_>, ApiError>>()?;
         self.tokenizer
             .encode_chat(&msgs, add_generation_prompt)
@@ -129,17 +146,28 @@ impl AppState {
     fn check_tokens(&self, ids: &[u32]) -> Result<(), ApiError> {
         let v = self.tokenizer.vocab_size() as u32;
         if let Some((i, t)) = ids.iter().enumerate().find(|(_, t)| **t >= v) {
-            return Err(ApiError::bad_param("prompt", format!("Token id {t} at prompt[{i}] is out of vocabulary (size {v})")));
+            return Err(ApiError::bad_param(
+                "prompt",
+                format!("Token id {t} at prompt[{i}] is out of vocabulary (size {v})"),
+            ));
         }
         Ok(())
     }
 
     /// Decides the completion length and its finish reason, vLLM-style
     /// length checks included.
-    fn plan_output(&self, prompt_len: usize, max_tokens: Option<u32>, headers: &HeaderMap) -> Result<(u32, FinishReason), ApiError> {
+    fn plan_output(
+        &self,
+        prompt_len: usize,
+        max_tokens: Option<u32>,
+        headers: &HeaderMap,
+    ) -> Result<(u32, FinishReason), ApiError> {
         let mml = self.max_model_len;
         if prompt_len == 0 {
-            return Err(ApiError::bad_param("prompt", "The prompt must not be empty"));
+            return Err(ApiError::bad_param(
+                "prompt",
+                "The prompt must not be empty",
+            ));
         }
         if prompt_len >= mml {
             return Err(ApiError::bad_request(format!(
@@ -148,7 +176,10 @@ impl AppState {
         }
         if let Some(m) = max_tokens {
             if m == 0 {
-                return Err(ApiError::bad_param("max_tokens", "max_tokens must be at least 1, got 0."));
+                return Err(ApiError::bad_param(
+                    "max_tokens",
+                    "max_tokens must be at least 1, got 0.",
+                ));
             }
             if prompt_len + m as usize > mml {
                 return Err(ApiError::bad_param("max_tokens", format!(
@@ -163,7 +194,11 @@ impl AppState {
                     .ok()
                     .and_then(|s| s.trim().parse::<u32>().ok())
                     .filter(|n| *n > 0)
-                    .ok_or_else(|| ApiError::bad_request(format!("header {OUTPUT_TOKENS_HEADER} must be a positive integer")))?,
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "header {OUTPUT_TOKENS_HEADER} must be a positive integer"
+                        ))
+                    })?,
             ),
         };
         let room = (mml - prompt_len) as u32;
@@ -171,14 +206,31 @@ impl AppState {
             (Some(h), Some(m)) if h < m => (h, FinishReason::Stop),
             (_, Some(m)) => (m, FinishReason::Length),
             (Some(h), None) => (h.min(room), FinishReason::Stop),
-            (None, None) => (self.default_output_tokens.min(room).max(1), FinishReason::Stop),
+            (None, None) => (
+                self.default_output_tokens.min(room).max(1),
+                FinishReason::Stop,
+            ),
         })
     }
 
-    fn submit(&self, prompt: Vec<u32>, max_tokens: u32, finish: FinishReason, salt: Option<String>) -> Result<(u64, UnboundedReceiver<TokenOutput>), ApiError> {
+    fn submit(
+        &self,
+        prompt: Vec<u32>,
+        max_tokens: u32,
+        finish: FinishReason,
+        salt: Option<String>,
+    ) -> Result<(u64, UnboundedReceiver<TokenOutput>), ApiError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
-        let req = NewRequest { id, prompt, max_tokens, finish_reason: finish, cache_salt: salt, arrival: 0.0, sink: tx };
+        let req = NewRequest {
+            id,
+            prompt,
+            max_tokens,
+            finish_reason: finish,
+            cache_salt: salt,
+            arrival: 0.0,
+            sink: tx,
+        };
         if !self.engine.send(Command::Add(req, Instant::now())) {
             return Err(ApiError::unavailable("engine is not running"));
         }
@@ -217,7 +269,11 @@ struct Job {
     stream_options: StreamOptions,
 }
 
-async fn chat_completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     match chat_job(&st, &headers, &body) {
         Ok(job) => run_job(st, job).await,
         Err(e) => e.into_response(),
@@ -227,7 +283,10 @@ async fn chat_completions(State(st): State<Arc<AppState>>, headers: HeaderMap, b
 fn check_n(n: Option<u32>) -> Result<(), ApiError> {
     match n {
         None | Some(1) => Ok(()),
-        Some(n) => Err(ApiError::bad_param("n", format!("vllm-sim generates one choice per request; n = {n} is not supported"))),
+        Some(n) => Err(ApiError::bad_param(
+            "n",
+            format!("vllm-sim generates one choice per request; n = {n} is not supported"),
+        )),
     }
 }
 
@@ -239,8 +298,20 @@ fn chat_job(st: &AppState, headers: &HeaderMap, body: &Bytes) -> Result<Job, Api
     st.check_model(&req.model)?;
     check_n(req.n)?;
     let prompt = st.chat_prompt(&req.messages, req.add_generation_prompt.unwrap_or(true))?;
-    let (max_tokens, finish) = st.plan_output(prompt.len(), req.max_completion_tokens.or(req.max_tokens), headers)?;
-    Ok(Job { kind: Kind::Chat, prompt, max_tokens, finish, salt: req.cache_salt, stream: req.stream, stream_options: req.stream_options.unwrap_or_default() })
+    let (max_tokens, finish) = st.plan_output(
+        prompt.len(),
+        req.max_completion_tokens.or(req.max_tokens),
+        headers,
+    )?;
+    Ok(Job {
+        kind: Kind::Chat,
+        prompt,
+        max_tokens,
+        finish,
+        salt: req.cache_salt,
+        stream: req.stream,
+        stream_options: req.stream_options.unwrap_or_default(),
+    })
 }
 
 async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -259,8 +330,17 @@ async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: 
             }
         };
         // OpenAI's completions default is 16 tokens.
-        let (max_tokens, finish) = st.plan_output(prompt.len(), Some(req.max_tokens.unwrap_or(16)), &headers)?;
-        Ok(Job { kind: Kind::Completion, prompt, max_tokens, finish, salt: req.cache_salt, stream: req.stream, stream_options: req.stream_options.unwrap_or_default() })
+        let (max_tokens, finish) =
+            st.plan_output(prompt.len(), Some(req.max_tokens.unwrap_or(16)), &headers)?;
+        Ok(Job {
+            kind: Kind::Completion,
+            prompt,
+            max_tokens,
+            finish,
+            salt: req.cache_salt,
+            stream: req.stream,
+            stream_options: req.stream_options.unwrap_or_default(),
+        })
     })();
     match job {
         Ok(job) => run_job(st, job).await,
@@ -274,7 +354,11 @@ fn usage(prompt: usize, completion: u32, cached: u32, details: bool) -> Value {
         "total_tokens": prompt + completion as usize,
         "completion_tokens": completion,
     });
-    u["prompt_tokens_details"] = if details { json!({"cached_tokens": cached}) } else { Value::Null };
+    u["prompt_tokens_details"] = if details {
+        json!({"cached_tokens": cached})
+    } else {
+        Value::Null
+    };
     u
 }
 
@@ -284,7 +368,11 @@ async fn run_job(st: Arc<AppState>, job: Job) -> Response {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
-    let guard = AbortGuard { engine: st.engine.clone(), id, done: false };
+    let guard = AbortGuard {
+        engine: st.engine.clone(),
+        id,
+        done: false,
+    };
     let (prefix, object) = match job.kind {
         Kind::Chat => ("chatcmpl", "chat.completion"),
         Kind::Completion => ("cmpl", "text_completion"),
@@ -306,11 +394,16 @@ async fn run_job(st: Arc<AppState>, job: Job) -> Response {
         }
         guard.done = true;
         let Some(reason) = reason else {
-            return ApiError::internal("engine stopped before the request finished").into_response();
+            return ApiError::internal("engine stopped before the request finished")
+                .into_response();
         };
         let choice = match job.kind {
-            Kind::Chat => json!({"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": null, "tool_calls": []}, "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": null}),
-            Kind::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": null}),
+            Kind::Chat => {
+                json!({"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": null, "tool_calls": []}, "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": null})
+            }
+            Kind::Completion => {
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": null})
+            }
         };
         let body = json!({"id": rid, "object": object, "created": created, "model": st.model, "choices": [choice], "usage": usage(prompt_len, n, cached, st.prompt_tokens_details)});
         return Json(body).into_response();
@@ -332,7 +425,17 @@ async fn run_job(st: Arc<AppState>, job: Job) -> Response {
         ended: bool,
         prompt_len: usize,
     }
-    let state = S { st, rx, guard, sent_role: false, n: 0, cached: 0, finished: false, ended: false, prompt_len };
+    let state = S {
+        st,
+        rx,
+        guard,
+        sent_role: false,
+        n: 0,
+        cached: 0,
+        finished: false,
+        ended: false,
+        prompt_len,
+    };
     let kind = job.kind;
     let opts = job.stream_options;
     let model_name = state.st.model.clone();
@@ -349,22 +452,40 @@ async fn run_job(st: Arc<AppState>, job: Job) -> Response {
         };
         if kind == Kind::Chat && !s.sent_role {
             s.sent_role = true;
-            let mut c = base(json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]));
+            let mut c = base(
+                json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+            );
             if opts.include_usage && opts.continuous_usage_stats {
                 c["usage"] = usage(s.prompt_len, 0, 0, s.st.prompt_tokens_details);
             }
             push(&mut out, &c);
         }
-        if !s.finished {
-            match s.rx.recv().await {
+        // Tokens that are already there go out in one write: at high speed a
+        // step delivers many at once, and one syscall per token is waste.
+        let mut first = true;
+        while !s.finished {
+            let next = if first {
+                s.rx.recv().await
+            } else {
+                match s.rx.try_recv() {
+                    Ok(t) => Some(t),
+                    Err(_) => break,
+                }
+            };
+            first = false;
+            match next {
                 Some(t) => {
                     s.n += 1;
                     s.cached = t.cached_tokens;
                     let piece = s.st.piece_text.get(&t.token_id).map_or("", String::as_str);
                     let reason = t.finished.map(FinishReason::as_str);
                     let choice = match kind {
-                        Kind::Chat => json!({"index": 0, "delta": {"content": piece}, "logprobs": null, "finish_reason": reason}),
-                        Kind::Completion => json!({"index": 0, "text": piece, "logprobs": null, "finish_reason": reason, "stop_reason": null}),
+                        Kind::Chat => {
+                            json!({"index": 0, "delta": {"content": piece}, "logprobs": null, "finish_reason": reason})
+                        }
+                        Kind::Completion => {
+                            json!({"index": 0, "text": piece, "logprobs": null, "finish_reason": reason, "stop_reason": null})
+                        }
                     };
                     let mut c = base(json!([choice]));
                     if opts.include_usage && opts.continuous_usage_stats {
@@ -374,8 +495,6 @@ async fn run_job(st: Arc<AppState>, job: Job) -> Response {
                     if t.finished.is_some() {
                         s.finished = true;
                         s.guard.done = true;
-                    } else {
-                        return Some((Ok::<_, std::convert::Infallible>(Bytes::from(out)), (s, base)));
                     }
                 }
                 None => {
@@ -385,6 +504,12 @@ async fn run_job(st: Arc<AppState>, job: Job) -> Response {
                     s.finished = true;
                 }
             }
+        }
+        if !s.finished {
+            return Some((
+                Ok::<_, std::convert::Infallible>(Bytes::from(out)),
+                (s, base),
+            ));
         }
         if opts.include_usage {
             let mut c = base(json!([]));
@@ -408,7 +533,9 @@ async fn render_chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         let req: ChatRequest = parse_json(&body)?;
         st.check_model(&req.model)?;
         let ids = st.chat_prompt(&req.messages, req.add_generation_prompt.unwrap_or(true))?;
-        Ok(json!({"model": st.model, "prompt": st.tokenizer.decode(&ids), "token_ids": ids, "count": ids.len()}))
+        Ok(
+            json!({"model": st.model, "prompt": st.tokenizer.decode(&ids), "token_ids": ids, "count": ids.len()}),
+        )
     })();
     match r {
         Ok(v) => Json(v).into_response(),
@@ -422,20 +549,37 @@ async fn tokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
         let model = match v.get("model") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.clone()),
-            Some(o) => return Err(ApiError::bad_param("model", format!("model must be a string, got {}", type_name(o)))),
+            Some(o) => {
+                return Err(ApiError::bad_param(
+                    "model",
+                    format!("model must be a string, got {}", type_name(o)),
+                ))
+            }
         };
         st.check_model(&model)?;
         let ids = if v.get("messages").is_some() {
-            let req: ChatRequest = serde_json::from_value(v.clone()).map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
+            let req: ChatRequest = serde_json::from_value(v.clone())
+                .map_err(|e| ApiError::bad_request(format!("invalid request: {e}")))?;
             st.chat_prompt(&req.messages, req.add_generation_prompt.unwrap_or(true))?
         } else {
             match v.get("prompt") {
                 Some(Value::String(s)) => st.tokenizer.encode(s),
-                Some(o) => return Err(ApiError::bad_param("prompt", format!("prompt must be a string, got {}", type_name(o)))),
-                None => return Err(ApiError::bad_request("either prompt or messages is required")),
+                Some(o) => {
+                    return Err(ApiError::bad_param(
+                        "prompt",
+                        format!("prompt must be a string, got {}", type_name(o)),
+                    ))
+                }
+                None => {
+                    return Err(ApiError::bad_request(
+                        "either prompt or messages is required",
+                    ))
+                }
             }
         };
-        Ok(json!({"count": ids.len(), "max_model_len": st.max_model_len, "tokens": ids, "token_strs": null}))
+        Ok(
+            json!({"count": ids.len(), "max_model_len": st.max_model_len, "tokens": ids, "token_strs": null}),
+        )
     })();
     match r {
         Ok(v) => Json(v).into_response(),
@@ -446,11 +590,19 @@ async fn tokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
 async fn detokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     let r = (|| -> Result<Value, ApiError> {
         let v: Value = parse_json(&body)?;
-        let toks = v.get("tokens").ok_or_else(|| ApiError::bad_request("tokens is required"))?;
-        let Prompt::Tokens(ids) = parse_prompt(toks).map_err(|_| ApiError::bad_param("tokens", "tokens must be a list of token ids"))? else {
-            return Err(ApiError::bad_param("tokens", "tokens must be a list of token ids"));
+        let toks = v
+            .get("tokens")
+            .ok_or_else(|| ApiError::bad_request("tokens is required"))?;
+        let Prompt::Tokens(ids) = parse_prompt(toks)
+            .map_err(|_| ApiError::bad_param("tokens", "tokens must be a list of token ids"))?
+        else {
+            return Err(ApiError::bad_param(
+                "tokens",
+                "tokens must be a list of token ids",
+            ));
         };
-        st.check_tokens(&ids).map_err(|e| ApiError::bad_param("tokens", e.message))?;
+        st.check_tokens(&ids)
+            .map_err(|e| ApiError::bad_param("tokens", e.message))?;
         Ok(json!({"prompt": st.tokenizer.decode(&ids)}))
     })();
     match r {
@@ -475,8 +627,19 @@ async fn health(State(st): State<Arc<AppState>>) -> StatusCode {
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    let text = render(&st.engine.snapshot(), &st.info, st.failed.load(Ordering::Relaxed));
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+    let text = render(
+        &st.engine.snapshot(),
+        &st.info,
+        st.failed.load(Ordering::Relaxed),
+    );
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 async fn reset_prefix_cache(State(st): State<Arc<AppState>>) -> Response {
