@@ -39,7 +39,7 @@ ask "{\"model\":\"Qwen/Qwen3-8B\",\"max_tokens\":24,\"messages\":[{\"role\":\"sy
 echo
 echo "== a streamed reply (SSE, with usage)"
 curl -sS -N "http://127.0.0.1:$PORT/v1/chat/completions" -H 'content-type: application/json' \
-  -d '{"model":"Qwen/Qwen3-8B","max_tokens":5,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Hi"}]}' | head -c 1500
+  -d '{"model":"Qwen/Qwen3-8B","max_tokens":3,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Hi"}]}' 
 echo
 echo "== /metrics (vLLM names)"
 curl -sS "http://127.0.0.1:$PORT/metrics" | grep -E '^vllm:(num_requests|kv_cache_usage|prefix_cache|time_to_first_token_seconds_(count|sum)|cache_config_info)' || true

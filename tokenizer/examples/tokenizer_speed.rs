@@ -2,10 +2,13 @@
 //! the Hugging Face reference, on one thread, plus chat requests per second.
 //!
 //! ```text
-//! cargo run --release -p kvasir-tokenizer --example tokenizer_speed [DIR]
+//! cargo run --release -p kvasir-tokenizer --example tokenizer_speed [DIR [FILE...]]
 //! ```
 //!
 //! DIR defaults to `$KVASIR_TOKENIZER_DIR` or `.tools/tokenizers/qwen3`.
+//! With FILEs, their concatenated text is the corpus instead of the built-in
+//! generated one (which repeats a few sentences, so it flatters any
+//! tokenizer with a word cache).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -47,8 +50,9 @@ fn rate(min: Duration, mut f: impl FnMut() -> usize) -> f64 {
 }
 
 fn main() -> Result<(), TokenizerError> {
-    let dir = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = args
+        .first()
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("KVASIR_TOKENIZER_DIR").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from(".tools/tokenizers/qwen3"));
@@ -60,16 +64,40 @@ fn main() -> Result<(), TokenizerError> {
     let reference = ReferenceTokenizer::from_file(dir.join("tokenizer.json"))?;
     println!("reference load: {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
 
-    let text = corpus(128 * 1024);
+    let text = if args.len() > 1 {
+        let mut text = String::new();
+        for f in &args[1..] {
+            let bytes = std::fs::read(f).map_err(|source| TokenizerError::Io {
+                path: f.into(),
+                source,
+            })?;
+            text.push_str(&String::from_utf8_lossy(&bytes));
+        }
+        text
+    } else {
+        corpus(128 * 1024)
+    };
     let ids = uncached.encode(&text);
-    assert_eq!(ids, reference.encode(&text)?, "fast and reference ids differ");
-    println!("corpus: {} bytes, {} tokens (identical ids)", text.len(), ids.len());
+    assert_eq!(
+        ids,
+        reference.encode(&text)?,
+        "fast and reference ids differ"
+    );
+    println!(
+        "corpus: {} bytes, {} tokens (identical ids)",
+        text.len(),
+        ids.len()
+    );
 
     let min = Duration::from_secs(2);
     let r = rate(min, || reference.encode(&text).map_or(0, |v| v.len()));
     let f = rate(min, || uncached.encode(&text).len());
     println!("reference (HF tokenizers): {:>6.2} M tokens/s", r / 1e6);
-    println!("fast, no cache:            {:>6.2} M tokens/s  ({:.1}x)", f / 1e6, f / r);
+    println!(
+        "fast, no cache:            {:>6.2} M tokens/s  ({:.1}x)",
+        f / 1e6,
+        f / r
+    );
 
     // Chat: a shared ~1.5k-token system prompt and a ~500-token user
     // message that is new every time, so only the system prompt can hit

@@ -147,12 +147,20 @@ const NONE: u32 = u32::MAX;
 
 impl Bpe {
     pub(crate) fn new(
-        vocab: HashMap<String, u32>,
+        vocab: FxHashMap<String, u32>,
         merges: &[(String, String)],
         ignore_merges: bool,
     ) -> Result<Self, TokenizerError> {
         let char_to_byte = char_to_byte();
         let max_id = vocab.values().copied().max().unwrap_or(0) as usize;
+        // Tables are indexed by id; a stray huge id must be an error, not a
+        // multi-gigabyte allocation.
+        if max_id > (vocab.len() * 2).max(1 << 20) {
+            return Err(TokenizerError::Invalid(format!(
+                "vocabulary ids are too sparse (max id {max_id} for {} tokens)",
+                vocab.len()
+            )));
+        }
         let mut id_bytes: Vec<Box<[u8]>> = vec![Box::default(); max_id + 1];
         let mut ids = FxHashMap::with_capacity_and_hasher(vocab.len(), FxBuild::default());
         for (token, &id) in &vocab {
@@ -176,8 +184,7 @@ impl Bpe {
                 TokenizerError::Invalid(format!("merge token {s:?} is not in the vocabulary"))
             })
         };
-        let mut merge_map =
-            FxHashMap::with_capacity_and_hasher(merges.len(), FxBuild::default());
+        let mut merge_map = FxHashMap::with_capacity_and_hasher(merges.len(), FxBuild::default());
         for (rank, (a, b)) in merges.iter().enumerate() {
             let new_id = lookup(&format!("{a}{b}"))?;
             let rank = u32::try_from(rank)
@@ -246,9 +253,7 @@ impl Bpe {
 
     #[inline]
     fn rank(&self, a: u32, b: u32) -> u32 {
-        self.merges
-            .get(&pair_key(a, b))
-            .map_or(NONE, |m| m.rank)
+        self.merges.get(&pair_key(a, b)).map_or(NONE, |m| m.rank)
     }
 
     /// tiktoken-style: keep the rank of every adjacent pair, merge the
@@ -300,7 +305,11 @@ impl Bpe {
         nodes.extend(piece.iter().enumerate().map(|(i, &b)| Node {
             id: self.byte_ids[b as usize],
             prev: if i == 0 { NONE } else { i as u32 - 1 },
-            next: if i as u32 + 1 == n { NONE } else { i as u32 + 1 },
+            next: if i as u32 + 1 == n {
+                NONE
+            } else {
+                i as u32 + 1
+            },
         }));
         for i in 0..nodes.len().saturating_sub(1) {
             if let Some(m) = self.merges.get(&pair_key(nodes[i].id, nodes[i + 1].id)) {
@@ -354,7 +363,7 @@ mod tests {
     /// hand-derived answer, including a tie between equal-rank pairs.
     fn toy() -> Bpe {
         let b2c = byte_to_char();
-        let mut vocab: HashMap<String, u32> = (0..=255u8)
+        let mut vocab: FxHashMap<String, u32> = (0..=255u8)
             .map(|b| (b2c[b as usize].to_string(), u32::from(b)))
             .collect();
         for (i, t) in ["aa", "ab", "aab", "aaaa"].iter().enumerate() {
@@ -397,7 +406,11 @@ mod tests {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    if x % 5 == 0 { b'b' } else { b'a' }
+                    if x.is_multiple_of(5) {
+                        b'b'
+                    } else {
+                        b'a'
+                    }
                 })
                 .collect();
             let (a, b) = both(&bpe, &piece);
@@ -411,7 +424,7 @@ mod tests {
         // lowest rank, so BPE over "abc" ends as ab,c: a piece equal to
         // "abc" must not take the whole-token shortcut.
         let b2c = byte_to_char();
-        let mut vocab: HashMap<String, u32> = (0..=255u8)
+        let mut vocab: FxHashMap<String, u32> = (0..=255u8)
             .map(|b| (b2c[b as usize].to_string(), u32::from(b)))
             .collect();
         vocab.insert("ab".into(), 256);

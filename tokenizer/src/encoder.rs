@@ -12,14 +12,14 @@
 //! so a tokenizer either loads and is exact, or does not load.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::Value;
 use unicode_normalization_alignments::{is_nfc_quick, IsNormalized, UnicodeNormalization};
 
-use crate::bpe::{Bpe, Scratch};
+use crate::bpe::{Bpe, FxHashMap, Scratch};
 use crate::cache::{SegmentCache, MIN_SEGMENT_BYTES};
 use crate::pretok::{self, Classes, QWEN_PATTERN};
 use crate::TokenizerError;
@@ -32,12 +32,16 @@ struct TokenizerFile {
     normalizer: Option<Value>,
     #[serde(default)]
     pre_tokenizer: Option<Value>,
+    #[serde(default)]
+    truncation: Option<Value>,
+    #[serde(default)]
+    padding: Option<Value>,
     model: ModelFile,
 }
 
 #[derive(Deserialize)]
 struct AddedTokenFile {
-    id: u32,
+    // `id` is deliberately not read; see `Encoder::from_json`.
     content: String,
     #[serde(default)]
     single_word: bool,
@@ -55,7 +59,7 @@ struct AddedTokenFile {
 struct ModelFile {
     #[serde(rename = "type", default)]
     kind: Option<String>,
-    vocab: HashMap<String, u32>,
+    vocab: FxHashMap<String, u32>,
     merges: Vec<MergeFile>,
     #[serde(default)]
     dropout: Option<f64>,
@@ -173,7 +177,9 @@ fn is_nfc(v: &Value) -> Result<bool, TokenizerError> {
             let parts = v
                 .get("normalizers")
                 .and_then(Value::as_array)
-                .ok_or_else(|| TokenizerError::Invalid("normalizer Sequence without list".into()))?;
+                .ok_or_else(|| {
+                    TokenizerError::Invalid("normalizer Sequence without list".into())
+                })?;
             match parts.as_slice() {
                 [] => Ok(false),
                 [one] => is_nfc(one),
@@ -218,14 +224,18 @@ fn check_pre_tokenizer(v: Option<&Value>) -> Result<(), TokenizerError> {
     }
 }
 
+/// The vocabulary id of a token written in byte-level form.
+fn model_id(bpe: &Bpe, token: &str) -> Option<u32> {
+    bpe.id(&crate::bpe::token_bytes(token, &bpe.char_to_byte)?)
+}
+
 impl Encoder {
     pub(crate) fn from_json(json: &str) -> Result<Self, TokenizerError> {
-        let file: TokenizerFile = serde_json::from_str(json).map_err(|source| {
-            TokenizerError::Json {
+        let file: TokenizerFile =
+            serde_json::from_str(json).map_err(|source| TokenizerError::Json {
                 what: "tokenizer.json",
                 source,
-            }
-        })?;
+            })?;
         let m = &file.model;
         if m.kind.as_deref().is_some_and(|k| k != "BPE") {
             return Err(TokenizerError::Unsupported(format!(
@@ -235,8 +245,12 @@ impl Encoder {
         }
         if m.dropout.is_some_and(|d| d > 0.0)
             || m.byte_fallback
-            || m.continuing_subword_prefix.as_deref().is_some_and(|s| !s.is_empty())
-            || m.end_of_word_suffix.as_deref().is_some_and(|s| !s.is_empty())
+            || m.continuing_subword_prefix
+                .as_deref()
+                .is_some_and(|s| !s.is_empty())
+            || m.end_of_word_suffix
+                .as_deref()
+                .is_some_and(|s| !s.is_empty())
         {
             return Err(TokenizerError::Unsupported(
                 "BPE with dropout, byte_fallback or subword affixes".into(),
@@ -247,6 +261,12 @@ impl Encoder {
             Some(v) => is_nfc(v)?,
         };
         check_pre_tokenizer(file.pre_tokenizer.as_ref())?;
+        // HF applies these inside `encode`; vLLM's files leave them null.
+        for (name, v) in [("truncation", &file.truncation), ("padding", &file.padding)] {
+            if v.as_ref().is_some_and(|v| !v.is_null()) {
+                return Err(TokenizerError::Unsupported(format!("{name} {v:?}")));
+            }
+        }
 
         let merges: Vec<(String, String)> = m
             .merges
@@ -264,25 +284,49 @@ impl Encoder {
         let ignore_merges = m.ignore_merges;
         let bpe = Bpe::new(file.model.vocab, &merges, ignore_merges)?;
 
-        let mut added = Vec::new();
-        let mut added_by_id = HashMap::new();
+        // HF ignores the file's `id`s (it only logs a mismatch): an added
+        // token takes its vocabulary id when its content is a vocabulary
+        // token, else the next id counting from the vocabulary's size. Qwen's
+        // listed ids agree, but the ids that count are the ones HF assigns.
+        let mut next_id = u32::try_from(bpe.len())
+            .map_err(|_| TokenizerError::Invalid("vocabulary too large".into()))?;
+        let mut by_content: HashMap<String, u32> = HashMap::new();
+        let mut by_id: BTreeMap<u32, (AddedToken, bool)> = BTreeMap::new();
         for t in file.added_tokens {
+            if t.content.is_empty() {
+                continue;
+            }
             if t.lstrip || t.rstrip || t.single_word {
                 return Err(TokenizerError::Unsupported(format!(
                     "added token {:?} with lstrip/rstrip/single_word",
                     t.content
                 )));
             }
-            added_by_id.insert(t.id, added.len());
-            added.push((
-                AddedToken {
-                    id: t.id,
-                    content: t.content,
-                    special: t.special,
+            let id = match by_content.get(&t.content) {
+                Some(&id) => id,
+                None => match model_id(&bpe, &t.content) {
+                    Some(id) => id,
+                    None => {
+                        let id = next_id;
+                        next_id = next_id.saturating_add(1);
+                        id
+                    }
                 },
-                t.normalized,
-            ));
+            };
+            by_content.insert(t.content.clone(), id);
+            let token = AddedToken {
+                id,
+                content: t.content,
+                special: t.special,
+            };
+            by_id.insert(id, (token, t.normalized));
         }
+        let added: Vec<(AddedToken, bool)> = by_id.into_values().collect();
+        let added_by_id = added
+            .iter()
+            .enumerate()
+            .map(|(i, (t, _))| (t.id, i))
+            .collect();
         let normalize_token = |s: &str| -> String {
             if nfc {
                 s.nfc().map(|(c, _)| c).collect()
@@ -301,8 +345,7 @@ impl Encoder {
             .filter(|(_, n)| *n)
             .map(|(t, _)| (normalize_token(&t.content), t.id))
             .collect();
-        let normalized_added =
-            Matcher::new(normalized.iter().map(|(s, id)| (s.as_bytes(), *id)));
+        let normalized_added = Matcher::new(normalized.iter().map(|(s, id)| (s.as_bytes(), *id)));
 
         Ok(Encoder {
             bpe,
@@ -331,19 +374,11 @@ impl Encoder {
         out
     }
 
-    #[cfg(test)]
-    pub(crate) fn encode_uncached(&self, text: &str) -> Vec<u32> {
-        let mut out = Vec::new();
-        let mut scratch = Scratch::default();
-        self.raw_added.split(text, |part| match part {
-            Part::Text(seg) => self.encode_segment_uncached(seg, &mut scratch, &mut out),
-            Part::Token(id) => out.push(id),
-        });
-        out
-    }
-
     fn encode_segment(&self, seg: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {
-        let Some(cache) = self.cache.as_deref().filter(|_| seg.len() >= MIN_SEGMENT_BYTES)
+        let Some(cache) = self
+            .cache
+            .as_deref()
+            .filter(|_| seg.len() >= MIN_SEGMENT_BYTES)
         else {
             return self.encode_segment_uncached(seg, scratch, out);
         };
@@ -398,8 +433,7 @@ impl Encoder {
         if let Some(t) = self.added.iter().find(|t| t.content == token) {
             return Some(t.id);
         }
-        let bytes = crate::bpe::token_bytes(token, &self.bpe.char_to_byte)?;
-        self.bpe.id(&bytes)
+        model_id(&self.bpe, token)
     }
 
     pub(crate) fn id_to_token(&self, id: u32) -> Option<String> {

@@ -1,4 +1,4 @@
-//! A hand-written scanner equivalent to Qwen's (and GPT-4o-like) split regex
+//! A hand-written scanner equivalent to Qwen2/Qwen3's split regex
 //!
 //! ```text
 //! (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
@@ -265,7 +265,9 @@ mod tests {
             ["I", "'LL", " don", "'t", " you", "'ve"]
         );
         assert_eq!(pieces("'sup 'x"), ["'s", "up", " '", "x"]);
-        assert_eq!(pieces("'ſ"), ["'ſ"]);
+        // Oniguruma's own split of this text (checked with `tokenizers`'
+        // pre-tokenizer); no Qwen3 merge involves `ſ`, so ids cannot show it.
+        assert_eq!(pieces("'ſtate"), ["'ſ", "tate"]);
     }
 
     #[test]

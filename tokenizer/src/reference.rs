@@ -23,8 +23,9 @@ impl ReferenceTokenizer {
 
     /// Loads from the contents of a `tokenizer.json`.
     pub fn from_json(json: &str) -> Result<Self, TokenizerError> {
-        let inner: tokenizers::Tokenizer =
-            json.parse().map_err(|e: tokenizers::Error| TokenizerError::Reference(e.to_string()))?;
+        let inner: tokenizers::Tokenizer = json
+            .parse()
+            .map_err(|e: tokenizers::Error| TokenizerError::Reference(e.to_string()))?;
         Ok(ReferenceTokenizer { inner })
     }
 

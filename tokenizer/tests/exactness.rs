@@ -32,9 +32,12 @@ fn one_large_text_matches_reference() {
 }
 
 /// Every character class decision and NFC table entry, in the contexts the
-/// regex distinguishes: after and before letters, doubled, after a space,
-/// before a digit, after an apostrophe, before a newline. Planes 4-13 hold
-/// no assigned characters and are sampled.
+/// regex distinguishes (after and before letters, doubled, after a space,
+/// before a digit, after an apostrophe, before a newline) and between
+/// combining marks, where canonical reordering and composition depend on
+/// the Unicode version of the NFC tables (188 code points normalize
+/// differently with current tables than with the Unicode 9 ones `tokenizers`
+/// uses). Planes 4-13 hold no assigned characters and are sampled.
 #[test]
 fn every_code_point_in_context_matches_reference() {
     let chars: Vec<char> = (0u32..=0x10FFFF)
@@ -54,6 +57,7 @@ fn every_code_point_in_context_matches_reference() {
                 "1'".into(),
                 c.to_string(),
                 "\n".into(),
+                format!("a{c}\u{301}{c}\u{323}\u{F900} "),
             ] {
                 text.push_str(&part);
             }

@@ -53,7 +53,14 @@ pub fn assert_same_ids(label: &str, text: &str, fast: &[u32], reference: &[u32])
             .collect()
     };
     let before = FAST.decode(&reference[..at.min(reference.len())]);
-    let ctx: String = before.chars().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+    let ctx: String = before
+        .chars()
+        .rev()
+        .take(40)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
     panic!(
         "{label}: ids differ at index {at} (fast {} ids, reference {} ids)\n\
          text before: {ctx:?}\n fast: {:?}\n  ref: {:?}\n text len {}",
@@ -87,18 +94,65 @@ impl Rng {
 }
 
 const WORDS: &[&str] = &[
-    "the", "of", "and", "to", "tokenizer", "cache", "prefix", "router", "latency", "Paris",
-    "HTTP", "vLLM", "KV", "don't", "I'LL", "we'Re", "it's", "They've", "she'd", "I'm",
-    "O'Neil", "rock'n'roll", "'S", "'sup", "DON'T", "y'all", "'tis", "naïve", "café",
-    "résumé", "Zürich", "straße", "İstanbul", "ſ", "'ſ", "ﬁne", "encyclopædia", "über",
-    "Ünïcödé", "x", "a", "I", "quick", "brown", "fox", "jumps", "over", "lazy", "dog",
-    "supercalifragilisticexpialidocious", "antidisestablishmentarianism", "e.g.", "i.e.",
+    "the",
+    "of",
+    "and",
+    "to",
+    "tokenizer",
+    "cache",
+    "prefix",
+    "router",
+    "latency",
+    "Paris",
+    "HTTP",
+    "vLLM",
+    "KV",
+    "don't",
+    "I'LL",
+    "we'Re",
+    "it's",
+    "They've",
+    "she'd",
+    "I'm",
+    "O'Neil",
+    "rock'n'roll",
+    "'S",
+    "'sup",
+    "DON'T",
+    "y'all",
+    "'tis",
+    "naïve",
+    "café",
+    "résumé",
+    "Zürich",
+    "straße",
+    "İstanbul",
+    "ſ",
+    "'ſ",
+    "ﬁne",
+    "encyclopædia",
+    "über",
+    "Ünïcödé",
+    "x",
+    "a",
+    "I",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "supercalifragilisticexpialidocious",
+    "antidisestablishmentarianism",
+    "e.g.",
+    "i.e.",
 ];
 
 const PUNCT: &[&str] = &[
     ".", ",", "!", "?", ";", ":", "...", " - ", " -- ", "—", "–", "(", ")", "[", "]", "{", "}",
-    "\"", "'", "“", "”", "‘", "’", "«", "»", "/", "\\", "@", "#", "$", "%", "^", "&", "*",
-    "_", "+", "=", "<", ">", "|", "~", "`", "!!", "?!", "...\n", ".\r\n", "::", "->", "=>",
+    "\"", "'", "“", "”", "‘", "’", "«", "»", "/", "\\", "@", "#", "$", "%", "^", "&", "*", "_",
+    "+", "=", "<", ">", "|", "~", "`", "!!", "?!", "...\n", ".\r\n", "::", "->", "=>",
 ];
 
 const CODE: &[&str] = &[
@@ -134,40 +188,115 @@ const CJK_AND_SCRIPTS: &[&str] = &[
 ];
 
 const EMOJI: &[&str] = &[
-    "😀", "👍🏽", "👨\u{200D}👩\u{200D}👧\u{200D}👦", "🇳🇴🇯🇵", "1\u{FE0F}\u{20E3}", "❤\u{FE0F}",
-    "🤖🤖🤖", "🧪", "✨", "☃", "🫠", "🏳\u{FE0F}\u{200D}🌈",
+    "😀",
+    "👍🏽",
+    "👨\u{200D}👩\u{200D}👧\u{200D}👦",
+    "🇳🇴🇯🇵",
+    "1\u{FE0F}\u{20E3}",
+    "❤\u{FE0F}",
+    "🤖🤖🤖",
+    "🧪",
+    "✨",
+    "☃",
+    "🫠",
+    "🏳\u{FE0F}\u{200D}🌈",
 ];
 
 const COMBINING: &[&str] = &[
-    "e\u{301}", "a\u{30A}", "n\u{303}", "o\u{308}\u{304}", "\u{1E0B}\u{323}", "d\u{307}\u{323}",
-    "A\u{30A}", "\u{212B}", "\u{2126}", "\u{F900}", "\u{0344}", "i\u{307}", "\u{0958}",
-    "u\u{308}\u{301}", "e\u{323}\u{302}", "q\u{307}\u{323}", "\u{301}", "\u{301}\u{301}x",
-    "a\u{0952}\u{0951}", "\u{0915}\u{093C}", "\u{05D1}\u{05BC}\u{05B0}",
+    "e\u{301}",
+    "a\u{30A}",
+    "n\u{303}",
+    "o\u{308}\u{304}",
+    "\u{1E0B}\u{323}",
+    "d\u{307}\u{323}",
+    "A\u{30A}",
+    "\u{212B}",
+    "\u{2126}",
+    "\u{F900}",
+    "\u{0344}",
+    "i\u{307}",
+    "\u{0958}",
+    "u\u{308}\u{301}",
+    "e\u{323}\u{302}",
+    "q\u{307}\u{323}",
+    "\u{301}",
+    "\u{301}\u{301}x",
+    "a\u{0952}\u{0951}",
+    "\u{0915}\u{093C}",
+    "\u{05D1}\u{05BC}\u{05B0}",
 ];
 
 const NUMBERS: &[&str] = &[
-    "0", "42", "3.14159", "-17", "1,000,000", "1e-9", "2024-01-01T12:00:00Z", "0xDEADBEEF",
-    "192.168.0.1", "+1 (555) 123-4567", "٣٤٥", "१२३", "²³", "½¾", "Ⅻ", "①②", "1234567890123",
-    "$19.99", "50%", "v1.2.3-rc.4",
+    "0",
+    "42",
+    "3.14159",
+    "-17",
+    "1,000,000",
+    "1e-9",
+    "2024-01-01T12:00:00Z",
+    "0xDEADBEEF",
+    "192.168.0.1",
+    "+1 (555) 123-4567",
+    "٣٤٥",
+    "१२३",
+    "²³",
+    "½¾",
+    "Ⅻ",
+    "①②",
+    "1234567890123",
+    "$19.99",
+    "50%",
+    "v1.2.3-rc.4",
 ];
 
 const SPACES: &[&str] = &[
     " ", "  ", "   ", "\t", " \t ", "\n", "\n\n", "\n\n\n", "\r\n", "\r\n\r\n", "\r", " \n",
-    "  \n  ", "\t\n", "\u{A0}", "\u{3000}", "\u{2028}", "\u{85}", "\u{200B}", "\u{FEFF}",
-    "\u{0B}", "\u{0C}", "\u{1C}", "\u{1F}", "\u{2009}", "\u{202F}", " \u{A0} ", "\u{1680}",
+    "  \n  ", "\t\n", "\u{A0}", "\u{3000}", "\u{2028}", "\u{85}", "\u{200B}", "\u{FEFF}", "\u{0B}",
+    "\u{0C}", "\u{1C}", "\u{1F}", "\u{2009}", "\u{202F}", " \u{A0} ", "\u{1680}",
 ];
 
 const SPECIALS: &[&str] = &[
-    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>",
-    "</tool_call>", "<tool_response>", "<|im_start|", "<|im_", "<<|im_end|>>",
-    "<|im_start|><|im_end|>", " <|im_start|> ", "<|fim_prefix|>", "<|vision_pad|>",
-    "<|box_start|>x<|box_end|>", "<thinking>", "</think", "<|IM_START|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "<|im_start|",
+    "<|im_",
+    "<<|im_end|>>",
+    "<|im_start|><|im_end|>",
+    " <|im_start|> ",
+    "<|fim_prefix|>",
+    "<|vision_pad|>",
+    "<|box_start|>x<|box_end|>",
+    "<thinking>",
+    "</think",
+    "<|IM_START|>",
 ];
 
 const ODD: &[&str] = &[
-    "\u{0}", "\u{7}", "\u{7F}", "\u{E000}", "\u{F8FF}", "\u{FFFD}", "\u{FFFF}", "\u{10FFFF}",
-    "\u{378}", "\u{10D40}\u{10D4A}", "\u{16100}", "∑∫√∞≠", "→⇒↔", "┌─┐│└┘", "€£¥₹₿", "™©®",
-    "\u{E0061}\u{E0062}", "\u{1D11E}", "\u{FDFA}",
+    "\u{0}",
+    "\u{7}",
+    "\u{7F}",
+    "\u{E000}",
+    "\u{F8FF}",
+    "\u{FFFD}",
+    "\u{FFFF}",
+    "\u{10FFFF}",
+    "\u{378}",
+    "\u{10D40}\u{10D4A}",
+    "\u{16100}",
+    "∑∫√∞≠",
+    "→⇒↔",
+    "┌─┐│└┘",
+    "€£¥₹₿",
+    "™©®",
+    "\u{E0061}\u{E0062}",
+    "\u{1D11E}",
+    "\u{FDFA}",
 ];
 
 fn long_piece(rng: &mut Rng) -> String {
@@ -180,7 +309,9 @@ fn long_piece(rng: &mut Rng) -> String {
         4 => "\n".repeat(n / 10),
         5 => "🙂".repeat(n / 10),
         6 => (0..n / 4)
-            .map(|i| char::from(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+/"[i * 7 % 54]))
+            .map(|i| {
+                char::from(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz+/"[i * 7 % 54])
+            })
             .collect(),
         _ => " \t".repeat(n / 2) + "x",
     }
