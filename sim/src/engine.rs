@@ -280,14 +280,12 @@ impl Engine {
                 preempted = true;
                 break;
             }
-            let s = &mut self.running[i];
-            for _ in 0..need {
-                let b = self
-                    .pool
-                    .allocate(&mut changes)
-                    .expect("checked free blocks");
-                s.blocks.push(b);
-            }
+            allocate_n(
+                &mut self.pool,
+                need,
+                &mut self.running[i].blocks,
+                &mut changes,
+            );
             sched.push((i, n));
             budget -= n;
             i += 1;
@@ -332,13 +330,7 @@ impl Engine {
             }
             s.blocks = hit_ids;
             s.registered = hit_blocks;
-            for _ in 0..need {
-                let b = self
-                    .pool
-                    .allocate(&mut changes)
-                    .expect("checked free blocks");
-                s.blocks.push(b);
-            }
+            allocate_n(&mut self.pool, need, &mut s.blocks, &mut changes);
             s.num_computed = computed;
             if s.cached_tokens.is_none() {
                 s.cached_tokens = Some(computed as u32);
@@ -444,6 +436,18 @@ impl Engine {
         s.registered = 0;
         self.stats.preemptions += 1;
         self.waiting.push_front(s);
+    }
+}
+
+/// Appends `n` fresh blocks; the caller has checked that they are free.
+fn allocate_n(
+    pool: &mut BlockPool,
+    n: usize,
+    blocks: &mut Vec<BlockId>,
+    changes: &mut Vec<PoolChange>,
+) {
+    for _ in 0..n {
+        blocks.push(pool.allocate(changes).expect("caller checked free blocks"));
     }
 }
 

@@ -528,6 +528,13 @@ async fn run_job(st: Arc<AppState>, job: Job) -> Response {
         .unwrap_or_else(|_| ApiError::internal("response build failed").into_response())
 }
 
+fn json_or_error(r: Result<Value, ApiError>) -> Response {
+    match r {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn render_chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
     let r = (|| -> Result<Value, ApiError> {
         let req: ChatRequest = parse_json(&body)?;
@@ -537,10 +544,7 @@ async fn render_chat(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
             json!({"model": st.model, "prompt": st.tokenizer.decode(&ids), "token_ids": ids, "count": ids.len()}),
         )
     })();
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json_or_error(r)
 }
 
 async fn tokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -581,10 +585,7 @@ async fn tokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
             json!({"count": ids.len(), "max_model_len": st.max_model_len, "tokens": ids, "token_strs": null}),
         )
     })();
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json_or_error(r)
 }
 
 async fn detokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -605,10 +606,7 @@ async fn detokenize(State(st): State<Arc<AppState>>, body: Bytes) -> Response {
             .map_err(|e| ApiError::bad_param("tokens", e.message))?;
         Ok(json!({"prompt": st.tokenizer.decode(&ids)}))
     })();
-    match r {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    json_or_error(r)
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Json<Value> {
