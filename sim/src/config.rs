@@ -47,6 +47,11 @@ pub struct Args {
     /// Longest prompt plus completion, in tokens.
     #[arg(long, default_value_t = 40_960)]
     pub max_model_len: usize,
+    /// Root of the block-hash chains (vLLM's NONE_HASH). Default: from
+    /// $PYTHONHASHSEED if set, else random per process, as in vLLM, so two
+    /// engines publish different hashes for the same prefix.
+    #[arg(long)]
+    pub block_hash_seed: Option<u64>,
     /// Turn the prefix cache off.
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
@@ -146,6 +151,14 @@ pub struct KvEventsSettings {
 }
 
 impl Args {
+    /// The hash seed: the flag, else $PYTHONHASHSEED, else random.
+    pub fn hash_seed(&self) -> crate::hashing::HashSeed {
+        let env = std::env::var("PYTHONHASHSEED")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok());
+        crate::hashing::HashSeed(self.block_hash_seed.or(env).unwrap_or_else(rand::random))
+    }
+
     /// The latency profile with overrides applied.
     pub fn latency_profile(&self) -> Result<LatencyProfile, String> {
         let mut p = LatencyProfile::by_name(&self.profile)

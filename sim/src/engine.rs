@@ -7,7 +7,7 @@
 //! hands out the step's tokens and events.
 
 use crate::block_pool::{BlockId, BlockPool, PoolChange};
-use crate::hashing::{extend_chain, BlockHash};
+use crate::hashing::{extend_chain, BlockHash, HashSeed};
 use crate::kv_events::KvEvent;
 use crate::latency::{LatencyProfile, StepWork};
 use crate::metrics::EngineStats;
@@ -33,6 +33,8 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// The latency model.
     pub profile: LatencyProfile,
+    /// Root of this engine's block-hash chains.
+    pub hash_seed: HashSeed,
 }
 
 /// Why a request finished.
@@ -300,7 +302,13 @@ impl Engine {
             let bs = self.cfg.block_size;
             let s = self.waiting.front_mut().expect("non-empty");
             let salt = s.salt.clone();
-            extend_chain(&mut s.hashes, &s.tokens, bs, salt.as_deref());
+            extend_chain(
+                self.cfg.hash_seed,
+                &mut s.hashes,
+                &s.tokens,
+                bs,
+                salt.as_deref(),
+            );
             // vLLM recomputes at least the last token, so hits count only
             // full blocks inside the first len-1 tokens.
             let hit_blocks = if self.cfg.enable_prefix_caching {
@@ -369,7 +377,13 @@ impl Engine {
             s.num_computed += n;
             let full = s.num_computed / bs;
             let salt = s.salt.clone();
-            extend_chain(&mut s.hashes, &s.tokens[..full * bs], bs, salt.as_deref());
+            extend_chain(
+                self.cfg.hash_seed,
+                &mut s.hashes,
+                &s.tokens[..full * bs],
+                bs,
+                salt.as_deref(),
+            );
             let mut run_start: Option<usize> = None;
             for b in s.registered..full {
                 let stored =
@@ -485,6 +499,7 @@ mod tests {
             max_model_len: 1024,
             enable_prefix_caching: true,
             profile: LatencyProfile::h100_8b(),
+            hash_seed: HashSeed(0),
         }
     }
 
@@ -635,7 +650,7 @@ mod tests {
         assert_eq!(removed.len(), 2);
         // The tail block of request 1 goes before its first block.
         let mut h = Vec::new();
-        extend_chain(&mut h, &(0..8).collect::<Vec<u32>>(), 4, None);
+        extend_chain(HashSeed(0), &mut h, &(0..8).collect::<Vec<u32>>(), 4, None);
         assert_eq!(removed, vec![h[1], h[0]]);
     }
 

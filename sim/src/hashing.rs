@@ -5,6 +5,10 @@
 //! routers must not depend on it (they re-hash `token_ids` from the events),
 //! so the simulator uses SHA-256 over the same inputs and keeps 64 bits, the
 //! shape vLLM publishes with `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`.
+//!
+//! Like vLLM, the chain starts from a per-process seed (vLLM's `NONE_HASH`,
+//! random unless `PYTHONHASHSEED` is set), so two engines holding the same
+//! prefix publish different hashes for it. Routers must cope with that.
 
 use sha2::{Digest, Sha256};
 
@@ -22,11 +26,21 @@ impl BlockHash {
     }
 }
 
-/// Hash of one full block given its parent (None for the first block).
+/// The root of every hash chain of one engine process (vLLM's `NONE_HASH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashSeed(pub u64);
+
+/// Hash of one full block given its parent (None for the first block, which
+/// hangs off the process seed).
 ///
 /// `salt` is mixed into the first block only, as vLLM does with `cache_salt`,
 /// so salted requests never share cache with unsalted ones.
-pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32], salt: Option<&str>) -> BlockHash {
+pub fn hash_block(
+    seed: HashSeed,
+    parent: Option<BlockHash>,
+    tokens: &[u32],
+    salt: Option<&str>,
+) -> BlockHash {
     let mut h = Sha256::new();
     match parent {
         Some(p) => {
@@ -35,6 +49,7 @@ pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32], salt: Option<&str>)
         }
         None => {
             h.update([0u8]);
+            h.update(seed.0.to_le_bytes());
             if let Some(s) = salt {
                 h.update((s.len() as u64).to_le_bytes());
                 h.update(s.as_bytes());
@@ -53,6 +68,7 @@ pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32], salt: Option<&str>)
 /// Extends `hashes` (the chain of the first `hashes.len()` full blocks of
 /// `tokens`) with every further full block, and returns how many were added.
 pub fn extend_chain(
+    seed: HashSeed,
     hashes: &mut Vec<BlockHash>,
     tokens: &[u32],
     block_size: usize,
@@ -63,6 +79,7 @@ pub fn extend_chain(
     for i in before..full {
         let parent = if i == 0 { None } else { Some(hashes[i - 1]) };
         hashes.push(hash_block(
+            seed,
             parent,
             &tokens[i * block_size..(i + 1) * block_size],
             salt,
@@ -75,14 +92,16 @@ pub fn extend_chain(
 mod tests {
     use super::*;
 
+    const S: HashSeed = HashSeed(7);
+
     #[test]
     fn chain_depends_on_whole_prefix() {
         let a: Vec<u32> = (0..48).collect();
         let mut b = a.clone();
         b[3] = 999; // change inside the first block only
         let (mut ha, mut hb) = (Vec::new(), Vec::new());
-        extend_chain(&mut ha, &a, 16, None);
-        extend_chain(&mut hb, &b, 16, None);
+        extend_chain(S, &mut ha, &a, 16, None);
+        extend_chain(S, &mut hb, &b, 16, None);
         assert_eq!(ha.len(), 3);
         // Later blocks have identical tokens but a different prefix.
         assert_ne!(ha[1], hb[1]);
@@ -94,8 +113,8 @@ mod tests {
         let a: Vec<u32> = (0..40).collect();
         let mut h1 = Vec::new();
         let mut h2 = Vec::new();
-        assert_eq!(extend_chain(&mut h1, &a, 16, None), 2);
-        extend_chain(&mut h2, &a[..32], 16, None);
+        assert_eq!(extend_chain(S, &mut h1, &a, 16, None), 2);
+        extend_chain(S, &mut h2, &a[..32], 16, None);
         assert_eq!(h1, h2);
     }
 
@@ -103,21 +122,33 @@ mod tests {
     fn incremental_extension_equals_full() {
         let a: Vec<u32> = (0..100).map(|x| x * 7).collect();
         let mut full = Vec::new();
-        extend_chain(&mut full, &a, 16, None);
+        extend_chain(S, &mut full, &a, 16, None);
         let mut inc = Vec::new();
-        extend_chain(&mut inc, &a[..20], 16, None);
-        extend_chain(&mut inc, &a[..70], 16, None);
-        extend_chain(&mut inc, &a, 16, None);
+        extend_chain(S, &mut inc, &a[..20], 16, None);
+        extend_chain(S, &mut inc, &a[..70], 16, None);
+        extend_chain(S, &mut inc, &a, 16, None);
         assert_eq!(full, inc);
+    }
+
+    #[test]
+    fn seed_separates_processes() {
+        let a: Vec<u32> = (0..32).collect();
+        let (mut h1, mut h2) = (Vec::new(), Vec::new());
+        extend_chain(HashSeed(1), &mut h1, &a, 16, None);
+        extend_chain(HashSeed(2), &mut h2, &a, 16, None);
+        assert!(h1.iter().zip(&h2).all(|(x, y)| x != y));
     }
 
     #[test]
     fn salt_separates_caches() {
         let a: Vec<u32> = (0..16).collect();
-        assert_ne!(hash_block(None, &a, None), hash_block(None, &a, Some("t1")));
         assert_ne!(
-            hash_block(None, &a, Some("t1")),
-            hash_block(None, &a, Some("t2"))
+            hash_block(S, None, &a, None),
+            hash_block(S, None, &a, Some("t1"))
+        );
+        assert_ne!(
+            hash_block(S, None, &a, Some("t1")),
+            hash_block(S, None, &a, Some("t2"))
         );
     }
 }

@@ -136,7 +136,9 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         max_model_len: args.max_model_len,
         enable_prefix_caching: !args.no_enable_prefix_caching,
         profile: profile.clone(),
+        hash_seed: args.hash_seed(),
     };
+    let hash_seed = cfg.hash_seed.0;
     let ids: Arc<[u32]> = vocab.iter().map(|(i, _)| *i).collect::<Vec<_>>().into();
     let engine = engine::Engine::new(cfg, ids);
     let handle = runner::spawn(engine, args.time_scale, faults.clone(), publisher.clone());
@@ -183,6 +185,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         block_size = args.block_size,
         num_gpu_blocks = args.num_gpu_blocks,
         tokenizer = %dir.display(),
+        block_hash_seed = hash_seed,
         "vllm-sim ready"
     );
     axum::serve(listener, server::router(state))
