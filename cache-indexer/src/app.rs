@@ -1,0 +1,426 @@
+//! Wiring: config -> pools (index, tokenizer, load tracker), their
+//! endpoint sets (static, or from an InferencePool through discovery), one
+//! KV-event subscriber per endpoint, the metrics scraper, and the gRPC and
+//! HTTP servers; all stopped by one cancellation token.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvasir_proto::v1::indexer_server::IndexerServer;
+use kvasir_tokenizer::ChatTokenizer;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ConfigError, PoolConfig, TokenizerSource};
+use crate::events::{spawn_subscriber, SubscriberConfig};
+use crate::load::{scrape_all, LoadConfig, LoadTracker};
+use crate::service::{IndexerService, Pool, Pools};
+use crate::tokenize::RequestTokenizer;
+use crate::types::EndpointSpec;
+
+/// Why the indexer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// Bad configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A pool's tokenizer could not be loaded.
+    #[error("pools[{pool}].tokenizer {dir}: {source}")]
+    Tokenizer {
+        /// Pool name.
+        pool: String,
+        /// Tokenizer directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: kvasir_tokenizer::TokenizerError,
+    },
+    /// A listener could not be bound.
+    #[error("binding the {what} listener on {addr}: {source}")]
+    Bind {
+        /// `gRPC` or `HTTP`.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No Kubernetes client for a discovered pool.
+    #[error("pool {pool}: discovery needs a Kubernetes client: {source}")]
+    Kube {
+        /// Pool name.
+        pool: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// The HTTP client could not be built.
+    #[error("building the HTTP client: {0}")]
+    HttpClient(#[source] reqwest::Error),
+}
+
+/// Builds the pools of a config (no tasks yet). Pools sharing a tokenizer
+/// directory share one loaded tokenizer (and its segment cache).
+pub fn build_pools(cfg: &Config, client: &reqwest::Client) -> Result<Vec<Arc<Pool>>, AppError> {
+    let mut tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>> = HashMap::new();
+    let mut pools = Vec::new();
+    for pc in &cfg.pools {
+        let tokenizer = match &pc.tokenizer {
+            TokenizerSource::Dir(dir) => {
+                let tok = match tokenizers.get(dir) {
+                    Some(t) => Arc::clone(t),
+                    None => {
+                        let t = Arc::new(ChatTokenizer::from_dir(dir).map_err(|source| {
+                            AppError::Tokenizer {
+                                pool: pc.name.clone(),
+                                dir: dir.clone(),
+                                source,
+                            }
+                        })?);
+                        tokenizers.insert(dir.clone(), Arc::clone(&t));
+                        t
+                    }
+                };
+                RequestTokenizer::Local(tok)
+            }
+            TokenizerSource::Render => RequestTokenizer::Render {
+                client: client.clone(),
+                model: pc.model.clone(),
+                timeout: Duration::from_millis(pc.render_timeout_ms),
+            },
+            TokenizerSource::Approx => RequestTokenizer::Approx,
+        };
+        let load = LoadTracker::new(load_config(pc));
+        pools.push(Arc::new(Pool::new(
+            pc.name.clone(),
+            pc.model.clone(),
+            pc.block_size,
+            tokenizer,
+            load,
+            pc.scoring.clone(),
+        )));
+    }
+    Ok(pools)
+}
+
+fn load_config(pc: &PoolConfig) -> LoadConfig {
+    LoadConfig {
+        unhealthy_after: pc.scrape.unhealthy_after,
+        in_flight_timeout: Duration::from_secs(pc.in_flight.timeout_s),
+        prefill_horizon: Duration::from_millis(pc.in_flight.prefill_horizon_ms),
+        saturation: pc.saturation.clone(),
+    }
+}
+
+/// The shared HTTP client for scrapes and render calls: keep-alive, no
+/// proxies (engines are always reached directly).
+pub fn http_client() -> Result<reqwest::Client, AppError> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_idle_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        .build()
+        .map_err(AppError::HttpClient)
+}
+
+/// A running indexer.
+#[derive(Debug)]
+pub struct Indexer {
+    /// The pools.
+    pub pools: Arc<Pools>,
+    /// Where gRPC listens (the bound address: port 0 in the config gives a
+    /// free port).
+    pub grpc_addr: SocketAddr,
+    /// Where HTTP listens.
+    pub http_addr: SocketAddr,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Indexer {
+    /// The token that stops everything when cancelled.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Stops every task and waits for the servers to finish their
+    /// in-flight calls.
+    pub async fn shutdown(self) {
+        self.cancel.cancel();
+        self.join().await;
+    }
+
+    /// Waits until the indexer stops (after the token is cancelled).
+    pub async fn join(mut self) {
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+        // Stop subscribers now rather than when the last Arc goes.
+        for p in self.pools.iter() {
+            p.set_endpoints(Vec::new(), |_| None);
+        }
+    }
+}
+
+/// Starts the indexer for a validated config: binds both listeners, then
+/// spawns subscribers, discovery, scrapers and servers. Must run inside a
+/// tokio runtime.
+pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
+    let client = http_client()?;
+    let pool_list = build_pools(cfg, &client)?;
+    let pools = Arc::new(Pools::new(pool_list));
+    let cancel = CancellationToken::new();
+    let mut tasks = Vec::new();
+
+    let grpc_listener = tokio::net::TcpListener::bind(cfg.grpc_addr)
+        .await
+        .map_err(|source| AppError::Bind {
+            what: "gRPC",
+            addr: cfg.grpc_addr,
+            source,
+        })?;
+    let http_listener = tokio::net::TcpListener::bind(cfg.http_addr)
+        .await
+        .map_err(|source| AppError::Bind {
+            what: "HTTP",
+            addr: cfg.http_addr,
+            source,
+        })?;
+    let bound = |l: &tokio::net::TcpListener, what, addr| {
+        l.local_addr()
+            .map_err(|source| AppError::Bind { what, addr, source })
+    };
+    let grpc_addr = bound(&grpc_listener, "gRPC", cfg.grpc_addr)?;
+    let http_addr = bound(&http_listener, "HTTP", cfg.http_addr)?;
+
+    for (pc, pool) in cfg.pools.iter().zip(pools.iter()) {
+        match &pc.discovery {
+            None => {
+                let specs: Vec<EndpointSpec> = pc.endpoints.iter().map(|e| e.to_spec()).collect();
+                let changes = pool.set_endpoints(specs, |spec| Some(subscribe(pool, spec)));
+                tracing::info!(pool = %pool.name, endpoints = ?changes.added, tokenizer = %pc.tokenizer, "pool configured");
+            }
+            Some(d) => {
+                let kube = kube::Client::try_default()
+                    .await
+                    .map_err(|source| AppError::Kube {
+                        pool: pc.name.clone(),
+                        source,
+                    })?;
+                tasks.extend(spawn_discovery(
+                    Arc::clone(pool),
+                    kube,
+                    d.clone(),
+                    cancel.clone(),
+                ));
+                tracing::info!(pool = %pool.name, namespace = %d.namespace, inference_pool = %d.inference_pool, "pool discovered from InferencePool");
+            }
+        }
+        tasks.push(tokio::spawn(scrape_loop(
+            Arc::clone(pool),
+            client.clone(),
+            pc.scrape.interval(),
+            pc.scrape.timeout(),
+            cancel.clone(),
+        )));
+    }
+
+    // gRPC: the Indexer service and grpc.health.v1. The overall status ("")
+    // is SERVING while the process runs; `kvasir.v1.Indexer` is SERVING only
+    // while /readyz would answer 200, so an Envoy health check on that
+    // service name routes to replicas whose index is in sync.
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_not_serving::<IndexerServer<IndexerService>>()
+        .await;
+    let svc = IndexerService::new(Arc::clone(&pools));
+    let incoming =
+        tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    let grpc_cancel = cancel.clone();
+    tasks.push(tokio::spawn(async move {
+        let r = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(IndexerServer::new(svc))
+            .serve_with_incoming_shutdown(incoming, grpc_cancel.cancelled_owned())
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "gRPC server failed");
+        }
+    }));
+    tasks.push(tokio::spawn(readiness_loop(
+        Arc::clone(&pools),
+        reporter,
+        cancel.clone(),
+    )));
+
+    let router = crate::http::router(Arc::clone(&pools));
+    let http_cancel = cancel.clone();
+    tasks.push(tokio::spawn(async move {
+        let r = axum::serve(http_listener, router)
+            .with_graceful_shutdown(http_cancel.cancelled_owned())
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "HTTP server failed");
+        }
+    }));
+
+    tracing::info!(%grpc_addr, %http_addr, pools = cfg.pools.len(), "cache-indexer started");
+    Ok(Indexer {
+        pools,
+        grpc_addr,
+        http_addr,
+        cancel,
+        tasks,
+    })
+}
+
+fn subscribe(pool: &Pool, spec: &EndpointSpec) -> crate::events::SubscriberHandle {
+    spawn_subscriber(
+        SubscriberConfig::new(spec.clone(), pool.block_size),
+        Arc::clone(&pool.index),
+    )
+}
+
+/// Discovery: one task keeps a watch channel holding the pool's endpoint
+/// set (restarting the watch after errors), another applies each new set
+/// to the pool (subscribers start and stop with it).
+fn spawn_discovery(
+    pool: Arc<Pool>,
+    client: kube::Client,
+    d: crate::config::DiscoveryConfig,
+    cancel: CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let (tx, mut rx) = tokio::sync::watch::channel(Vec::<EndpointSpec>::new());
+    let watcher_cancel = cancel.clone();
+    let name = pool.name.clone();
+    let watcher = tokio::spawn(async move {
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let run = crate::discovery::watch_pool(
+                client.clone(),
+                &d.namespace,
+                &d.inference_pool,
+                d.defaults(),
+                tx.clone(),
+            );
+            tokio::select! {
+                () = watcher_cancel.cancelled() => return,
+                r = run => match r {
+                    Ok(()) => return,
+                    Err(e) => tracing::error!(pool = %name, error = %e, retry_in = ?backoff, "discovery failed"),
+                },
+            }
+            tokio::select! {
+                () = watcher_cancel.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+        }
+    });
+    let applier = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                r = rx.changed() => if r.is_err() { return },
+            }
+            let specs = rx.borrow_and_update().clone();
+            let changes = pool.set_endpoints(specs, |spec| Some(subscribe(&pool, spec)));
+            if !changes.added.is_empty() || !changes.removed.is_empty() {
+                tracing::info!(pool = %pool.name, added = ?changes.added, removed = ?changes.removed, "endpoint set changed");
+            }
+        }
+    });
+    vec![watcher, applier]
+}
+
+/// Scrapes every endpoint of `pool` each interval, logs health changes and
+/// expires lost in-flight picks.
+async fn scrape_loop(
+    pool: Arc<Pool>,
+    client: reqwest::Client,
+    interval: Duration,
+    timeout: Duration,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let eps = pool.endpoints();
+        let targets: Vec<_> = eps.iter().map(|e| (e.id, e.spec.metrics_url())).collect();
+        let before = pool.load.views(eps.iter().map(|e| e.id), Instant::now());
+        let failures = scrape_all(&pool.load, &client, &targets, timeout).await;
+        let after = pool.load.views(eps.iter().map(|e| e.id), Instant::now());
+        for ((e, b), a) in eps.iter().zip(&before).zip(&after) {
+            match (b.healthy, a.healthy) {
+                (false, true) => {
+                    tracing::info!(pool = %pool.name, endpoint = %e.spec.address, "endpoint healthy")
+                }
+                (true, false) => {
+                    let why = failures
+                        .iter()
+                        .find(|(id, _)| *id == e.id)
+                        .map(|(_, err)| err.to_string());
+                    tracing::warn!(pool = %pool.name, endpoint = %e.spec.address, error = ?why, "endpoint unhealthy; left out of picks, its blocks dropped");
+                    // An engine that went away may come back empty (a
+                    // restart): drop what the index holds for it, and have
+                    // the subscriber rebuild from replay at the next contact.
+                    if let Some(sub) = &e.subscriber {
+                        sub.mark_unreachable();
+                    }
+                    pool.index.clear_endpoint(e.id);
+                    if let Some(a) = &pool.approx {
+                        a.clear_endpoint(e.id);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (id, err) in &failures {
+            tracing::debug!(pool = %pool.name, endpoint = %id, error = %err, "scrape failed");
+        }
+        let expired = pool.load.sweep(Instant::now());
+        if expired > 0 {
+            pool.metrics.in_flight_expired.add(expired as u64);
+            tracing::debug!(pool = %pool.name, expired, "in-flight picks expired without a report");
+        }
+    }
+}
+
+/// Keeps `kvasir.v1.Indexer`'s gRPC health in step with readiness.
+async fn readiness_loop(
+    pools: Arc<Pools>,
+    reporter: tonic_health::server::HealthReporter,
+    cancel: CancellationToken,
+) {
+    let mut last = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let (ready, not) = pools.readiness();
+        if last != Some(ready) {
+            if ready {
+                reporter
+                    .set_serving::<IndexerServer<IndexerService>>()
+                    .await;
+                tracing::info!("index in sync with every endpoint: ready");
+            } else {
+                reporter
+                    .set_not_serving::<IndexerServer<IndexerService>>()
+                    .await;
+                tracing::info!(not_in_sync = ?not, "not ready");
+            }
+            last = Some(ready);
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! Kvasir's cache-indexer: knows what every vLLM instance holds in its KV
+//! cache (from the engines' own KV events) and how loaded each one is, and
+//! answers "which endpoint should serve this request" over gRPC.
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod config;
+pub mod discovery;
+pub mod events;
+pub mod http;
+pub mod index;
+pub mod load;
+pub mod metrics;
+pub mod scoring;
+pub mod service;
+pub mod tokenize;
+pub mod types;

@@ -1,0 +1,72 @@
+//! `cache-indexer`: Kvasir's KV-prefix index and endpoint picker.
+//!
+//! ```text
+//! cache-indexer --config indexer.yaml
+//! cache-indexer --tokenizer .tools/tokenizers/qwen3 \
+//!   --endpoint pool=demo,address=127.0.0.1:8001,events=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558
+//! ```
+//!
+//! Logs go to stderr (`RUST_LOG`, default `info`). SIGINT / SIGTERM stop it
+//! gracefully: servers finish their in-flight calls, subscribers stop.
+
+use clap::Parser;
+use kvasir_cache_indexer::app;
+use kvasir_cache_indexer::config::{Args, Config};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        // Colours only on a terminal: log files and collectors want plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let args = Args::parse();
+    let cfg = match Config::from_args(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cache-indexer: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let indexer = match app::start(&cfg).await {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("cache-indexer: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let cancel = indexer.cancel_token();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        cancel.cancel();
+    });
+    indexer.join().await;
+    std::process::ExitCode::SUCCESS
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,544 @@
+//! Scoring: pure functions from (request, per-endpoint state) to an ordered
+//! endpoint list. No I/O, no clocks, no randomness: two replicas with the
+//! same state give the same answer.
+//!
+//! # The cost
+//!
+//! Every term is in one unit, **prefill-token equivalents** (the time the
+//! engine needs to prefill one token: ~0.03 ms for an 8B model on an H100,
+//! FACTS.md), so the weights read as "how many prompt tokens is this worth":
+//!
+//! ```text
+//! cost = w_prefill * (uncached prompt tokens + queued prefill tokens)
+//!      + w_decode  * max(running + waiting, in_flight)
+//!      + w_queue   * waiting
+//!      + w_kv      * max(0, (kv_usage - kv_knee) / (1 - kv_knee))^2
+//! ```
+//!
+//! * *uncached prompt tokens*: `prompt - predicted_cached`, where the
+//!   prediction is the endpoint's longest cached prefix in full blocks, at
+//!   most the blocks before the prompt's last token (vLLM always computes the
+//!   last token, so a fully cached prompt still recomputes its last block).
+//! * *queued prefill*: uncached tokens of this indexer's earlier picks to the
+//!   endpoint that have not reached their first token: work the engine has
+//!   accepted (or is about to) and will do before ours. This is what stops a
+//!   burst of requests sharing a system prompt from all landing on the one
+//!   endpoint that holds it (FACTS.md: "a load term is required"): each pick
+//!   there adds its own uncached suffix to that endpoint's queue, so after a
+//!   few picks another endpoint is cheaper even though it must prefill the
+//!   system prompt once (after which it holds it too).
+//! * *active requests*: the engine's own count (scraped, lagging by up to one
+//!   interval) or the indexer's in-flight count (immediate, but only this
+//!   replica's picks), whichever is larger.
+//!
+//! # Default weights and why
+//!
+//! * `prefill = 1`: the unit.
+//! * `decode = 256`: a running sequence adds ~20 us of scheduling plus its
+//!   KV reads (~0.04 us per context token) to every decode step of the
+//!   batch (the simulator's and FACTS.md's H100 model): ~100 us a step at a
+//!   2k-token context, ~10 ms over a ~100-token completion, i.e. ~300
+//!   prefill tokens; rounded down to 256 because the fixed part of each step
+//!   (reading the weights) is shared by the whole batch. It is what makes the
+//!   load term matter: about 4 running requests outweigh a 1k-token cached
+//!   prefix, about 40 a 10k-token chat history.
+//! * `queue = 1024`: a waiting request means the engine is already out of
+//!   batch slots or KV space; ours waits behind at least one more prefill
+//!   step (~30 ms fixed cost = ~1000 tokens).
+//! * `kv = 8192`, `kvKnee = 0.7`: KV usage (blocks pinned by running
+//!   requests) above ~70% means new requests start evicting cached prefixes
+//!   and, near 100%, preemption (recomputation of whole sequences). The
+//!   quadratic penalty is negligible at the knee and equals a long prompt's
+//!   prefill at full usage.
+//!
+//! Ties (equal cost, e.g. an idle pool and a brand-new prompt) are broken by
+//! a hash of the request's seed (its request id) and the endpoint address:
+//! stable across replicas, and spread across endpoints over requests.
+//!
+//! Saturated and unhealthy endpoints are left out; when every healthy one is
+//! saturated, they are ranked anyway and the decision says so (the caller
+//! may shed instead).
+
+use serde::{Deserialize, Serialize};
+
+/// Scoring weights (see the module docs for the defaults' reasoning).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Weights {
+    /// Cost per uncached or queued prefill token (the unit).
+    pub prefill: f64,
+    /// Cost per active request (running + waiting, or in flight).
+    pub decode: f64,
+    /// Extra cost per waiting request.
+    pub queue: f64,
+    /// KV penalty at 100% usage.
+    pub kv: f64,
+    /// KV usage where the penalty starts, 0..1.
+    #[serde(alias = "kv_knee")]
+    pub kv_knee: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            prefill: 1.0,
+            decode: 256.0,
+            queue: 1024.0,
+            kv: 8192.0,
+            kv_knee: 0.7,
+        }
+    }
+}
+
+impl Weights {
+    /// Checks ranges; on error, the field name and what is wrong.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        for (name, v) in [
+            ("prefill", self.prefill),
+            ("decode", self.decode),
+            ("queue", self.queue),
+            ("kv", self.kv),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err((name, format!("must be a finite number >= 0, got {v}")));
+            }
+        }
+        if !(0.0..1.0).contains(&self.kv_knee) {
+            return Err(("kvKnee", format!("must be in [0, 1), got {}", self.kv_knee)));
+        }
+        Ok(())
+    }
+}
+
+/// One endpoint as the scorer sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate<'a> {
+    /// HTTP address; also the tie-break key.
+    pub address: &'a str,
+    /// Leading prompt blocks the endpoint holds (0 when unknown).
+    pub matched_blocks: u32,
+    /// Engine's running requests (last scrape).
+    pub running: u32,
+    /// Engine's waiting requests (last scrape).
+    pub waiting: u32,
+    /// Engine's KV usage, 0..1 (last scrape).
+    pub kv_usage: f64,
+    /// This indexer's picks to the endpoint not yet reported done.
+    pub in_flight: u32,
+    /// Uncached prefill tokens of in-flight picks before their first token.
+    pub queued_prefill_tokens: u64,
+    /// Whether the endpoint is healthy (scrapes succeed).
+    pub healthy: bool,
+    /// Whether it is saturated.
+    pub saturated: bool,
+}
+
+/// The request's side of scoring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Prompt length in tokens.
+    pub prompt_tokens: u32,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Tie-break seed (see [`seed_of`]).
+    pub seed: u64,
+    /// Most endpoints to return (0 = all).
+    pub max_endpoints: usize,
+    /// False when the request could not be matched against the index.
+    pub indexed: bool,
+}
+
+/// An endpoint's cost, by term.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Cost {
+    /// The sum of the terms.
+    pub total: f64,
+    /// Prefill term.
+    pub prefill: f64,
+    /// Decode (active requests) term.
+    pub decode: f64,
+    /// Waiting-queue term.
+    pub queue: f64,
+    /// KV-usage term.
+    pub kv: f64,
+    /// Matched prompt blocks.
+    pub matched_blocks: u32,
+    /// Prompt tokens to prefill here.
+    pub uncached_tokens: u32,
+    /// Earlier picks' queued prefill tokens.
+    pub queued_prefill_tokens: u64,
+}
+
+/// One entry of the answer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ranked {
+    /// Index of the endpoint in the candidates slice.
+    pub candidate: usize,
+    /// Its cost.
+    pub cost: Cost,
+    /// Prompt tokens it is expected to find cached.
+    pub predicted_cached_tokens: u32,
+    /// Whether it is saturated (only in [`Decision::AllSaturated`]).
+    pub saturated: bool,
+}
+
+/// Why the first endpoint won.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Decision {
+    /// It holds the longest cached prefix.
+    Prefix,
+    /// Chosen by load.
+    Load,
+    /// The request was not matched against the index; load only.
+    NoIndex,
+    /// All healthy endpoints are saturated; ranked anyway.
+    AllSaturated,
+    /// No healthy endpoint.
+    NoEndpoints,
+}
+
+impl Decision {
+    /// Every decision, in a fixed order (metric label order).
+    pub const ALL: [Decision; 5] = [
+        Decision::Prefix,
+        Decision::Load,
+        Decision::NoIndex,
+        Decision::AllSaturated,
+        Decision::NoEndpoints,
+    ];
+
+    /// The lowercase word for logs, stats and `PickResponse.reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Prefix => "prefix",
+            Decision::Load => "load",
+            Decision::NoIndex => "no_index",
+            Decision::AllSaturated => "all_saturated",
+            Decision::NoEndpoints => "no_endpoints",
+        }
+    }
+
+    /// Position in [`Decision::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The ordered answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ranking {
+    /// Best first, at most `max_endpoints`.
+    pub order: Vec<Ranked>,
+    /// Why the first one won.
+    pub decision: Decision,
+}
+
+/// Prompt tokens vLLM will report as cached when `matched_blocks` leading
+/// blocks are in its cache: whole blocks, and never the block holding the
+/// last prompt token's position when the prompt fills it (vLLM always
+/// computes at least the last token).
+pub fn predicted_cached_tokens(prompt_tokens: u32, matched_blocks: u32, block_size: u32) -> u32 {
+    if prompt_tokens == 0 || block_size == 0 {
+        return 0;
+    }
+    let limit = (prompt_tokens - 1) / block_size;
+    matched_blocks.min(limit) * block_size
+}
+
+/// The tie-break seed of a request: its id when it has one, else its
+/// prompt tokens (so identical anonymous requests land alike).
+pub fn seed_of(request_id: &str, tokens: &[u32]) -> u64 {
+    if request_id.is_empty() {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for t in tokens {
+            h.update(&t.to_le_bytes());
+        }
+        h.digest()
+    } else {
+        xxhash_rust::xxh3::xxh3_64(request_id.as_bytes())
+    }
+}
+
+/// The tie-break key of an endpoint for a request seed.
+pub fn tie_key(seed: u64, address: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(address.as_bytes(), seed)
+}
+
+/// The cost of one candidate.
+pub fn cost(req: &Request, c: &Candidate<'_>, w: &Weights) -> (Cost, u32) {
+    let matched = if req.indexed { c.matched_blocks } else { 0 };
+    let cached = predicted_cached_tokens(req.prompt_tokens, matched, req.block_size);
+    let uncached = req.prompt_tokens - cached;
+    let active = (c.running + c.waiting).max(c.in_flight);
+    let kv = if c.kv_usage > w.kv_knee {
+        let x = ((c.kv_usage - w.kv_knee) / (1.0 - w.kv_knee)).min(1.0);
+        w.kv * x * x
+    } else {
+        0.0
+    };
+    let prefill = w.prefill * (f64::from(uncached) + c.queued_prefill_tokens as f64);
+    let decode = w.decode * f64::from(active);
+    let queue = w.queue * f64::from(c.waiting);
+    (
+        Cost {
+            total: prefill + decode + queue + kv,
+            prefill,
+            decode,
+            queue,
+            kv,
+            matched_blocks: matched,
+            uncached_tokens: uncached,
+            queued_prefill_tokens: c.queued_prefill_tokens,
+        },
+        cached,
+    )
+}
+
+/// Ranks the candidates for a request: unhealthy ones never, saturated ones
+/// only when nothing else is healthy. Lowest cost first; ties by
+/// [`tie_key`], then address.
+pub fn rank(req: &Request, candidates: &[Candidate<'_>], w: &Weights) -> Ranking {
+    let healthy = candidates.iter().filter(|c| c.healthy).count();
+    if healthy == 0 {
+        return Ranking {
+            order: Vec::new(),
+            decision: Decision::NoEndpoints,
+        };
+    }
+    let all_saturated = candidates.iter().filter(|c| c.healthy).all(|c| c.saturated);
+    let mut scored: Vec<(Ranked, u64)> = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.healthy && (all_saturated || !c.saturated))
+        .map(|(i, c)| {
+            let (cost, cached) = cost(req, c, w);
+            (
+                Ranked {
+                    candidate: i,
+                    cost,
+                    predicted_cached_tokens: cached,
+                    saturated: c.saturated,
+                },
+                tie_key(req.seed, c.address),
+            )
+        })
+        .collect();
+    scored.sort_by(|(a, ta), (b, tb)| {
+        a.cost
+            .total
+            .total_cmp(&b.cost.total)
+            .then(ta.cmp(tb))
+            .then_with(|| {
+                candidates[a.candidate]
+                    .address
+                    .cmp(candidates[b.candidate].address)
+            })
+    });
+    let best_match = scored
+        .iter()
+        .map(|(r, _)| r.cost.matched_blocks)
+        .max()
+        .unwrap_or(0);
+    let decision = if all_saturated {
+        Decision::AllSaturated
+    } else if !req.indexed {
+        Decision::NoIndex
+    } else {
+        match scored.first() {
+            Some((first, _))
+                if first.cost.matched_blocks > 0 && first.cost.matched_blocks == best_match =>
+            {
+                Decision::Prefix
+            }
+            _ => Decision::Load,
+        }
+    };
+    let mut order: Vec<Ranked> = scored.into_iter().map(|(r, _)| r).collect();
+    if req.max_endpoints > 0 {
+        order.truncate(req.max_endpoints);
+    }
+    Ranking { order, decision }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(address: &str) -> Candidate<'_> {
+        Candidate {
+            address,
+            matched_blocks: 0,
+            running: 0,
+            waiting: 0,
+            kv_usage: 0.0,
+            in_flight: 0,
+            queued_prefill_tokens: 0,
+            healthy: true,
+            saturated: false,
+        }
+    }
+
+    fn req(prompt_tokens: u32, seed: u64) -> Request {
+        Request {
+            prompt_tokens,
+            block_size: 16,
+            seed,
+            max_endpoints: 0,
+            indexed: true,
+        }
+    }
+
+    fn addrs<'a>(r: &Ranking, c: &[Candidate<'a>]) -> Vec<&'a str> {
+        r.order.iter().map(|x| c[x.candidate].address).collect()
+    }
+
+    #[test]
+    fn predicted_cached_never_covers_the_last_token() {
+        assert_eq!(predicted_cached_tokens(100, 6, 16), 96);
+        assert_eq!(
+            predicted_cached_tokens(96, 6, 16),
+            80,
+            "full prompt: last block recomputed"
+        );
+        assert_eq!(predicted_cached_tokens(97, 6, 16), 96);
+        assert_eq!(predicted_cached_tokens(100, 2, 16), 32);
+        assert_eq!(predicted_cached_tokens(0, 2, 16), 0);
+        assert_eq!(predicted_cached_tokens(1, 0, 16), 0);
+    }
+
+    #[test]
+    fn longest_prefix_wins_when_idle() {
+        let mut c = vec![cand("a:1"), cand("b:1"), cand("c:1")];
+        c[1].matched_blocks = 50;
+        c[2].matched_blocks = 10;
+        let r = rank(&req(1000, 7), &c, &Weights::default());
+        assert_eq!(addrs(&r, &c), ["b:1", "c:1", "a:1"]);
+        assert_eq!(r.decision, Decision::Prefix);
+        assert_eq!(r.order[0].predicted_cached_tokens, 800);
+        assert_eq!(r.order[0].cost.uncached_tokens, 200);
+    }
+
+    #[test]
+    fn load_outweighs_a_prefix_eventually() {
+        let w = Weights::default();
+        let mut c = vec![cand("a:1"), cand("b:1")];
+        c[0].matched_blocks = 62; // a 1000-token system prompt
+        c[0].running = 3;
+        let r = rank(&req(1200, 1), &c, &w);
+        assert_eq!(c[r.order[0].candidate].address, "a:1");
+        c[0].running = 4; // 4 x 256 > 992 cached tokens
+        let r = rank(&req(1200, 1), &c, &w);
+        assert_eq!(c[r.order[0].candidate].address, "b:1");
+        assert_eq!(r.decision, Decision::Load);
+    }
+
+    #[test]
+    fn shared_system_prompt_burst_spreads() {
+        // Simulates a burst: every pick adds in-flight and queued prefill to
+        // its endpoint, and the picked endpoint then holds the system prompt.
+        let w = Weights::default();
+        let names = ["a:1", "b:1", "c:1", "d:1"];
+        let mut c: Vec<Candidate> = names.iter().map(|n| cand(n)).collect();
+        c[0].matched_blocks = 62;
+        let mut counts = [0usize; 4];
+        for i in 0..40u64 {
+            let r = rank(&req(1200, i), &c, &w);
+            let e = r.order[0];
+            counts[e.candidate] += 1;
+            let cc = &mut c[e.candidate];
+            cc.in_flight += 1;
+            cc.queued_prefill_tokens += u64::from(e.cost.uncached_tokens);
+            cc.matched_blocks = 62;
+        }
+        assert!(counts.iter().all(|&n| n >= 5), "{counts:?}");
+    }
+
+    #[test]
+    fn unhealthy_excluded_saturated_excluded_unless_all() {
+        let mut c = vec![cand("a:1"), cand("b:1"), cand("c:1")];
+        c[0].healthy = false;
+        c[1].saturated = true;
+        let r = rank(&req(10, 0), &c, &Weights::default());
+        assert_eq!(addrs(&r, &c), ["c:1"]);
+        c[2].saturated = true;
+        let r = rank(&req(10, 0), &c, &Weights::default());
+        assert_eq!(r.decision, Decision::AllSaturated);
+        assert_eq!(r.order.len(), 2);
+        assert!(r.order.iter().all(|x| x.saturated));
+        c[1].healthy = false;
+        c[2].healthy = false;
+        let r = rank(&req(10, 0), &c, &Weights::default());
+        assert_eq!(r.decision, Decision::NoEndpoints);
+        assert!(r.order.is_empty());
+    }
+
+    #[test]
+    fn ties_are_deterministic_and_spread_by_seed() {
+        let c = vec![
+            cand("10.0.0.1:8000"),
+            cand("10.0.0.2:8000"),
+            cand("10.0.0.3:8000"),
+        ];
+        let w = Weights::default();
+        let mut firsts = std::collections::BTreeSet::new();
+        for seed in 0..64 {
+            let a = rank(&req(100, seed), &c, &w);
+            let b = rank(&req(100, seed), &c.clone(), &w);
+            assert_eq!(a, b);
+            firsts.insert(a.order[0].candidate);
+        }
+        assert_eq!(firsts.len(), 3, "ties spread over all endpoints");
+        assert_eq!(seed_of("r1", &[]), seed_of("r1", &[1, 2]));
+        assert_ne!(seed_of("", &[1]), seed_of("", &[2]));
+    }
+
+    #[test]
+    fn kv_penalty_and_queue_terms() {
+        let w = Weights::default();
+        let mut c = cand("a:1");
+        let r = req(0, 0);
+        assert_eq!(cost(&r, &c, &w).0.kv, 0.0);
+        c.kv_usage = 0.7;
+        assert_eq!(cost(&r, &c, &w).0.kv, 0.0);
+        c.kv_usage = 1.0;
+        assert!((cost(&r, &c, &w).0.kv - 8192.0).abs() < 1e-9);
+        c.kv_usage = 0.0;
+        c.waiting = 2;
+        c.running = 1;
+        let k = cost(&r, &c, &w).0;
+        assert_eq!(k.queue, 2048.0);
+        assert_eq!(k.decode, 3.0 * 256.0);
+        c.in_flight = 5;
+        assert_eq!(cost(&r, &c, &w).0.decode, 5.0 * 256.0);
+    }
+
+    #[test]
+    fn no_index_ignores_matches_and_max_endpoints_truncates() {
+        let mut c = vec![cand("a:1"), cand("b:1"), cand("c:1")];
+        c[0].matched_blocks = 10;
+        c[0].running = 1;
+        let mut r = req(200, 3);
+        r.indexed = false;
+        r.max_endpoints = 2;
+        let out = rank(&r, &c, &Weights::default());
+        assert_eq!(out.decision, Decision::NoIndex);
+        assert_eq!(out.order.len(), 2);
+        assert!(out.order.iter().all(|x| x.predicted_cached_tokens == 0));
+        assert_ne!(c[out.order[0].candidate].address, "a:1");
+    }
+
+    #[test]
+    fn weights_validate() {
+        assert!(Weights::default().validate().is_ok());
+        let w = Weights {
+            kv_knee: 1.0,
+            ..Default::default()
+        };
+        assert_eq!(w.validate().unwrap_err().0, "kvKnee");
+        let w = Weights {
+            queue: f64::NAN,
+            ..Default::default()
+        };
+        assert_eq!(w.validate().unwrap_err().0, "queue");
+    }
+}

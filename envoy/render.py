@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Writes an Envoy bootstrap from envoy/envoy.yaml with other ports,
+endpoints, wasm path and plugin configuration (stdlib only).
+
+The template is the shipped, runnable envoy/envoy.yaml: every value this
+script can change is marked there with a `# @name` comment, so the file a
+test or the demo runs differs from the shipped one only in those values.
+
+    python3 envoy/render.py --listen-port 18000 --admin-port 18001 \
+        --pool-endpoint 127.0.0.1:8001 --pool-endpoint 127.0.0.1:8002 \
+        --indexer 127.0.0.1:50051 --provider 127.0.0.1:8100 \
+        --wasm target/wasm32-wasip1/wasm-release/kvasir_filter.wasm \
+        --plugin-config plugin.json > /tmp/envoy.yaml
+
+As a module: `render(template_text, **options) -> str`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+TEMPLATE = Path(__file__).with_name("envoy.yaml")
+
+
+def _split(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"not host:port: {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def _sub_marker(text: str, marker: str, pattern: str, repl: str) -> str:
+    """Replaces `pattern` on the line carrying `# @marker`."""
+    rx = re.compile(rf"^(?P<line>.*{pattern}.*# @{re.escape(marker)})$", re.M)
+    out, n = rx.subn(lambda m: re.sub(pattern, repl, m.group("line"), count=1), text)
+    if n != 1:
+        raise ValueError(f"marker @{marker} not found exactly once in the template")
+    return out
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"{{ address: {{ socket_address: {{ address: {host}, port_value: {port} }} }} }}"
+
+
+def render(
+    template: str,
+    *,
+    listen_port: int | None = None,
+    admin_port: int | None = None,
+    pool_endpoints: list[str] | None = None,
+    indexer: str | None = None,
+    provider: str | None = None,
+    wasm: str | None = None,
+    plugin_config: str | None = None,
+    health_interval_s: float | None = None,
+    pre_filters: str | None = None,
+    without_filter: bool = False,
+) -> str:
+    """The bootstrap text with the given values substituted.
+
+    `pre_filters`: YAML of HTTP filters (a list's items, starting with `- name:`)
+    put before the Kvasir filter, e.g. `jwt_authn`. `without_filter`: drop the
+    Kvasir filter and its header_to_metadata (the same route without the
+    filter, as a baseline for benchmarks).
+    """
+    t = template
+    if listen_port is not None:
+        t = _sub_marker(t, "listen-port", r"port_value: \d+", f"port_value: {listen_port}")
+    if admin_port is not None:
+        t = _sub_marker(t, "admin-port", r"port_value: \d+", f"port_value: {admin_port}")
+    if indexer is not None:
+        h, p = _split(indexer)
+        t = _sub_marker(
+            t, "indexer-endpoint", r"socket_address: { address: [^,]+, port_value: \d+", f"socket_address: {{ address: {h}, port_value: {p}"
+        )
+    if provider is not None:
+        h, p = _split(provider)
+        t = _sub_marker(
+            t, "provider-endpoint", r"socket_address: { address: [^,]+, port_value: \d+", f"socket_address: {{ address: {h}, port_value: {p}"
+        )
+    if wasm is not None:
+        t = _sub_marker(t, "wasm-path", r"filename: \S+", f"filename: {wasm}")
+    if health_interval_s is not None:
+        for m in ("health-interval", "health-no-traffic-interval", "indexer-health-interval", "indexer-health-no-traffic-interval"):
+            t = _sub_marker(t, m, r"interval: [\d.]+s", f"interval: {health_interval_s}s")
+    if pool_endpoints is not None:
+        rx = re.compile(r"^(?P<indent> *)# @pool-endpoints-begin\n.*?^ *# @pool-endpoints-end$", re.M | re.S)
+        m = rx.search(t)
+        if not m:
+            raise ValueError("pool endpoint markers not found")
+        ind = m.group("indent")
+        lines = [f"{ind}# @pool-endpoints-begin"]
+        lines += [f"{ind}- endpoint: {_endpoint(*_split(e))}" for e in pool_endpoints]
+        lines.append(f"{ind}# @pool-endpoints-end")
+        t = t[: m.start()] + "\n".join(lines) + t[m.end() :]
+    if plugin_config is not None:
+        json.loads(plugin_config)  # fail here, not in Envoy, on bad JSON
+        rx = re.compile(r"^(?P<indent> *)# @plugin-config-begin\n.*?^ *# @plugin-config-end$", re.M | re.S)
+        m = rx.search(t)
+        if not m:
+            raise ValueError("plugin config markers not found")
+        ind = m.group("indent")
+        compact = json.dumps(json.loads(plugin_config), separators=(",", ":"))
+        quoted = "'" + compact.replace("'", "''") + "'"
+        block = f"{ind}# @plugin-config-begin\n{ind}value: {quoted}\n{ind}# @plugin-config-end"
+        t = t[: m.start()] + block + t[m.end() :]
+    if pre_filters is not None:
+        rx = re.compile(r"^(?P<indent> *)# @pre-filters.*$", re.M)
+        m = rx.search(t)
+        if not m:
+            raise ValueError("pre-filters marker not found")
+        ind = m.group("indent")
+        block = "\n".join(ind + line if line.strip() else line for line in pre_filters.strip("\n").splitlines())
+        t = t[: m.end()] + "\n" + block + t[m.end() :]
+    if without_filter:
+        rx = re.compile(r"^ *# @kvasir-filter-begin\n.*?^ *# @kvasir-filter-end\n", re.M | re.S)
+        t, n = rx.subn("", t)
+        if n != 1:
+            raise ValueError("kvasir filter markers not found")
+    return t
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--template", default=str(TEMPLATE))
+    ap.add_argument("--listen-port", type=int)
+    ap.add_argument("--admin-port", type=int)
+    ap.add_argument("--pool-endpoint", action="append", dest="pool_endpoints")
+    ap.add_argument("--indexer")
+    ap.add_argument("--provider")
+    ap.add_argument("--wasm")
+    ap.add_argument("--plugin-config", help="file with the plugin configuration JSON")
+    ap.add_argument("--health-interval-s", type=float)
+    ap.add_argument("--pre-filters", help="file with HTTP filters (YAML list items) to put before the Kvasir filter")
+    ap.add_argument("--without-filter", action="store_true", help="the same bootstrap without the Kvasir filter (baseline)")
+    a = ap.parse_args(argv)
+    cfg = Path(a.plugin_config).read_text() if a.plugin_config else None
+    sys.stdout.write(
+        render(
+            Path(a.template).read_text(),
+            listen_port=a.listen_port,
+            admin_port=a.admin_port,
+            pool_endpoints=a.pool_endpoints,
+            indexer=a.indexer,
+            provider=a.provider,
+            wasm=a.wasm,
+            plugin_config=cfg,
+            health_interval_s=a.health_interval_s,
+            pre_filters=Path(a.pre_filters).read_text() if a.pre_filters else None,
+            without_filter=a.without_filter,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,782 @@
+//! The per-request flow, written against a small [`Host`] trait so it runs
+//! (and is tested) natively; the proxy-wasm glue implements [`Host`] with
+//! Envoy's host calls and forwards the SDK's callbacks here.
+//!
+//! The flow only calls a host function in a state where Envoy accepts it:
+//! request headers are changed only while the request is stopped (headers
+//! or body callback, or the pick callback before resuming), the body only
+//! in the final body callback, nothing about the request after a local
+//! reply or after it was resumed, and response headers only in the
+//! response-headers callback. The tests drive it with a host that fails
+//! the test on any call outside those states.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use kvasir_policy::{
+    ApiKind, Decision, PoolStates, RequestFacts, TenantError, TenantInput, TenantSourceKind,
+};
+use kvasir_proto::v1::{Outcome, ReportPhase};
+
+use crate::pick::{self, FailOpen, PickInput, Picked, ReportInput};
+use crate::reply::{error_reply, shed_reply, LocalReply, Shape};
+use crate::request::{api_for_path, parse_body, ParsedRequest};
+use crate::response::ResponseTracker;
+use crate::rewrite::{rewrite_body, Rewrite};
+use crate::settings::PluginConfig;
+use crate::stats::{
+    ns_to_ms, pool_stat, response_class, tenant_model_prefix, RequestDecision, Stats,
+    UNKNOWN_TENANT,
+};
+
+/// The model label of requests refused before their body was read.
+pub const UNKNOWN_MODEL: &str = "unknown";
+
+/// What the filter asks of Envoy. Every method must be safe to call in the
+/// states the flow calls it in (see the module docs); implementations never
+/// panic.
+pub trait Host {
+    /// A monotonic clock, nanoseconds.
+    fn now_ns(&self) -> u64;
+    /// All request headers (names lowercase; values lossily UTF-8).
+    fn request_headers(&self) -> Vec<(String, String)>;
+    /// Sets (replaces) a request header.
+    fn set_request_header(&mut self, name: &str, value: &str);
+    /// Removes a request header.
+    fn remove_request_header(&mut self, name: &str);
+    /// The buffered request body (`size` bytes from the start).
+    fn request_body(&self, size: usize) -> Option<Vec<u8>>;
+    /// Replaces the buffered request body.
+    fn set_request_body(&mut self, size: usize, body: &[u8]);
+    /// Sends a local reply instead of forwarding the request.
+    fn send_reply(&mut self, reply: &LocalReply);
+    /// Makes Envoy re-select the route (after changing the route header).
+    fn clear_route_cache(&mut self);
+    /// Dispatches a gRPC call whose answer comes back to this request
+    /// (`Flow::on_grpc_response`); `None` when it could not be dispatched.
+    fn call(&mut self, cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> Option<u32>;
+    /// Dispatches a fire-and-forget gRPC call that must outlive the
+    /// request (it is owned by the root context); false when it could not.
+    fn call_detached(&mut self, cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> bool;
+    /// The body of the gRPC answer being delivered.
+    fn grpc_response(&self, size: usize) -> Option<Vec<u8>>;
+    /// Resumes a request paused in its body callback.
+    fn resume_request(&mut self);
+    /// A response header.
+    fn response_header(&self, name: &str) -> Option<String>;
+    /// Adds a response header (response-headers callback only).
+    fn add_response_header(&mut self, name: &str, value: &str);
+    /// The current response body chunk (`size` bytes).
+    fn response_body(&self, size: usize) -> Option<Vec<u8>>;
+    /// The address of the upstream host that served (`upstream.address`).
+    fn upstream_address(&self) -> Option<String>;
+    /// A JWT claim from `jwt_authn`'s `payload_in_metadata` entry.
+    fn jwt_claim(&self, metadata_key: &str, claim: &str) -> Option<String>;
+}
+
+/// What a callback tells Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go on.
+    Continue,
+    /// Stop (buffer, wait for the pick, or a local reply was sent).
+    Pause,
+}
+
+/// State shared by the root context and every request of one VM.
+pub struct Shared {
+    /// The configuration.
+    pub config: PluginConfig,
+    /// Pool saturation as last learned (from picks and `PoolState` polls).
+    pub pools: RefCell<PoolStates>,
+    /// Where stats go.
+    pub stats: Rc<dyn Stats>,
+}
+
+impl Shared {
+    /// Shared state for a configuration.
+    pub fn new(config: PluginConfig, stats: Rc<dyn Stats>) -> Shared {
+        let pools = RefCell::new(PoolStates::new(&config.policy));
+        Shared {
+            config,
+            pools,
+            stats,
+        }
+    }
+
+    /// Records a pool's saturation (from a pick or a poll) and its gauge.
+    pub fn learn_saturation(&self, pool_index: usize, saturation: f64, now_ns: u64) {
+        self.pools
+            .borrow_mut()
+            .update(pool_index, saturation, now_ns / 1_000_000);
+        if let Some(p) = self.config.policy.pools().get(pool_index) {
+            let permille = (saturation.clamp(0.0, 1.0) * 1000.0).round() as u64;
+            self.stats
+                .gauge(&pool_stat(&p.name, "saturation_permille"), permille);
+        }
+    }
+
+    /// The `PoolState` polls the root context's timer makes: (indexer
+    /// cluster, pool index, encoded request, timeout ms).
+    pub fn pool_state_polls(&self) -> Vec<(String, usize, Vec<u8>, u32)> {
+        let cfg = &self.config.policy;
+        cfg.pools_needing_state()
+            .filter_map(|i| cfg.pools().get(i).map(|p| (i, p)))
+            .map(|(i, p)| {
+                (
+                    p.indexer_cluster.clone(),
+                    i,
+                    pick::pool_state_request(&p.indexer_pool),
+                    p.indexer_timeout_ms.max(100),
+                )
+            })
+            .collect()
+    }
+
+    /// A `PoolState` answer for pool `pool_index`.
+    pub fn on_pool_state(&self, pool_index: usize, status: u32, body: Option<&[u8]>, now_ns: u64) {
+        let name = self
+            .config
+            .policy
+            .pools()
+            .get(pool_index)
+            .map(|p| p.name.clone())
+            .unwrap_or_default();
+        match pick::pool_state_saturation(status, body) {
+            Some(s) => {
+                self.learn_saturation(pool_index, s, now_ns);
+                self.stats.count(&pool_stat(&name, "state_poll.ok"), 1);
+            }
+            None => self.stats.count(&pool_stat(&name, "state_poll.error"), 1),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for request headers.
+    Start,
+    /// Headers seen, buffering the body.
+    Body,
+    /// Waiting for the pick's answer.
+    Picking(u32),
+    /// Forwarded upstream; watching the response.
+    Forwarded,
+    /// A local reply was sent.
+    Replied,
+    /// Not an inference request: passed through untouched.
+    Passthrough,
+    /// The response ended and was accounted.
+    Done,
+}
+
+/// Where a routed request went, for the response path.
+#[derive(Debug, Clone)]
+struct Routed {
+    pool_name: String,
+    indexer_pool: String,
+    indexer_cluster: String,
+    picked: Option<Picked>,
+}
+
+/// One request's flow.
+pub struct Flow {
+    shared: Rc<Shared>,
+    phase: Phase,
+    start_ns: u64,
+    api: Option<ApiKind>,
+    headers: Vec<(String, String)>,
+    tenant: Option<String>,
+    model_label: String,
+    request_id: String,
+    routed: Option<Routed>,
+    status: Option<u16>,
+    served: Option<String>,
+    tracker: Option<ResponseTracker>,
+    pick_started_ns: u64,
+}
+
+fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    h.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+fn tenant_error_code(e: &TenantError) -> &'static str {
+    match e {
+        TenantError::MissingCredentials => "missing_credentials",
+        TenantError::UnknownApiKey => "invalid_api_key",
+        TenantError::UnknownTenant => "unknown_tenant",
+        TenantError::TenantHeaderNotAllowed { .. } => "tenant_header_not_allowed",
+    }
+}
+
+impl Flow {
+    /// A new request's flow.
+    pub fn new(shared: Rc<Shared>) -> Flow {
+        Flow {
+            shared,
+            phase: Phase::Start,
+            start_ns: 0,
+            api: None,
+            headers: Vec::new(),
+            tenant: None,
+            model_label: UNKNOWN_MODEL.into(),
+            request_id: String::new(),
+            routed: None,
+            status: None,
+            served: None,
+            tracker: None,
+            pick_started_ns: 0,
+        }
+    }
+
+    fn prefix(&self) -> String {
+        tenant_model_prefix(
+            self.tenant.as_deref().unwrap_or(UNKNOWN_TENANT),
+            &self.model_label,
+        )
+    }
+
+    fn count(&self, rest: &str, n: u64) {
+        if n > 0 {
+            self.shared
+                .stats
+                .count(&format!("{}.{rest}", self.prefix()), n);
+        }
+    }
+
+    fn reply(
+        &mut self,
+        host: &mut dyn Host,
+        decision: RequestDecision,
+        reply: &LocalReply,
+    ) -> Verdict {
+        self.count(&format!("requests.{}", decision.as_str()), 1);
+        host.send_reply(reply);
+        self.phase = Phase::Replied;
+        Verdict::Pause
+    }
+
+    fn shape(&self) -> Shape {
+        Shape::of(self.api)
+    }
+
+    /// Request headers: strip steering headers, resolve the tenant, and
+    /// stop to read the body of an inference request.
+    pub fn on_request_headers(&mut self, host: &mut dyn Host, end_of_stream: bool) -> Verdict {
+        if self.phase != Phase::Start {
+            return Verdict::Continue;
+        }
+        self.start_ns = host.now_ns();
+        let settings = &self.shared.config.settings;
+        let mut headers = host.request_headers();
+        // A client must never steer: the endpoint list and the route's
+        // cluster are the filter's alone.
+        for name in [&settings.endpoint_header, &settings.route_header] {
+            if header(&headers, name).is_some() {
+                host.remove_request_header(name);
+                headers.retain(|(k, _)| k != name);
+                if name == &settings.route_header {
+                    // The route was chosen with the client's value: choose
+                    // again, whatever happens to this request next.
+                    host.clear_route_cache();
+                }
+            }
+        }
+        let post = header(&headers, ":method") == Some("POST");
+        self.api = if post {
+            header(&headers, ":path").and_then(api_for_path)
+        } else {
+            None
+        };
+        self.request_id = header(&headers, &settings.request_id_header)
+            .unwrap_or_default()
+            .to_string();
+        let shared = Rc::clone(&self.shared);
+        let policy = &shared.config.policy;
+        let src = policy.tenant_source();
+        let jwt = match (src.kind, &src.header, &src.jwt_metadata_key, &src.jwt_claim) {
+            (TenantSourceKind::JwtClaim, None, Some(key), Some(claim)) => {
+                host.jwt_claim(key, claim)
+            }
+            _ => None,
+        };
+        let resolved = policy.resolve_tenant(&TenantInput {
+            headers: &headers,
+            jwt_claim: jwt.as_deref(),
+        });
+        match resolved {
+            Err(e) => {
+                let r = error_reply(
+                    self.shape(),
+                    e.status(),
+                    tenant_error_code(&e),
+                    None,
+                    &e.to_string(),
+                );
+                return self.reply(host, RequestDecision::Unauthorized, &r);
+            }
+            Ok(t) => {
+                self.tenant = Some(t.name.to_string());
+                if src.kind != TenantSourceKind::Header {
+                    // Never believed; upstreams see the resolved tenant.
+                    host.set_request_header(&src.tenant_header, t.name);
+                    headers.retain(|(k, _)| k != &src.tenant_header);
+                    headers.push((src.tenant_header.clone(), t.name.to_string()));
+                }
+            }
+        }
+        self.headers = headers;
+        if self.api.is_none() {
+            self.count(
+                &format!("requests.{}", RequestDecision::Passthrough.as_str()),
+                1,
+            );
+            self.phase = Phase::Passthrough;
+            return Verdict::Continue;
+        }
+        if end_of_stream {
+            let r = error_reply(
+                self.shape(),
+                400,
+                "invalid_json",
+                None,
+                "request body is empty: a JSON object is required",
+            );
+            return self.reply(host, RequestDecision::Invalid, &r);
+        }
+        self.phase = Phase::Body;
+        Verdict::Pause
+    }
+
+    /// Request body: buffer it, then parse, decide and act.
+    pub fn on_request_body(
+        &mut self,
+        host: &mut dyn Host,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Verdict {
+        match self.phase {
+            Phase::Body => {}
+            Phase::Replied | Phase::Picking(_) => return Verdict::Pause,
+            _ => return Verdict::Continue,
+        }
+        let limit = self.shared.config.settings.body_limit_bytes;
+        if body_size > limit {
+            let msg = format!("request body is larger than {limit} bytes");
+            let r = error_reply(self.shape(), 413, "body_too_large", None, &msg);
+            return self.reply(host, RequestDecision::TooLarge, &r);
+        }
+        if !end_of_stream {
+            return Verdict::Pause;
+        }
+        let body = host.request_body(body_size).unwrap_or_default();
+        let Some(api) = self.api else {
+            return Verdict::Continue;
+        };
+        let shared = Rc::clone(&self.shared);
+        let req = match parse_body(api, &body) {
+            Ok(r) => r,
+            Err(e) => {
+                let r = error_reply(self.shape(), 400, e.code, e.param, &e.message);
+                return self.reply(host, RequestDecision::Invalid, &r);
+            }
+        };
+        self.model_label = shared.config.model_label(&req.model).to_string();
+        let now_ns = host.now_ns();
+        let outcome = {
+            let pools = shared.pools.borrow();
+            let facts = RequestFacts {
+                tenant: self.tenant.as_deref(),
+                api,
+                model: &req.model,
+                headers: &self.headers,
+                estimated_prompt_tokens: req.estimated_prompt_tokens(),
+                prompt: &req,
+            };
+            shared
+                .config
+                .policy
+                .evaluate(&facts, &pools, now_ns / 1_000_000)
+        };
+        match outcome.decision {
+            Decision::Reject { status, message } => {
+                let r = error_reply(self.shape(), status, "policy_rejected", None, message);
+                self.reply(host, RequestDecision::Reject, &r)
+            }
+            Decision::Shed {
+                retry_after_s,
+                message,
+            } => {
+                let r = shed_reply(self.shape(), retry_after_s, message);
+                self.reply(host, RequestDecision::Shed, &r)
+            }
+            Decision::Provider {
+                provider,
+                rewrite_model,
+                include_usage,
+            } => {
+                self.rewrite(host, &req, &body, body_size, rewrite_model, include_usage);
+                let s = &shared.config.settings;
+                host.set_request_header(&s.route_header, &provider.cluster);
+                if let Some(a) = &provider.authority {
+                    host.set_request_header(":authority", a);
+                }
+                // The client's credentials (its Kvasir key) never leave.
+                for h in ["authorization", "x-api-key"] {
+                    if header(&self.headers, h).is_some() {
+                        host.remove_request_header(h);
+                    }
+                }
+                if let Some(auth) = &provider.auth {
+                    host.set_request_header(&auth.header, auth.value.expose());
+                }
+                host.clear_route_cache();
+                self.count(
+                    &format!("requests.{}", RequestDecision::Provider.as_str()),
+                    1,
+                );
+                self.phase = Phase::Forwarded;
+                Verdict::Continue
+            }
+            Decision::RoutePool {
+                pool,
+                pool_index: _,
+                rewrite_model,
+                priority,
+                include_usage,
+            } => {
+                self.rewrite(host, &req, &body, body_size, rewrite_model, include_usage);
+                let s = &shared.config.settings;
+                host.set_request_header(&s.route_header, &pool.cluster);
+                host.clear_route_cache();
+                self.count(&format!("requests.{}", RequestDecision::Route.as_str()), 1);
+                self.routed = Some(Routed {
+                    pool_name: pool.name.clone(),
+                    indexer_pool: pool.indexer_pool.clone(),
+                    indexer_cluster: pool.indexer_cluster.clone(),
+                    picked: None,
+                });
+                self.phase = Phase::Forwarded;
+                let model = rewrite_model.unwrap_or(&req.model);
+                let input = PickInput {
+                    pool: &pool.indexer_pool,
+                    model,
+                    tenant: self.tenant.as_deref().unwrap_or_default(),
+                    request_id: &self.request_id,
+                    priority,
+                    max_endpoints: s.max_endpoints,
+                };
+                let Some(msg) = pick::pick_request(&req, &input) else {
+                    self.fail_open(FailOpen::Unsupported);
+                    return Verdict::Continue;
+                };
+                match host.call(
+                    &pool.indexer_cluster,
+                    pick::PICK,
+                    &msg,
+                    pool.indexer_timeout_ms,
+                ) {
+                    Some(token) => {
+                        self.phase = Phase::Picking(token);
+                        self.pick_started_ns = host.now_ns();
+                        Verdict::Pause
+                    }
+                    None => {
+                        self.fail_open(FailOpen::Dispatch);
+                        Verdict::Continue
+                    }
+                }
+            }
+        }
+    }
+
+    /// Request trailers. LLM APIs never send them, and continuing here
+    /// would forward a body the filter never decided on (a policy bypass),
+    /// so a request that ends in trailers is refused.
+    pub fn on_request_trailers(&mut self, host: &mut dyn Host) -> Verdict {
+        match self.phase {
+            Phase::Body => {
+                let r = error_reply(
+                    self.shape(),
+                    400,
+                    "unsupported_trailers",
+                    None,
+                    "request trailers are not supported",
+                );
+                self.reply(host, RequestDecision::Invalid, &r)
+            }
+            Phase::Replied | Phase::Picking(_) => Verdict::Pause,
+            _ => Verdict::Continue,
+        }
+    }
+
+    fn rewrite(
+        &self,
+        host: &mut dyn Host,
+        req: &ParsedRequest<'_>,
+        body: &[u8],
+        body_size: usize,
+        model: Option<&str>,
+        include_usage: bool,
+    ) {
+        let rw = Rewrite {
+            model: model.filter(|m| *m != req.model),
+            include_usage: include_usage
+                && req.stream
+                && req.api != ApiKind::AnthropicMessages
+                && req.include_usage != Some(true),
+        };
+        if rw.is_noop() {
+            return;
+        }
+        if let Some(new) = rewrite_body(body, &rw) {
+            // The size Envoy reported: replacing exactly the whole buffer.
+            host.set_request_body(body_size, &new);
+            if header(&self.headers, "content-length").is_some() {
+                host.set_request_header("content-length", &new.len().to_string());
+            }
+        }
+    }
+
+    fn fail_open(&self, why: FailOpen) {
+        if let Some(r) = &self.routed {
+            let s = &self.shared.stats;
+            s.count(
+                &pool_stat(&r.pool_name, &format!("pick.{}", why.as_str())),
+                1,
+            );
+            s.count(&pool_stat(&r.pool_name, "failopen"), 1);
+        }
+        self.count("failopen", 1);
+    }
+
+    /// A gRPC answer for this request (the pick; anything else is
+    /// ignored).
+    pub fn on_grpc_response(&mut self, host: &mut dyn Host, token: u32, status: u32, size: usize) {
+        if self.phase != Phase::Picking(token) {
+            return;
+        }
+        let body = if status == 0 {
+            host.grpc_response(size)
+        } else {
+            None
+        };
+        let outcome = pick::pick_outcome(status, body.as_deref());
+        let now = host.now_ns();
+        if let Some(r) = &self.routed {
+            // The pick's round trip as Envoy saw it (indexer + network).
+            let us = now.saturating_sub(self.pick_started_ns) / 1000;
+            self.shared
+                .stats
+                .record(&pool_stat(&r.pool_name, "pick_us"), us);
+        }
+        let pool_index = self
+            .routed
+            .as_ref()
+            .and_then(|r| self.shared.config.policy.pool_index(&r.pool_name));
+        if let (Some(s), Some(i)) = (outcome.saturation, pool_index) {
+            self.shared.learn_saturation(i, s, now);
+        }
+        match outcome.result {
+            Ok(p) => {
+                host.set_request_header(&self.shared.config.settings.endpoint_header, &p.header);
+                if let Some(r) = &mut self.routed {
+                    self.shared
+                        .stats
+                        .count(&pool_stat(&r.pool_name, "pick.ok"), 1);
+                    r.picked = Some(p);
+                }
+            }
+            Err(why) => self.fail_open(why),
+        }
+        self.phase = Phase::Forwarded;
+        host.resume_request();
+    }
+
+    /// Response headers: status, streaming or not, which endpoint served.
+    pub fn on_response_headers(&mut self, host: &mut dyn Host, end_of_stream: bool) -> Verdict {
+        if self.phase != Phase::Forwarded {
+            return Verdict::Continue;
+        }
+        let s = &self.shared.config.settings;
+        self.status = host.response_header(":status").and_then(|v| v.parse().ok());
+        let streaming = host.response_header("content-type").is_some_and(|c| {
+            c.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        });
+        let upstream_said = host.response_header(&s.served_header);
+        self.served = upstream_said
+            .clone()
+            .or_else(|| host.upstream_address())
+            .or_else(|| {
+                self.routed
+                    .as_ref()
+                    .and_then(|r| r.picked.as_ref())
+                    .map(|p| p.first.clone())
+            });
+        if s.expose_served_endpoint && upstream_said.is_none() {
+            if let Some(addr) = &self.served {
+                host.add_response_header(&s.served_header, addr);
+            }
+        }
+        self.tracker = Some(ResponseTracker::new(
+            self.start_ns,
+            streaming,
+            s.response_body_limit_bytes,
+        ));
+        if end_of_stream {
+            self.finish(host, true);
+        }
+        Verdict::Continue
+    }
+
+    fn ok_status(&self) -> bool {
+        self.status.is_some_and(|s| (200..300).contains(&s))
+    }
+
+    /// A response body chunk.
+    pub fn on_response_body(
+        &mut self,
+        host: &mut dyn Host,
+        size: usize,
+        end_of_stream: bool,
+    ) -> Verdict {
+        if self.phase != Phase::Forwarded {
+            return Verdict::Continue;
+        }
+        let chunk = if size > 0 {
+            host.response_body(size).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let now = host.now_ns();
+        let mut first = false;
+        if let Some(t) = &mut self.tracker {
+            let ev = t.feed(&chunk, now);
+            first = ev.first;
+            if let (Some(itl), true) = (ev.itl_ns, self.ok_status()) {
+                self.shared
+                    .stats
+                    .record(&format!("{}.itl_ms", self.prefix()), ns_to_ms(itl));
+            }
+        }
+        if first && self.ok_status() && self.shared.config.settings.report_first_token {
+            self.report(
+                host,
+                ReportPhase::FirstToken,
+                Outcome::Unspecified,
+                None,
+                now,
+            );
+        }
+        if end_of_stream {
+            self.finish(host, true);
+        }
+        Verdict::Continue
+    }
+
+    /// Response trailers: the response ended (gRPC-style upstreams end
+    /// with trailers instead of an end-of-stream body chunk).
+    pub fn on_response_trailers(&mut self, host: &mut dyn Host) -> Verdict {
+        if self.phase == Phase::Forwarded && self.tracker.is_some() {
+            self.finish(host, true);
+        }
+        Verdict::Continue
+    }
+
+    /// The stream is done (always called): accounts a response that did not
+    /// end normally (client gone, reset).
+    pub fn on_log(&mut self, host: &mut dyn Host) {
+        if self.phase == Phase::Forwarded || matches!(self.phase, Phase::Picking(_)) {
+            let completed = false;
+            self.finish(host, completed);
+        }
+    }
+
+    fn finish(&mut self, host: &mut dyn Host, completed: bool) {
+        if self.phase == Phase::Done {
+            return;
+        }
+        self.phase = Phase::Done;
+        let now = host.now_ns();
+        let e2e = now.saturating_sub(self.start_ns);
+        self.count(
+            &format!("responses.{}", response_class(self.status, completed)),
+            1,
+        );
+        let ok = completed && self.ok_status();
+        let (usage, ttft) = match &mut self.tracker {
+            Some(t) => (t.usage(), t.ttft_ns()),
+            None => (None, None),
+        };
+        if ok {
+            let stats = Rc::clone(&self.shared.stats);
+            let p = self.prefix();
+            if let Some(t) = ttft {
+                stats.record(&format!("{p}.ttft_ms"), ns_to_ms(t));
+            }
+            stats.record(&format!("{p}.e2e_ms"), ns_to_ms(e2e));
+        }
+        if let Some(u) = usage {
+            self.count("prompt_tokens.cached", u.cached_tokens);
+            self.count(
+                "prompt_tokens.uncached",
+                u.prompt_tokens.saturating_sub(u.cached_tokens),
+            );
+            self.count("completion_tokens", u.completion_tokens);
+        }
+        let outcome = if !completed {
+            Outcome::Cancelled
+        } else if self.status == Some(504) {
+            Outcome::Timeout
+        } else if ok {
+            Outcome::Success
+        } else {
+            Outcome::Error
+        };
+        self.report(host, ReportPhase::Done, outcome, usage, now);
+    }
+
+    fn report(
+        &self,
+        host: &mut dyn Host,
+        phase: ReportPhase,
+        outcome: Outcome,
+        usage: Option<pick::Usage>,
+        now: u64,
+    ) {
+        let s = &self.shared.config.settings;
+        let Some(r) = &self.routed else { return };
+        if !s.report || r.picked.is_none() || self.request_id.is_empty() {
+            return;
+        }
+        let ttft = self.tracker.as_ref().and_then(ResponseTracker::ttft_ns);
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let msg = pick::report_request(&ReportInput {
+            pool: &r.indexer_pool,
+            request_id: &self.request_id,
+            endpoint: self.served.as_deref().unwrap_or_default(),
+            usage,
+            ttft_ms: ttft.map(ms).unwrap_or(0.0),
+            e2e_ms: if phase == ReportPhase::Done {
+                ms(now.saturating_sub(self.start_ns))
+            } else {
+                0.0
+            },
+            outcome,
+            phase,
+        });
+        let sent = host.call_detached(&r.indexer_cluster, pick::REPORT, &msg, s.report_timeout_ms);
+        let what = if sent {
+            "report.sent"
+        } else {
+            "report.dispatch_failed"
+        };
+        self.shared.stats.count(&pool_stat(&r.pool_name, what), 1);
+    }
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -1,0 +1,900 @@
+//! The engine driven through a fake Envoy that fails the test on any host
+//! call made in a state where real Envoy would refuse it (and the SDK would
+//! panic, killing the VM).
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use kvasir_proto::v1::{
+    pick_request, Decision as PickDecision, PickRequest, PickResponse, PickedEndpoint,
+    ReportRequest,
+};
+use prost::Message;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::stats::testing::MemStats;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cb {
+    Idle,
+    ReqHeaders,
+    ReqBody,
+    ReqTrailers,
+    Grpc,
+    RespHeaders,
+    RespBody,
+    Log,
+}
+
+struct Fake {
+    cb: Cb,
+    now: Cell<u64>,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    replied: Option<LocalReply>,
+    resumed: bool,
+    continued: bool,
+    route_cleared: u32,
+    dispatch_ok: bool,
+    calls: Vec<(String, String, Vec<u8>, u32)>,
+    detached: Vec<(String, String, Vec<u8>)>,
+    grpc_body: Option<Vec<u8>>,
+    resp_headers: Vec<(String, String)>,
+    resp_chunk: Vec<u8>,
+    added_resp: Vec<(String, String)>,
+    upstream: Option<String>,
+}
+
+impl Fake {
+    fn new(path: &str, headers: &[(&str, &str)], body: &str) -> Fake {
+        let mut h = vec![
+            (":method".to_string(), "POST".to_string()),
+            (":path".to_string(), path.to_string()),
+            ("x-request-id".to_string(), "req-1".to_string()),
+            ("content-length".to_string(), body.len().to_string()),
+        ];
+        h.extend(headers.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Fake {
+            cb: Cb::Idle,
+            now: Cell::new(1_000_000_000),
+            headers: h,
+            body: body.as_bytes().to_vec(),
+            replied: None,
+            resumed: false,
+            continued: false,
+            route_cleared: 0,
+            dispatch_ok: true,
+            calls: Vec::new(),
+            detached: Vec::new(),
+            grpc_body: None,
+            resp_headers: Vec::new(),
+            resp_chunk: Vec::new(),
+            added_resp: Vec::new(),
+            upstream: Some("127.0.0.1:9001".into()),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn request_mutable(&self, what: &str) {
+        assert!(
+            matches!(
+                self.cb,
+                Cb::ReqHeaders | Cb::ReqBody | Cb::ReqTrailers | Cb::Grpc
+            ) && self.replied.is_none()
+                && !self.resumed
+                && !self.continued,
+            "{what} in {:?} (replied {}, resumed {}, continued {})",
+            self.cb,
+            self.replied.is_some(),
+            self.resumed,
+            self.continued
+        );
+    }
+
+    fn body_json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+}
+
+impl Host for Fake {
+    fn now_ns(&self) -> u64 {
+        let t = self.now.get();
+        self.now.set(t + 1_000_000);
+        t
+    }
+    fn request_headers(&self) -> Vec<(String, String)> {
+        assert_eq!(self.cb, Cb::ReqHeaders);
+        self.headers.clone()
+    }
+    fn set_request_header(&mut self, name: &str, value: &str) {
+        self.request_mutable("set_request_header");
+        self.headers.retain(|(k, _)| k != name);
+        self.headers.push((name.into(), value.into()));
+    }
+    fn remove_request_header(&mut self, name: &str) {
+        self.request_mutable("remove_request_header");
+        self.headers.retain(|(k, _)| k != name);
+    }
+    fn request_body(&self, size: usize) -> Option<Vec<u8>> {
+        assert_eq!(self.cb, Cb::ReqBody);
+        assert_eq!(size, self.body.len());
+        Some(self.body.clone())
+    }
+    fn set_request_body(&mut self, size: usize, body: &[u8]) {
+        self.request_mutable("set_request_body");
+        assert_eq!(
+            self.cb,
+            Cb::ReqBody,
+            "the body can only change in its own callback"
+        );
+        assert_eq!(
+            size,
+            self.body.len(),
+            "must replace exactly the whole buffer"
+        );
+        self.body = body.to_vec();
+    }
+    fn send_reply(&mut self, reply: &LocalReply) {
+        self.request_mutable("send_reply");
+        self.replied = Some(reply.clone());
+    }
+    fn clear_route_cache(&mut self) {
+        self.request_mutable("clear_route_cache");
+        self.route_cleared += 1;
+    }
+    fn call(&mut self, cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> Option<u32> {
+        self.request_mutable("call");
+        if !self.dispatch_ok {
+            return None;
+        }
+        self.calls
+            .push((cluster.into(), method.into(), msg.to_vec(), timeout_ms));
+        Some(7)
+    }
+    fn call_detached(&mut self, cluster: &str, method: &str, msg: &[u8], _timeout_ms: u32) -> bool {
+        self.detached
+            .push((cluster.into(), method.into(), msg.to_vec()));
+        true
+    }
+    fn grpc_response(&self, _size: usize) -> Option<Vec<u8>> {
+        assert_eq!(self.cb, Cb::Grpc);
+        self.grpc_body.clone()
+    }
+    fn resume_request(&mut self) {
+        assert_eq!(
+            self.cb,
+            Cb::Grpc,
+            "resume only from the call-out's callback"
+        );
+        self.request_mutable("resume_request");
+        self.resumed = true;
+    }
+    fn response_header(&self, name: &str) -> Option<String> {
+        assert!(matches!(self.cb, Cb::RespHeaders));
+        self.resp_headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+    fn add_response_header(&mut self, name: &str, value: &str) {
+        assert_eq!(self.cb, Cb::RespHeaders);
+        self.added_resp.push((name.into(), value.into()));
+    }
+    fn response_body(&self, _size: usize) -> Option<Vec<u8>> {
+        assert_eq!(self.cb, Cb::RespBody);
+        Some(self.resp_chunk.clone())
+    }
+    fn upstream_address(&self) -> Option<String> {
+        self.upstream.clone()
+    }
+    fn jwt_claim(&self, _metadata_key: &str, _claim: &str) -> Option<String> {
+        None
+    }
+}
+
+fn key_hash(k: &str) -> String {
+    kvasir_policy::hash_api_key(k)
+}
+
+fn config(tenant_source: Value, settings: Value) -> (Rc<Shared>, Rc<MemStats>) {
+    let set = json!({
+        "tenantSource": tenant_source,
+        "tenants": [
+            {"name": "acme", "apiKeyHashes": [key_hash("key-acme")]},
+            {"name": "beta", "apiKeyHashes": [key_hash("key-beta")]}
+        ],
+        "pools": [{"name": "main", "models": ["qwen"], "cluster": "pool", "indexerCluster": "indexer", "indexerTimeoutMs": 40}],
+        "providers": [{"name": "ext", "cluster": "ext-cluster", "authority": "api.example.com", "model": "ext-model",
+                       "auth": {"header": "authorization", "value": "Bearer sk-ext"}}],
+        "policies": [
+            {"name": "blocked", "match": {"models": ["blocked-model"]}, "action": {"reject": {"status": 403, "message": "not for you"}}},
+            {"name": "busy", "match": {"models": ["shed-model"]}, "action": {"shed": {"retryAfterS": 3, "message": "busy"}}},
+            {"name": "ext", "match": {"models": ["gpt-4o"]}, "action": {"provider": {"provider": "ext"}}},
+            {"name": "alias", "match": {"models": ["alias"]}, "action": {"route": {"pool": "main", "rewriteModel": "qwen", "includeUsage": true}}}
+        ],
+        "defaultAction": {"route": {"pool": "main"}}
+    });
+    let set = kvasir_policy::parse_json(&set.to_string()).unwrap();
+    let doc: Value =
+        serde_json::from_slice(&kvasir_policy::compile(&set).unwrap().to_json()).unwrap();
+    let bytes = serde_json::to_vec(&json!({"policy": doc, "filter": settings})).unwrap();
+    let cfg = PluginConfig::from_bytes(&bytes).unwrap();
+    let stats = Rc::new(MemStats::default());
+    let s: Rc<dyn Stats> = stats.clone();
+    (Rc::new(Shared::new(cfg, s)), stats)
+}
+
+fn api_key() -> Value {
+    json!({"apiKey": {}})
+}
+
+fn chat(model: &str, stream: bool) -> String {
+    json!({"model": model, "stream": stream, "max_tokens": 4,
+           "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"}]})
+    .to_string()
+}
+
+fn headers(flow: &mut Flow, h: &mut Fake) -> Verdict {
+    h.cb = Cb::ReqHeaders;
+    let v = flow.on_request_headers(h, false);
+    h.continued = v == Verdict::Continue;
+    h.cb = Cb::Idle;
+    v
+}
+
+fn body(flow: &mut Flow, h: &mut Fake) -> Verdict {
+    h.cb = Cb::ReqBody;
+    let n = h.body.len();
+    let v = flow.on_request_body(h, n, true);
+    h.continued = v == Verdict::Continue;
+    h.cb = Cb::Idle;
+    v
+}
+
+fn grpc(flow: &mut Flow, h: &mut Fake, token: u32, status: u32, answer: Option<Vec<u8>>) {
+    h.cb = Cb::Grpc;
+    h.grpc_body = answer;
+    let n = h.grpc_body.as_ref().map_or(0, Vec::len);
+    flow.on_grpc_response(h, token, status, n);
+    h.cb = Cb::Idle;
+}
+
+fn respond(flow: &mut Flow, h: &mut Fake, status: u16, content_type: &str, chunks: &[&str]) {
+    h.resp_headers = vec![
+        (":status".into(), status.to_string()),
+        ("content-type".into(), content_type.into()),
+    ];
+    h.cb = Cb::RespHeaders;
+    assert_eq!(flow.on_response_headers(h, false), Verdict::Continue);
+    for (i, c) in chunks.iter().enumerate() {
+        h.cb = Cb::RespBody;
+        h.resp_chunk = c.as_bytes().to_vec();
+        let last = i + 1 == chunks.len();
+        assert_eq!(flow.on_response_body(h, c.len(), last), Verdict::Continue);
+    }
+    h.cb = Cb::Log;
+    flow.on_log(h);
+    h.cb = Cb::Idle;
+}
+
+fn pick_answer(addrs: &[&str], saturation: f64) -> Vec<u8> {
+    PickResponse {
+        endpoints: addrs
+            .iter()
+            .map(|a| PickedEndpoint {
+                address: a.to_string(),
+                ..Default::default()
+            })
+            .collect(),
+        pool_saturation: saturation,
+        decision: PickDecision::Prefix as i32,
+        reason: "prefix".into(),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+fn reply_json(h: &Fake) -> (u16, Value) {
+    let r = h.replied.as_ref().expect("a local reply");
+    (r.status, serde_json::from_slice(&r.body).unwrap())
+}
+
+const P: &str = "kvasir.tenant.acme.model.qwen";
+
+#[test]
+fn routed_chat_picks_sets_the_endpoint_and_accounts_the_response() {
+    let (shared, stats) = config(api_key(), json!({"exposeServedEndpoint": true}));
+    let mut flow = Flow::new(shared.clone());
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[
+            ("authorization", "Bearer key-acme"),
+            ("x-tenant", "beta"),
+            ("x-gateway-destination-endpoint", "10.9.9.9:1"),
+            ("x-kvasir-cluster", "ext-cluster"),
+        ],
+        &chat("qwen", true),
+    );
+    assert_eq!(headers(&mut flow, &mut h), Verdict::Pause);
+    // Client steering and the spoofed tenant are gone before anything else.
+    assert_eq!(h.header("x-gateway-destination-endpoint"), None);
+    assert_eq!(h.header("x-kvasir-cluster"), None);
+    assert_eq!(h.header("x-tenant"), Some("acme"));
+    assert_eq!(body(&mut flow, &mut h), Verdict::Pause);
+    assert_eq!(h.header("x-kvasir-cluster"), Some("pool"));
+    // Once for the removed client value, once for the filter's own.
+    assert_eq!(h.route_cleared, 2);
+    let (cluster, method, msg, timeout) = h.calls.pop().unwrap();
+    assert_eq!(
+        (cluster.as_str(), method.as_str(), timeout),
+        ("indexer", "Pick", 40)
+    );
+    let pick = PickRequest::decode(msg.as_slice()).unwrap();
+    assert_eq!(
+        (
+            pick.pool.as_str(),
+            pick.tenant.as_str(),
+            pick.request_id.as_str()
+        ),
+        ("main", "acme", "req-1")
+    );
+    let Some(pick_request::Prompt::Chat(c)) = pick.prompt else {
+        panic!()
+    };
+    assert_eq!(c.messages.len(), 2);
+    // A stray token (e.g. a report's answer) is ignored.
+    grpc(&mut flow, &mut h, 99, 0, None);
+    assert!(!h.resumed);
+    grpc(
+        &mut flow,
+        &mut h,
+        7,
+        0,
+        Some(pick_answer(&["127.0.0.1:9001", "127.0.0.1:9002"], 0.4)),
+    );
+    assert!(h.resumed);
+    assert_eq!(
+        h.header("x-gateway-destination-endpoint"),
+        Some("127.0.0.1:9001,127.0.0.1:9002")
+    );
+    assert_eq!(
+        stats
+            .gauges
+            .borrow()
+            .get("kvasir.pool.main.saturation_permille"),
+        Some(&400)
+    );
+    respond(
+        &mut flow,
+        &mut h,
+        200,
+        "text/event-stream",
+        &[
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\ndata: [DONE]\n\n",
+        ],
+    );
+    assert_eq!(
+        h.added_resp,
+        vec![(
+            "x-gateway-destination-endpoint-served".to_string(),
+            "127.0.0.1:9001".to_string()
+        )]
+    );
+    assert_eq!(stats.counter(&format!("{P}.requests.route")), 1);
+    assert_eq!(stats.counter(&format!("{P}.prompt_tokens.cached")), 16);
+    assert_eq!(stats.counter(&format!("{P}.prompt_tokens.uncached")), 4);
+    assert_eq!(stats.counter(&format!("{P}.completion_tokens")), 2);
+    assert_eq!(stats.counter(&format!("{P}.responses.2xx")), 1);
+    assert_eq!(stats.counter("kvasir.pool.main.pick.ok"), 1);
+    let hist = stats.histograms.borrow();
+    assert_eq!(hist[&format!("{P}.ttft_ms")].len(), 1);
+    assert_eq!(hist[&format!("{P}.e2e_ms")].len(), 1);
+    assert!(!hist[&format!("{P}.itl_ms")].is_empty());
+    let (cluster, method, msg) = h.detached.pop().unwrap();
+    assert_eq!((cluster.as_str(), method.as_str()), ("indexer", "Report"));
+    let r = ReportRequest::decode(msg.as_slice()).unwrap();
+    assert_eq!(
+        (r.request_id.as_str(), r.endpoint.as_str(), r.cached_tokens),
+        ("req-1", "127.0.0.1:9001", 16)
+    );
+    assert_eq!(r.outcome, kvasir_proto::v1::Outcome::Success as i32);
+    assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 1);
+    assert_eq!(
+        stats.histograms.borrow()["kvasir.pool.main.pick_us"].len(),
+        1
+    );
+}
+
+#[test]
+fn fail_open_on_indexer_errors_and_dispatch_failure() {
+    for (status, answer, why) in [
+        (14, None, "unavailable"),
+        (4, None, "timeout"),
+        (0, Some(b"\xff\xff".to_vec()), "bad_response"),
+        (0, Some(pick_answer(&[], 1.0)), "no_endpoints"),
+        (
+            0,
+            Some(pick_answer(&["not-an-address"], 0.0)),
+            "bad_response",
+        ),
+    ] {
+        let (shared, stats) = config(api_key(), json!({}));
+        let mut flow = Flow::new(shared);
+        let mut h = Fake::new(
+            "/v1/chat/completions",
+            &[("authorization", "Bearer key-acme")],
+            &chat("qwen", false),
+        );
+        headers(&mut flow, &mut h);
+        assert_eq!(body(&mut flow, &mut h), Verdict::Pause);
+        grpc(&mut flow, &mut h, 7, status, answer);
+        assert!(h.resumed, "{why}");
+        assert_eq!(h.header("x-gateway-destination-endpoint"), None, "{why}");
+        assert_eq!(
+            stats.counter(&format!("kvasir.pool.main.pick.{why}")),
+            1,
+            "{why}"
+        );
+        assert_eq!(stats.counter("kvasir.pool.main.failopen"), 1);
+        assert_eq!(stats.counter(&format!("{P}.failopen")), 1);
+        respond(
+            &mut flow,
+            &mut h,
+            200,
+            "application/json",
+            &[r#"{"usage":{"prompt_tokens":3,"completion_tokens":1}}"#],
+        );
+        // No pick, no in-flight entry: nothing to report.
+        assert!(h.detached.is_empty());
+        assert_eq!(stats.counter(&format!("{P}.prompt_tokens.uncached")), 3);
+    }
+    let (shared, stats) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("qwen", false),
+    );
+    h.dispatch_ok = false;
+    headers(&mut flow, &mut h);
+    assert_eq!(body(&mut flow, &mut h), Verdict::Continue);
+    assert_eq!(stats.counter("kvasir.pool.main.pick.dispatch"), 1);
+}
+
+#[test]
+fn unknown_and_missing_tenants_get_401_in_the_apis_shape() {
+    let (shared, stats) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared.clone());
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer wrong"), ("x-tenant", "acme")],
+        &chat("qwen", false),
+    );
+    assert_eq!(headers(&mut flow, &mut h), Verdict::Pause);
+    let (status, b) = reply_json(&h);
+    assert_eq!(status, 401);
+    assert_eq!(b["error"]["type"], "authentication_error");
+    assert_eq!(b["error"]["code"], "invalid_api_key");
+    assert_eq!(
+        stats.counter("kvasir.tenant.unknown.model.unknown.requests.unauthorized"),
+        1
+    );
+    // Later callbacks after a local reply touch nothing.
+    h.cb = Cb::ReqBody;
+    assert_eq!(flow.on_request_body(&mut h, 10, true), Verdict::Pause);
+    h.cb = Cb::RespHeaders;
+    assert_eq!(flow.on_response_headers(&mut h, false), Verdict::Continue);
+    h.cb = Cb::Log;
+    flow.on_log(&mut h);
+
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/messages",
+        &[],
+        r#"{"model":"qwen","max_tokens":1,"messages":[{"role":"user","content":"x"}]}"#,
+    );
+    headers(&mut flow, &mut h);
+    let (status, b) = reply_json(&h);
+    assert_eq!(status, 401);
+    assert_eq!(
+        b,
+        json!({"type": "error", "error": {"type": "authentication_error", "message": "missing credentials"}})
+    );
+}
+
+#[test]
+fn header_tenant_source_and_rejected_tenant_header() {
+    let (shared, _) = config(json!({"header": "x-tenant"}), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("x-tenant", "beta")],
+        &chat("qwen", false),
+    );
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    let pick = PickRequest::decode(h.calls[0].2.as_slice()).unwrap();
+    assert_eq!(pick.tenant, "beta");
+
+    let (shared, _) = config(json!({"apiKey": {}, "onTenantHeader": "reject"}), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme"), ("x-tenant", "beta")],
+        &chat("qwen", false),
+    );
+    headers(&mut flow, &mut h);
+    assert_eq!(reply_json(&h).0, 403);
+}
+
+#[test]
+fn bad_bodies_get_400_and_413() {
+    let (shared, stats) = config(api_key(), json!({"bodyLimitBytes": 200}));
+    let auth = [("authorization", "Bearer key-acme")];
+    for (b, code) in [
+        ("{not json", "invalid_json"),
+        ("", "invalid_json"),
+        (
+            r#"{"messages":[{"role":"user","content":"x"}]}"#,
+            "missing_model",
+        ),
+        (r#"{"model":7,"messages":[]}"#, "invalid_type"),
+        ("\u{1}\u{2}binary", "invalid_json"),
+    ] {
+        let mut flow = Flow::new(shared.clone());
+        let mut h = Fake::new("/v1/chat/completions", &auth, b);
+        headers(&mut flow, &mut h);
+        assert_eq!(body(&mut flow, &mut h), Verdict::Pause);
+        let (status, j) = reply_json(&h);
+        assert_eq!(
+            (status, j["error"]["code"].as_str()),
+            (400, Some(code)),
+            "{b}"
+        );
+    }
+    assert_eq!(
+        stats.counter("kvasir.tenant.acme.model.unknown.requests.invalid"),
+        5
+    );
+    let mut flow = Flow::new(shared.clone());
+    let mut h = Fake::new("/v1/chat/completions", &auth, &"x".repeat(201));
+    headers(&mut flow, &mut h);
+    assert_eq!(body(&mut flow, &mut h), Verdict::Pause);
+    assert_eq!(reply_json(&h).0, 413);
+    // A header-only POST has no body callback: refused at headers.
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new("/v1/chat/completions", &auth, "");
+    h.cb = Cb::ReqHeaders;
+    assert_eq!(flow.on_request_headers(&mut h, true), Verdict::Pause);
+    assert_eq!(reply_json(&h).0, 400);
+}
+
+#[test]
+fn streaming_body_is_buffered_until_the_end() {
+    let (shared, _) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("qwen", false),
+    );
+    headers(&mut flow, &mut h);
+    h.cb = Cb::ReqBody;
+    assert_eq!(flow.on_request_body(&mut h, 5, false), Verdict::Pause);
+    assert!(h.calls.is_empty());
+    let n = h.body.len();
+    assert_eq!(flow.on_request_body(&mut h, n, true), Verdict::Pause);
+    assert_eq!(h.calls.len(), 1);
+}
+
+#[test]
+fn reject_and_shed_reply_in_shape() {
+    let (shared, stats) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared.clone());
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("blocked-model", false),
+    );
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    let (status, j) = reply_json(&h);
+    assert_eq!(
+        (
+            status,
+            j["error"]["message"].as_str(),
+            j["error"]["code"].as_str()
+        ),
+        (403, Some("not for you"), Some("policy_rejected"))
+    );
+    assert_eq!(
+        stats.counter("kvasir.tenant.acme.model.blocked-model.requests.reject"),
+        1
+    );
+
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/messages",
+        &[("x-api-key", "key-beta")],
+        r#"{"model":"shed-model","max_tokens":1,"messages":[{"role":"user","content":"x"}]}"#,
+    );
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    let r = h.replied.clone().unwrap();
+    assert_eq!(r.status, 429);
+    assert!(r.headers.contains(&("retry-after".into(), "3".into())));
+    let (_, j) = reply_json(&h);
+    assert_eq!(
+        j,
+        json!({"type": "error", "error": {"type": "rate_limit_error", "message": "busy"}})
+    );
+    assert_eq!(
+        stats.counter("kvasir.tenant.beta.model.shed-model.requests.shed"),
+        1
+    );
+}
+
+#[test]
+fn provider_gets_its_model_credentials_and_cluster_never_the_clients_key() {
+    let (shared, stats) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[
+            ("authorization", "Bearer key-acme"),
+            ("x-api-key", "key-acme"),
+        ],
+        &chat("gpt-4o", true),
+    );
+    headers(&mut flow, &mut h);
+    assert_eq!(body(&mut flow, &mut h), Verdict::Continue);
+    assert!(h.calls.is_empty(), "no pick for a provider");
+    assert_eq!(h.header("x-kvasir-cluster"), Some("ext-cluster"));
+    assert_eq!(h.header(":authority"), Some("api.example.com"));
+    assert_eq!(h.header("authorization"), Some("Bearer sk-ext"));
+    assert_eq!(h.header("x-api-key"), None);
+    assert_eq!(h.body_json()["model"], "ext-model");
+    assert_eq!(
+        h.header("content-length"),
+        Some(h.body.len().to_string().as_str())
+    );
+    assert_eq!(h.route_cleared, 1);
+    assert_eq!(
+        stats.counter("kvasir.tenant.acme.model.gpt-4o.requests.provider"),
+        1
+    );
+    respond(
+        &mut flow,
+        &mut h,
+        200,
+        "application/json",
+        &[r#"{"usage":{"prompt_tokens":9,"completion_tokens":2}}"#],
+    );
+    assert_eq!(
+        stats.counter("kvasir.tenant.acme.model.gpt-4o.completion_tokens"),
+        2
+    );
+    assert!(
+        h.detached.is_empty(),
+        "providers are not reported to the indexer"
+    );
+}
+
+#[test]
+fn route_rewrite_and_include_usage_injection() {
+    let (shared, _) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared.clone());
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("alias", true),
+    );
+    let before = h.body_json();
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    let after = h.body_json();
+    assert_eq!(after["model"], "qwen");
+    assert_eq!(after["stream_options"], json!({"include_usage": true}));
+    assert_eq!(after["messages"], before["messages"]);
+    assert_eq!(
+        h.header("content-length"),
+        Some(h.body.len().to_string().as_str())
+    );
+    let pick = PickRequest::decode(h.calls[0].2.as_slice()).unwrap();
+    assert_eq!(pick.model, "qwen");
+    // Not streaming: no injection; same model: no rewrite at all.
+    let mut flow = Flow::new(shared);
+    let original = chat("qwen", false);
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &original,
+    );
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    assert_eq!(h.body, original.as_bytes());
+}
+
+#[test]
+fn non_inference_paths_pass_through() {
+    let (shared, stats) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/models",
+        &[
+            ("authorization", "Bearer key-acme"),
+            ("x-gateway-destination-endpoint", "1.2.3.4:5"),
+        ],
+        "",
+    );
+    h.headers[0].1 = "GET".into();
+    h.headers
+        .push(("x-kvasir-cluster".into(), "kvasir_indexer".into()));
+    assert_eq!(headers(&mut flow, &mut h), Verdict::Continue);
+    assert_eq!(h.header("x-gateway-destination-endpoint"), None);
+    assert_eq!(h.header("x-kvasir-cluster"), None);
+    assert_eq!(
+        h.route_cleared, 1,
+        "a client-chosen route must be re-selected"
+    );
+    assert_eq!(
+        stats.counter("kvasir.tenant.acme.model.unknown.requests.passthrough"),
+        1
+    );
+    h.cb = Cb::ReqBody;
+    assert_eq!(flow.on_request_body(&mut h, 0, true), Verdict::Continue);
+    h.cb = Cb::RespHeaders;
+    h.resp_headers = vec![(":status".into(), "200".into())];
+    assert_eq!(flow.on_response_headers(&mut h, false), Verdict::Continue);
+    assert!(h.added_resp.is_empty());
+}
+
+#[test]
+fn a_client_that_goes_away_is_accounted_as_cancelled() {
+    let (shared, stats) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("qwen", true),
+    );
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    grpc(
+        &mut flow,
+        &mut h,
+        7,
+        0,
+        Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
+    );
+    h.resp_headers = vec![
+        (":status".into(), "200".into()),
+        ("content-type".into(), "text/event-stream".into()),
+    ];
+    h.cb = Cb::RespHeaders;
+    flow.on_response_headers(&mut h, false);
+    h.cb = Cb::RespBody;
+    h.resp_chunk = b"data: {\"choices\":[{}]}\n\n".to_vec();
+    let n = h.resp_chunk.len();
+    flow.on_response_body(&mut h, n, false);
+    h.cb = Cb::Log;
+    flow.on_log(&mut h);
+    assert_eq!(stats.counter(&format!("{P}.responses.cancelled")), 1);
+    let r = ReportRequest::decode(h.detached[0].2.as_slice()).unwrap();
+    assert_eq!(r.outcome, kvasir_proto::v1::Outcome::Cancelled as i32);
+    assert!(!stats
+        .histograms
+        .borrow()
+        .contains_key(&format!("{P}.e2e_ms")));
+}
+
+#[test]
+fn pool_state_polls_and_answers() {
+    let set = json!({
+        "tenantSource": {"header": "x-tenant"},
+        "tenants": [{"name": "acme"}],
+        "pools": [{"name": "main", "models": ["qwen"], "cluster": "pool", "indexerCluster": "indexer"}],
+        "policies": [{"name": "shed", "match": {"poolState": {"pool": "main", "saturationAbove": 0.9}},
+                      "action": {"shed": {"retryAfterS": 1}}}],
+        "defaultAction": {"route": {"pool": "main"}}
+    });
+    let set = kvasir_policy::parse_json(&set.to_string()).unwrap();
+    let cfg = PluginConfig::from_bytes(&kvasir_policy::compile(&set).unwrap().to_json()).unwrap();
+    let stats = Rc::new(MemStats::default());
+    let shared = Rc::new(Shared::new(cfg, stats.clone()));
+    let polls = shared.pool_state_polls();
+    assert_eq!(polls.len(), 1);
+    assert_eq!(polls[0].0, "indexer");
+    let answer = kvasir_proto::v1::PoolStateResponse {
+        pool: "main".into(),
+        pool_saturation: 0.95,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    shared.on_pool_state(0, 0, Some(&answer), 1_000_000_000);
+    assert_eq!(
+        stats
+            .gauges
+            .borrow()
+            .get("kvasir.pool.main.saturation_permille"),
+        Some(&950)
+    );
+    // Now the shed policy holds (the fake clock is within poolStateMaxAgeMs).
+    let mut flow = Flow::new(shared.clone());
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("x-tenant", "acme")],
+        &chat("qwen", false),
+    );
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    assert_eq!(reply_json(&h).0, 429);
+    shared.on_pool_state(0, 14, None, 2_000_000_000);
+    assert_eq!(stats.counter("kvasir.pool.main.state_poll.error"), 1);
+}
+
+#[test]
+fn a_body_ending_in_trailers_is_refused_not_forwarded_undecided() {
+    let (shared, stats) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("blocked-model", false),
+    );
+    headers(&mut flow, &mut h);
+    h.cb = Cb::ReqBody;
+    let n = h.body.len();
+    assert_eq!(flow.on_request_body(&mut h, n, false), Verdict::Pause);
+    h.cb = Cb::ReqTrailers;
+    assert_eq!(flow.on_request_trailers(&mut h), Verdict::Pause);
+    let (status, j) = reply_json(&h);
+    assert_eq!(
+        (status, j["error"]["code"].as_str()),
+        (400, Some("unsupported_trailers"))
+    );
+    assert_eq!(
+        stats.counter("kvasir.tenant.acme.model.unknown.requests.invalid"),
+        1
+    );
+}
+
+#[test]
+fn a_response_ending_in_trailers_is_complete() {
+    let (shared, stats) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("qwen", false),
+    );
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    grpc(&mut flow, &mut h, 7, 14, None);
+    h.resp_headers = vec![
+        (":status".into(), "200".into()),
+        ("content-type".into(), "application/json".into()),
+    ];
+    h.cb = Cb::RespHeaders;
+    flow.on_response_headers(&mut h, false);
+    h.cb = Cb::RespBody;
+    h.resp_chunk = br#"{"usage":{"prompt_tokens":2,"completion_tokens":1}}"#.to_vec();
+    let n = h.resp_chunk.len();
+    flow.on_response_body(&mut h, n, false);
+    h.cb = Cb::Idle;
+    assert_eq!(flow.on_response_trailers(&mut h), Verdict::Continue);
+    h.cb = Cb::Log;
+    flow.on_log(&mut h);
+    assert_eq!(stats.counter(&format!("{P}.responses.2xx")), 1);
+    assert_eq!(stats.counter(&format!("{P}.responses.cancelled")), 0);
+    assert_eq!(stats.counter(&format!("{P}.completion_tokens")), 1);
+}

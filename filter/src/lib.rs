@@ -1,0 +1,40 @@
+//! # kvasir-filter
+//!
+//! Kvasir's Envoy filter: a proxy-wasm HTTP filter (`wasm32-wasip1`) that,
+//! for every LLM request, finds the tenant, applies the compiled policies
+//! ([`kvasir_policy`]), asks the cache-indexer over gRPC which endpoint
+//! holds the prompt's prefix (`kvasir.v1.Indexer/Pick`), and sends the
+//! request exactly there through Envoy's override-host load balancer
+//! (`x-gateway-destination-endpoint`), failing open to Envoy's own load
+//! balancing when the indexer is slow or down. On the way back it measures
+//! TTFT, inter-token gaps and end-to-end time, reads `usage`, reports to
+//! the indexer and writes per-tenant, per-model Envoy stats.
+//!
+//! The crate is a thin adapter. Every decision is in `kvasir-policy` or in
+//! the pure modules here, which build and are tested natively:
+//!
+//! - [`settings`]: the plugin configuration (policy document + settings);
+//! - [`request`]: API kind by path, borrowed parsing of the needed fields;
+//! - [`rewrite`]: model rewrite and `include_usage` injection by splicing;
+//! - [`reply`]: local replies in OpenAI's or Anthropic's error shape;
+//! - [`pick`]: `Pick` / `Report` messages and the fail-open rules;
+//! - [`response`]: TTFT / ITL / e2e and `usage` from JSON or SSE;
+//! - [`stats`]: stat names (Prometheus labels via stats tags);
+//! - [`engine`]: the per-request state machine over a [`engine::Host`].
+//!
+//! Only the `wasm` module (built for `wasm32` alone) touches the
+//! proxy-wasm SDK. See `filter/README.md` for deployment and the stats.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod engine;
+pub mod pick;
+pub mod reply;
+pub mod request;
+pub mod response;
+pub mod rewrite;
+pub mod settings;
+pub mod stats;
+
+#[cfg(target_arch = "wasm32")]
+mod wasm;

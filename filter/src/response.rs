@@ -1,0 +1,383 @@
+//! The response side: time to first token, inter-token gaps and end to
+//! end time, and the token counts of `usage`, read from the final JSON or
+//! from the SSE stream (OpenAI's usage chunk, Anthropic's `message_start`
+//! and `message_delta` events).
+//!
+//! The response is never held back: chunks are looked at as they pass.
+//! Only SSE lines that mention `"usage"` are parsed with serde; a
+//! non-streaming body is kept (up to a limit) just long enough to read its
+//! `usage` at the end.
+
+use serde::Deserialize;
+
+use crate::pick::Usage;
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+/// `usage` as OpenAI or Anthropic write it (all fields optional; each
+/// event carries some of them).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+struct RawUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+}
+
+impl RawUsage {
+    /// Newer fields win; fields a later event leaves out keep their value
+    /// (Anthropic's `message_delta` only carries `output_tokens`).
+    fn merge(&mut self, n: RawUsage) {
+        macro_rules! take {
+            ($($f:ident),*) => {$( if n.$f.is_some() { self.$f = n.$f; } )*};
+        }
+        take!(
+            prompt_tokens,
+            completion_tokens,
+            prompt_tokens_details,
+            input_tokens,
+            output_tokens,
+            cache_read_input_tokens,
+            cache_creation_input_tokens
+        );
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        if let Some(p) = self.prompt_tokens {
+            let cached = self
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0);
+            return Some(Usage {
+                prompt_tokens: p,
+                cached_tokens: cached.min(p),
+                completion_tokens: self.completion_tokens.unwrap_or(0),
+            });
+        }
+        if self.input_tokens.is_some() || self.output_tokens.is_some() {
+            // Anthropic's input_tokens leaves out cache reads and writes.
+            let read = self.cache_read_input_tokens.unwrap_or(0);
+            let prompt = self.input_tokens.unwrap_or(0)
+                + read
+                + self.cache_creation_input_tokens.unwrap_or(0);
+            return Some(Usage {
+                prompt_tokens: prompt,
+                cached_tokens: read,
+                completion_tokens: self.output_tokens.unwrap_or(0),
+            });
+        }
+        None
+    }
+}
+
+#[derive(Deserialize)]
+struct Inner {
+    #[serde(default)]
+    usage: Option<RawUsage>,
+}
+
+#[derive(Deserialize)]
+struct WithUsage {
+    #[serde(default)]
+    usage: Option<RawUsage>,
+    /// Anthropic's `message_start` nests it under `message`.
+    #[serde(default)]
+    message: Option<Inner>,
+}
+
+/// What one response chunk told the tracker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ChunkEvents {
+    /// This is the first body byte: TTFT is known now.
+    pub first: bool,
+    /// The mean gap per token event since the previous chunk that carried
+    /// events (ns), for the inter-token latency histogram. One sample per
+    /// chunk: a chunk with several events gets their mean gap.
+    pub itl_ns: Option<u64>,
+}
+
+/// Watches one response.
+#[derive(Debug, Clone)]
+pub struct ResponseTracker {
+    start_ns: u64,
+    streaming: bool,
+    first_ns: Option<u64>,
+    last_event_ns: Option<u64>,
+    carry: Vec<u8>,
+    body: Vec<u8>,
+    limit: usize,
+    overflow: bool,
+    raw: RawUsage,
+    seen_usage: bool,
+    events: u64,
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+impl ResponseTracker {
+    /// A tracker for a response to a request that started at `start_ns`.
+    /// `streaming`: the response is SSE (`text/event-stream`). `limit`:
+    /// the most bytes kept of a non-streaming body or of one SSE line.
+    pub fn new(start_ns: u64, streaming: bool, limit: usize) -> ResponseTracker {
+        ResponseTracker {
+            start_ns,
+            streaming,
+            first_ns: None,
+            last_event_ns: None,
+            carry: Vec::new(),
+            body: Vec::new(),
+            limit,
+            overflow: false,
+            raw: RawUsage::default(),
+            seen_usage: false,
+            events: 0,
+        }
+    }
+
+    /// Whether the response is SSE.
+    pub fn streaming(&self) -> bool {
+        self.streaming
+    }
+
+    /// Feeds a body chunk seen at `now_ns`.
+    pub fn feed(&mut self, chunk: &[u8], now_ns: u64) -> ChunkEvents {
+        let mut ev = ChunkEvents::default();
+        if chunk.is_empty() {
+            return ev;
+        }
+        if self.first_ns.is_none() {
+            self.first_ns = Some(now_ns);
+            ev.first = true;
+        }
+        if !self.streaming {
+            if !self.overflow {
+                if self.body.len() + chunk.len() > self.limit {
+                    self.overflow = true;
+                    self.body = Vec::new();
+                } else {
+                    self.body.extend_from_slice(chunk);
+                }
+            }
+            return ev;
+        }
+        let n = self.scan_sse(chunk);
+        if n > 0 {
+            if let Some(last) = self.last_event_ns {
+                ev.itl_ns = now_ns.saturating_sub(last).checked_div(n);
+            }
+            self.last_event_ns = Some(now_ns);
+            self.events += n;
+        }
+        ev
+    }
+
+    /// Scans complete SSE lines; returns how many token events (data lines
+    /// other than `[DONE]` and usage-only chunks) it saw.
+    fn scan_sse(&mut self, chunk: &[u8]) -> u64 {
+        let mut data = std::mem::take(&mut self.carry);
+        data.extend_from_slice(chunk);
+        let mut n = 0;
+        let mut start = 0;
+        while let Some(off) = data[start..].iter().position(|&b| b == b'\n') {
+            let line = &data[start..start + off];
+            start += off + 1;
+            n += self.sse_line(line);
+        }
+        if data.len() - start <= self.limit {
+            data.drain(..start);
+            self.carry = data;
+        }
+        n
+    }
+
+    fn sse_line(&mut self, line: &[u8]) -> u64 {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(payload) = line.strip_prefix(b"data:") else {
+            return 0;
+        };
+        let payload = payload.trim_ascii();
+        if payload.is_empty() || payload == b"[DONE]" {
+            return 0;
+        }
+        if contains(payload, b"\"usage\"") {
+            if let Ok(w) = serde_json::from_slice::<WithUsage>(payload) {
+                let mut any = false;
+                for u in [w.message.and_then(|m| m.usage), w.usage]
+                    .into_iter()
+                    .flatten()
+                {
+                    self.raw.merge(u);
+                    any = true;
+                }
+                self.seen_usage |= any;
+                // OpenAI's final usage chunk has `"choices":[]`: no token.
+                if any && contains(payload, b"\"choices\":[]") {
+                    return 0;
+                }
+            }
+        }
+        1
+    }
+
+    /// Time to first token (ns), if a body byte arrived.
+    pub fn ttft_ns(&self) -> Option<u64> {
+        self.first_ns.map(|f| f.saturating_sub(self.start_ns))
+    }
+
+    /// The usage the response carried, once it ended (call after the last
+    /// chunk).
+    pub fn usage(&mut self) -> Option<Usage> {
+        if !self.streaming && !self.overflow && !self.body.is_empty() {
+            let body = std::mem::take(&mut self.body);
+            if let Ok(w) = serde_json::from_slice::<WithUsage>(&body) {
+                if let Some(u) = w.usage {
+                    self.raw.merge(u);
+                    self.seen_usage = true;
+                }
+            }
+        }
+        if self.streaming && !self.carry.is_empty() {
+            // A last line without its newline.
+            let rest = std::mem::take(&mut self.carry);
+            self.sse_line(&rest);
+        }
+        if self.seen_usage {
+            self.raw.usage()
+        } else {
+            None
+        }
+    }
+
+    /// Token events seen in an SSE response.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openai_json_usage() {
+        let mut t = ResponseTracker::new(100, false, 1 << 20);
+        let body = br#"{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":40,"completion_tokens":3,"total_tokens":43,"prompt_tokens_details":{"cached_tokens":32}}}"#;
+        let ev = t.feed(&body[..20], 150);
+        assert!(ev.first);
+        assert!(!t.feed(&body[20..], 160).first);
+        assert_eq!(t.ttft_ns(), Some(50));
+        assert_eq!(
+            t.usage(),
+            Some(Usage {
+                prompt_tokens: 40,
+                cached_tokens: 32,
+                completion_tokens: 3
+            })
+        );
+    }
+
+    #[test]
+    fn openai_sse_usage_chunk_split_across_chunks() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\n",
+            "data: [DONE]\n\n"
+        )
+        .as_bytes();
+        let mut t = ResponseTracker::new(0, true, 1 << 20);
+        let mut itl = Vec::new();
+        for (i, piece) in stream.chunks(17).enumerate() {
+            let ev = t.feed(piece, 1000 * (i as u64 + 1));
+            itl.extend(ev.itl_ns);
+        }
+        assert_eq!(t.ttft_ns(), Some(1000));
+        assert_eq!(t.events(), 3);
+        assert!(!itl.is_empty());
+        assert_eq!(
+            t.usage(),
+            Some(Usage {
+                prompt_tokens: 10,
+                cached_tokens: 0,
+                completion_tokens: 2
+            })
+        );
+    }
+
+    #[test]
+    fn itl_is_the_mean_gap_per_event() {
+        let mut t = ResponseTracker::new(0, true, 1 << 20);
+        t.feed(b"data: {\"x\":1}\n\n", 10);
+        let ev = t.feed(b"data: {\"x\":2}\n\ndata: {\"x\":3}\n\n", 30);
+        assert_eq!(ev.itl_ns, Some(10));
+    }
+
+    #[test]
+    fn continuous_usage_last_wins_and_no_usage_is_none() {
+        let mut t = ResponseTracker::new(0, true, 1 << 20);
+        t.feed(
+            b"data: {\"choices\":[{}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1}}\n",
+            1,
+        );
+        t.feed(
+            b"data: {\"choices\":[{}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n",
+            2,
+        );
+        assert_eq!(t.usage().unwrap().completion_tokens, 2);
+        let mut t = ResponseTracker::new(0, true, 1 << 20);
+        t.feed(b"data: {\"choices\":[{}],\"usage\":null}\n", 1);
+        assert_eq!(t.usage(), None);
+        let mut t = ResponseTracker::new(0, false, 1 << 20);
+        t.feed(b"not json", 1);
+        assert_eq!(t.usage(), None);
+    }
+
+    #[test]
+    fn anthropic_stream_and_json() {
+        let mut t = ResponseTracker::new(0, true, 1 << 20);
+        t.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":7,\"cache_read_input_tokens\":16,\"output_tokens\":1}}}\n\n", 1);
+        t.feed(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"x\"}}\n\n", 2);
+        t.feed(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":4}}", 3);
+        assert_eq!(
+            t.usage(),
+            Some(Usage {
+                prompt_tokens: 23,
+                cached_tokens: 16,
+                completion_tokens: 4
+            })
+        );
+        let mut t = ResponseTracker::new(0, false, 1 << 20);
+        t.feed(
+            br#"{"type":"message","usage":{"input_tokens":3,"output_tokens":2}}"#,
+            1,
+        );
+        assert_eq!(t.usage().unwrap().prompt_tokens, 3);
+    }
+
+    #[test]
+    fn oversized_bodies_are_dropped_not_kept() {
+        let mut t = ResponseTracker::new(0, false, 8);
+        t.feed(b"0123456789", 1);
+        assert_eq!(t.usage(), None);
+        let mut t = ResponseTracker::new(0, true, 8);
+        t.feed(b"data: 0123456789012345", 1);
+        assert!(t.carry.len() <= 8);
+    }
+}

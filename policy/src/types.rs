@@ -1,0 +1,490 @@
+//! The user-facing policy types: what the Kubernetes resources and
+//! `kvasirctl` carry.
+//!
+//! Every struct is `camelCase` on the wire and denies unknown fields, so a
+//! typo (`modle:`) is an error with a path instead of a silently ignored
+//! setting. Optional fields are `Option` so validation can tell "not set"
+//! from "set to the default" and say when a field does not apply.
+//!
+//! Where a field is one of several alternatives (the tenant source, a header
+//! matcher, a provider's auth value) it is written the Kubernetes way: a
+//! struct of optional fields of which exactly one must be set. That keeps the
+//! YAML short (`header: x-tenant`) and lets validation name the offending
+//! field, which a serde enum error cannot do as precisely.
+
+use serde::{Deserialize, Serialize};
+
+/// A complete policy set: everything the filter needs to decide, before
+/// compilation.
+///
+/// The controller assembles one from the cluster's policy resources; the CLI
+/// reads one from a YAML or JSON file. Order matters only in `policies`
+/// (first match wins); `tenants`, `pools` and `providers` are sets, and
+/// compilation sorts them so their order never changes the output bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicySet {
+    /// The tenants that may send requests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<Tenant>,
+    /// Where the tenant of a request comes from.
+    pub tenant_source: TenantSource,
+    /// The vLLM pools requests can be routed to.
+    pub pools: Vec<Pool>,
+    /// External model providers requests can be sent to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub providers: Vec<Provider>,
+    /// Settings of the prompt classifiers (PII detectors, "easy" rule).
+    #[serde(default)]
+    pub classification: Classification,
+    /// How old a pool-state sample may be before `poolState` conditions
+    /// treat the state as unknown (milliseconds; default 5000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_state_max_age_ms: Option<u32>,
+    /// The ordered policies: the first whose match holds decides (subject to
+    /// the PII guard rule, see [`Policy::pii_guard`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<Policy>,
+    /// What happens when no policy matches.
+    pub default_action: Action,
+}
+
+/// One tenant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Tenant {
+    /// The tenant's name: a DNS-1123 label (lowercase letters, digits, `-`,
+    /// at most 63). It is a stats label and a segment of dotted stat names,
+    /// so dots and upper case are not allowed.
+    pub name: String,
+    /// Optional class (`gold`, `free`, ...), same character rules as names.
+    /// Policies can match on classes instead of listing tenants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
+    /// SHA-256 hashes of the tenant's API keys, each `sha256:` followed by 64
+    /// lowercase hex digits. Keys themselves are never stored: the filter
+    /// hashes the presented key and looks the hash up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_key_hashes: Vec<String>,
+    /// The value that identifies this tenant in the tenant header (source
+    /// `header`) or in the JWT claim (source `jwtClaim`). Defaults to the
+    /// tenant's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_value: Option<String>,
+}
+
+/// Where a request's tenant comes from. Exactly one of `header`, `apiKey`,
+/// `jwtClaim` must be set.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TenantSource {
+    /// Trust a request header (e.g. `x-tenant`) set by something in front of
+    /// Envoy. Its value is matched against each tenant's `headerValue`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// Identify the tenant by its API key: `Authorization: Bearer <key>`, or
+    /// `x-api-key: <key>` (Anthropic style) when there is no bearer token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<ApiKeySource>,
+    /// Identify the tenant by a claim of a JWT verified by Envoy's
+    /// `jwt_authn` filter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt_claim: Option<JwtClaimSource>,
+    /// What to do when no tenant is identified (default `reject`: 401).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_tenant: Option<UnknownTenant>,
+    /// The tenant used when `unknownTenant: default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_tenant: Option<String>,
+    /// The tenant header a client might send to claim a tenant (default
+    /// `x-tenant`). With `apiKey` or `jwtClaim` sources it is never trusted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_header: Option<String>,
+    /// With `apiKey` or `jwtClaim`: whether a client-sent `tenantHeader` is
+    /// ignored (default; the filter overwrites it) or the request rejected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_tenant_header: Option<OnTenantHeader>,
+}
+
+/// API key source settings (currently none: both `Authorization: Bearer`
+/// and `x-api-key` are read). An object so settings can be added later
+/// without changing the shape.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApiKeySource {}
+
+/// A JWT claim as left by Envoy's `jwt_authn` filter: either copied into a
+/// request header (`claim_to_headers`) or in the dynamic metadata
+/// (`payload_in_metadata`). Exactly one of `header`, `payloadInMetadata`.
+///
+/// With `header`, the `jwt_authn` requirement must reject requests without a
+/// valid token, or a client could send that header itself.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct JwtClaimSource {
+    /// The claim's name (e.g. `tenant`, or `org_id`).
+    pub claim: String,
+    /// The header `claim_to_headers` writes the claim into.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// The `payload_in_metadata` key of the `jwt_authn` provider: the filter
+    /// reads `metadata.filter_metadata["envoy.filters.http.jwt_authn"][key][claim]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_in_metadata: Option<String>,
+}
+
+/// What to do with a request whose tenant is not identified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum UnknownTenant {
+    /// Answer 401.
+    Reject,
+    /// Treat it as `defaultTenant`. This applies only to requests that
+    /// carry no identity at all (no key, no claim, no tenant header): a
+    /// presented key, claim or header value that matches no tenant is always
+    /// rejected, so a mistyped key is an error, not anonymity.
+    Default,
+}
+
+/// What to do with a client-sent tenant header when the tenant comes from a
+/// key or a JWT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OnTenantHeader {
+    /// Ignore it (the filter overwrites it with the resolved tenant).
+    Ignore,
+    /// Reject the request (403): a client that tries to pick its tenant is
+    /// misconfigured or hostile.
+    Reject,
+}
+
+/// A pool of vLLM instances behind one Envoy cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Pool {
+    /// The pool's name (DNS-1123 label; a stats label).
+    pub name: String,
+    /// The model names the pool serves (at least one). A route's
+    /// `rewriteModel` must be one of them.
+    pub models: Vec<String>,
+    /// The Envoy cluster of the pool's endpoints (with the override-host
+    /// load balancer).
+    pub cluster: String,
+    /// The Envoy cluster (HTTP/2) of the cache-indexer's gRPC service.
+    pub indexer_cluster: String,
+    /// The pool's name in the indexer's configuration (default: `name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub indexer_pool: Option<String>,
+    /// Timeout of the `Pick` call in milliseconds (default 50, at most
+    /// 5000). On timeout the filter fails open to Envoy's load balancing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub indexer_timeout_ms: Option<u32>,
+}
+
+/// An external model provider reached through an Envoy cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Provider {
+    /// The provider's name (DNS-1123 label; a stats label).
+    pub name: String,
+    /// The Envoy cluster that reaches the provider (usually TLS).
+    #[serde(default)]
+    pub cluster: String,
+    /// The `:authority` to send (e.g. `api.openai.com`); default: unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
+    /// The model name the provider is asked for, unless the action says
+    /// otherwise (default: the request's model, unchanged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The auth header the provider expects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<ProviderAuth>,
+}
+
+/// A provider's auth header. Exactly one of `value`, `secretRef`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProviderAuth {
+    /// Header name, e.g. `authorization` or `x-api-key`.
+    pub header: String,
+    /// The header value in clear (e.g. `Bearer sk-...`). Meant for local
+    /// files and tests; in a cluster use `secretRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Secret>,
+    /// A Kubernetes Secret holding the value; the controller resolves it at
+    /// compile time (see [`crate::compile_with_secrets`]), so the value
+    /// lives only in the compiled filter config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretRef>,
+}
+
+/// A reference to a key of a Kubernetes Secret (in the policy's namespace).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretRef {
+    /// The Secret's name.
+    pub name: String,
+    /// The key inside the Secret.
+    pub key: String,
+}
+
+/// A secret string: serialized as is (it must reach the filter), but never
+/// shown by `Debug`, so it cannot leak into logs by accident.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl Secret {
+    /// The secret value.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Classifier settings.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Classification {
+    /// PII detectors to run (default: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pii_detectors: Option<Vec<PiiKind>>,
+    /// The rule that makes a prompt "easy".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub easy: Option<EasyRule>,
+}
+
+/// A prompt is "easy" when its estimated token count is at most
+/// `maxPromptTokens` and, with `noCodeFences`, it contains no "```".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EasyRule {
+    /// Largest estimated prompt size that is still easy (default 512).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_prompt_tokens: Option<u32>,
+    /// Whether a code fence makes a prompt not easy (default true): code
+    /// questions tend to need the stronger model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_code_fences: Option<bool>,
+}
+
+/// A kind of personal data the classifier detects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PiiKind {
+    /// E-mail addresses.
+    Email,
+    /// Phone numbers: `+` international forms, North American
+    /// `(415) 555-2671` / `415-555-2671`, and `0`-trunk national forms.
+    Phone,
+    /// Payment card numbers (13-19 digits, known network prefix, Luhn).
+    PaymentCard,
+    /// IBANs (country length table and mod-97 check).
+    Iban,
+    /// National ids: US SSN (`123-45-6789`, invalid areas excluded), Spanish
+    /// DNI/NIE and Italian codice fiscale (both checksum verified).
+    NationalId,
+}
+
+/// The API a request uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ApiKind {
+    /// OpenAI `/v1/chat/completions`.
+    Chat,
+    /// OpenAI `/v1/completions`.
+    Completions,
+    /// Anthropic `/v1/messages`.
+    AnthropicMessages,
+}
+
+/// One policy: when `match` holds, `action` is taken.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Policy {
+    /// The policy's name (DNS-1123 label): counted in the filter's stats.
+    pub name: String,
+    /// The conditions; all that are set must hold. An empty match matches
+    /// every request.
+    #[serde(default, rename = "match", skip_serializing_if = "Match::is_catch_all")]
+    pub match_: Match,
+    /// What to do.
+    pub action: Action,
+    /// Marks a PII guard: PII traffic in this policy's scope never goes to a
+    /// provider, whatever the policy order. See the crate docs, "PII guard".
+    /// A guard's action must not be `provider`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pii_guard: bool,
+}
+
+/// The conditions of a policy. Every field that is set must hold; an unset
+/// field matches anything. Lists inside a field are alternatives (any of).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Match {
+    /// The request's tenant is one of these.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<Vec<String>>,
+    /// The request's tenant has one of these classes. With `tenants` also
+    /// set, both must hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_classes: Option<Vec<String>>,
+    /// The request's model equals one of these, or matches one as a glob
+    /// (`*` any run of characters, `?` one character).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    /// The request uses one of these APIs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apis: Option<Vec<ApiKind>>,
+    /// Request header conditions; all must hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Vec<HeaderMatch>>,
+    /// The estimated prompt size is within this range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<TokenRange>,
+    /// The prompt contains PII (`true`) or none (`false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pii: Option<bool>,
+    /// The prompt is easy (`true`) or not (`false`), by the easy rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub easy: Option<bool>,
+    /// A pool's saturation, as last learned from the indexer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_state: Option<PoolStateMatch>,
+}
+
+/// A request header condition: `name` plus exactly one of `exact`, `prefix`,
+/// `present`. Names are case-insensitive.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeaderMatch {
+    /// Header name.
+    pub name: String,
+    /// The value equals this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<String>,
+    /// The value starts with this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// The header is present (`true`) or absent (`false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub present: Option<bool>,
+}
+
+/// An inclusive range of estimated prompt tokens; at least one bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TokenRange {
+    /// Smallest size that matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u32>,
+    /// Largest size that matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+}
+
+/// A pool saturation condition: `saturationAbove` and/or `saturationBelow`
+/// (both: a band). Unknown or stale state never matches, so a policy that
+/// diverts on saturation falls through when the indexer is silent.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolStateMatch {
+    /// The pool whose state is tested.
+    pub pool: String,
+    /// Matches when saturation > this (0..1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saturation_above: Option<f64>,
+    /// Matches when saturation < this (0..1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saturation_below: Option<f64>,
+}
+
+/// What a policy does. Written as a one-key object: `{route: {...}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Action {
+    /// Send to a pool (through the indexer's pick).
+    Route(RouteAction),
+    /// Answer with an error.
+    Reject(RejectAction),
+    /// Send to an external provider.
+    Provider(ProviderAction),
+    /// Answer 429 with `Retry-After` (load shedding; pair with a
+    /// `poolState` condition).
+    Shed(ShedAction),
+}
+
+/// Route to a pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteAction {
+    /// The pool.
+    pub pool: String,
+    /// Rewrite the body's `model` to this (one of the pool's models).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite_model: Option<String>,
+    /// Priority handed to the indexer (vLLM's convention: lower is more
+    /// urgent; default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Inject `stream_options.include_usage: true` into streaming requests
+    /// so per-tenant token stats are exact (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_usage: Option<bool>,
+}
+
+/// Reject the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RejectAction {
+    /// HTTP status, 400-599.
+    pub status: u16,
+    /// Message in the API's error body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Send to an external provider.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProviderAction {
+    /// The provider's name.
+    pub provider: String,
+    /// Model to ask the provider for (overrides the provider's `model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite_model: Option<String>,
+    /// Inject `stream_options.include_usage: true` (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_usage: Option<bool>,
+}
+
+/// Shed the request: 429 with `Retry-After`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShedAction {
+    /// Seconds for `Retry-After` (1-3600).
+    pub retry_after_s: u32,
+    /// Message in the API's error body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl Action {
+    /// Whether this action sends the request outside (to a provider).
+    pub fn is_provider(&self) -> bool {
+        matches!(self, Action::Provider(_))
+    }
+}
+
+impl Match {
+    /// Whether no condition is set (the policy matches every request).
+    pub fn is_catch_all(&self) -> bool {
+        self == &Match::default()
+    }
+}

@@ -1,0 +1,124 @@
+"""Cache-aware routing through the real stack: Envoy + filter -> Pick on the
+cache-indexer -> override-host LB -> the vllm-sim that holds the prefix.
+Which endpoint served is read from `x-gateway-destination-endpoint-served`
+(the filter adds it with `exposeServedEndpoint`) and cross-checked with the
+sims' own metrics and `usage.prompt_tokens_details.cached_tokens`."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import MODEL, Stack, chat, request, wait_until
+
+SERVED = "x-gateway-destination-endpoint-served"
+
+
+def long_system(tag: str, words: int = 300) -> str:
+    # Unique per conversation so earlier tests' caches do not interfere.
+    return f"[{tag}] " + " ".join(f"rule{i % 37} of the {tag} house style" for i in range(words // 6))
+
+
+def converse(stack: Stack, tag: str, turns: int, key: str = "acme") -> list[tuple[str, int, int]]:
+    msgs = [{"role": "system", "content": long_system(tag)}]
+    out = []
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"{tag} question {t}: what about item {t * 13}?"})
+        status, h, b = stack.envoy.post("/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 6}, key=key)
+        assert status == 200, b
+        r = json.loads(b)
+        out.append((h[SERVED], r["usage"]["prompt_tokens"], r["usage"]["prompt_tokens_details"]["cached_tokens"]))
+        msgs.append({"role": "assistant", "content": r["choices"][0]["message"]["content"]})
+    return out
+
+
+def test_multi_turn_chat_stays_on_the_endpoint_holding_its_prefix(stack: Stack):
+    stack.need_indexer()
+    ok_before = stack.envoy.stat("wasmcustom.kvasir.pool.main.pick.ok")
+    for conv in range(3):
+        turns = converse(stack, f"sticky-{conv}-{uuid.uuid4().hex[:6]}", 4)
+        served = {ep for ep, _, _ in turns}
+        assert len(served) == 1, turns
+        assert served <= set(stack.by_address()), turns
+        # Every later turn finds the earlier turns cached on that engine.
+        for (_, _, cached), (_, prev_prompt, _) in zip(turns[1:], turns):
+            assert cached >= prev_prompt - 16, turns
+    assert stack.envoy.stat("wasmcustom.kvasir.pool.main.pick.ok") - ok_before >= 12
+
+
+def test_a_shared_system_prompt_still_spreads_across_endpoints(stack: Stack):
+    """A burst that shares one system prompt: longest-prefix alone would
+    send all of it to the one engine holding the prompt; the indexer's load
+    terms (in-flight picks, queued prefill) spread it, and the prompt is
+    still reused where it is cached."""
+    stack.need_indexer()
+    system = long_system(f"shared-{uuid.uuid4().hex[:6]}", words=600)
+    status, _, b = stack.envoy.post("/v1/chat/completions", chat(content="warm up", system=system), key="beta")
+    assert status == 200, b
+
+    def one(i: int) -> tuple[str, int]:
+        body = chat(content=f"user {i} asks something different: {uuid.uuid4().hex}", system=system, max_tokens=64)
+        status, h, b = stack.envoy.post("/v1/chat/completions", body, key="beta")
+        assert status == 200, b
+        return h[SERVED], json.loads(b)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    with ThreadPoolExecutor(max_workers=12) as ex:
+        results = list(ex.map(one, range(36)))
+    served = Counter(ep for ep, _ in results)
+    assert len(served) >= 2, served
+    assert sum(cached > 0 for _, cached in results) >= 18, results
+
+
+def test_a_client_cannot_steer_to_an_endpoint_or_cluster(stack: Stack):
+    # Neither a non-member (the provider sim) nor a cluster name is honoured.
+    headers = {"x-gateway-destination-endpoint": stack.provider.address, "x-kvasir-cluster": "provider_example"}
+    for _ in range(4):
+        status, h, b = stack.envoy.post("/v1/chat/completions", chat(content=uuid.uuid4().hex), headers=headers)
+        assert status == 200, b
+        assert json.loads(b)["model"] == MODEL
+        assert h[SERVED] in stack.by_address()
+    # Pass-through paths too: the route header would otherwise pick a cluster.
+    status, _, b = request("GET", stack.envoy.port, "/v1/models", None,
+                           {"authorization": "Bearer sk-e2e-acme", **headers})
+    assert status == 200, b
+    assert [m["id"] for m in json.loads(b)["data"]] == [MODEL]
+
+
+def test_indexer_killed_mid_test_fails_open_then_picks_resume(stack: Stack):
+    stack.need_indexer()
+    e = stack.envoy
+    fo = "wasmcustom.kvasir.pool.main.failopen"
+    ok = "wasmcustom.kvasir.pool.main.pick.ok"
+    tenant_fo = f"wasmcustom.kvasir.tenant.acme.model.{MODEL.replace('/', '_')}.failopen"
+    before_fo, before_tenant = e.stat(fo), e.stat(tenant_fo)
+    stack.indexer.stop()
+    try:
+        for i in range(8):
+            status, h, b = e.post("/v1/chat/completions", chat(content=f"while the indexer is down {i}"))
+            assert status == 200, b
+            assert h["x-gateway-destination-endpoint-served"] in stack.by_address()
+        assert e.stat(fo) - before_fo >= 8
+        assert e.stat(tenant_fo) - before_tenant >= 8
+    finally:
+        stack.indexer.start()
+    wait_until("indexer healthy again in envoy", lambda: e.healthy("kvasir_indexer", [stack.indexer.address]), timeout=30)
+    before_ok = e.stat(ok)
+    for i in range(4):
+        status, _, b = e.post("/v1/chat/completions", chat(content=f"after the indexer is back {i}"))
+        assert status == 200, b
+    assert e.stat(ok) - before_ok >= 4
+    # Picked requests are reported back to the indexer (fire and forget).
+    wait_until("reports reach the indexer", lambda: stack.indexer.metric("kvasir_indexer_reports_total", matched="true") >= 4,
+               timeout=10)
+
+
+def test_fail_open_without_any_indexer_is_fast(stack: Stack):
+    """Whether or not the indexer runs, a request never waits longer than
+    the pick timeout for it (200 ms here) plus the engine."""
+    t0 = time.monotonic()
+    status, _, b = stack.envoy.post("/v1/chat/completions", chat(content="timing"))
+    assert status == 200, b
+    assert time.monotonic() - t0 < 2.0
