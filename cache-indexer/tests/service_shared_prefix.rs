@@ -37,7 +37,6 @@ fn longer_chain_behind_a_shared_prefix_matches_whole() {
 }
 
 #[test]
-#[ignore = "index bug: see API_REQUESTS.md (dynamo compressed tree, per-engine hashes)"]
 fn shared_prefix_first_then_longer_chain() {
     let tokens: Vec<u32> = (0..32).collect();
     let ix = PoolIndex::new(4);

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""`make demo`: the local Kvasir stack, end to end.
+
+Starts three vllm-sims (the h100-8b latency model, 10x faster than real
+time), one cache-indexer fed by their KV events, and a real Envoy 1.40 with
+the Kvasir wasm filter and envoy/policy.json (tenants `acme` and `beta` by
+API key). Then it sends a multi-tenant, multi-turn chat workload through
+Envoy, prints which engine served each turn and how many prompt tokens it
+found cached, and finally the per-tenant stats read from Envoy's admin
+/stats/prometheus. Every process is stopped on exit or Ctrl-C.
+
+The process plumbing (free ports, bounded waits, the bootstrap renderer) is
+the end-to-end test harness's, so the demo runs exactly what the tests run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+import conftest as h  # noqa: E402  (tests/e2e/conftest.py: Proc, Sim, Indexer, Envoy helpers)
+
+TENANTS = {
+    "acme": "You are Acme Corp's support assistant. Acme sells industrial robots. ",
+    "beta": "You are Beta Labs' research assistant. Beta Labs studies protein folding. ",
+}
+QUESTIONS = [
+    "How do I reset the controller?",
+    "And after the reset, what should I check first?",
+    "Which logs matter most when it fails again?",
+    "Summarise the steps in three bullet points.",
+]
+TIME_SCALE = 0.1
+
+
+def start_sim(logdir: Path, name: str, model: str = h.MODEL) -> h.Sim:
+    port, ev, rp = h.free_port(), h.free_port(), h.free_port()
+    argv = [
+        str(h.SIM_BIN), "--port", str(port), "--model", model, "--profile", "h100-8b",
+        "--time-scale", str(TIME_SCALE), "--enable-prompt-tokens-details",
+        "--kv-events-port", str(ev), "--kv-events-replay-port", str(rp), "--tokenizer", str(h.TOKENIZER),
+    ]
+    return h.Sim(h.Proc(name, argv, logdir), port, ev, rp, model)
+
+
+def system_prompt(tenant: str) -> str:
+    # A long shared system prompt per tenant (~1,500 tokens): the prefix every
+    # conversation of that tenant shares.
+    rng = random.Random(tenant)
+    words = "policy safety manual robot arm joint torque sensor calibration warranty service".split()
+    return TENANTS[tenant] + " ".join(rng.choice(words) for _ in range(1500))
+
+
+def progress(done: int, total: int, width: int = 30) -> str:
+    n = width * done // total
+    return f"[{'#' * n}{'.' * (width - n)}] {done}/{total}"
+
+
+def main() -> int:
+    for p in (h.WASM, h.COMPILE, h.SIM_BIN, h.INDEXER_BIN, h.ENVOY_BIN):
+        if not p.exists():
+            print(f"missing {p}: run `make build`", file=sys.stderr)
+            return 1
+    logdir = Path(tempfile.mkdtemp(prefix="kvasir-demo-"))
+    procs: list[h.Proc] = []
+    indexer = None
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        sims = [start_sim(logdir, f"vllm-{i}") for i in range(3)]
+        provider = start_sim(logdir, "provider", model="provider-model")
+        procs += [s.proc for s in sims] + [provider.proc]
+        grpc_port, http_port = h.free_port(), h.free_port()
+        argv = [
+            str(h.INDEXER_BIN), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
+            "--tokenizer", str(h.TOKENIZER), "--model", h.MODEL, "--scrape-interval-ms", "100",
+        ]
+        for s in sims:
+            argv += ["--endpoint", f"pool=main,address={s.address},events=tcp://127.0.0.1:{s.events},replay=tcp://127.0.0.1:{s.replay}"]
+        indexer = h.Indexer(None, grpc_port, http_port, argv, logdir)
+        policy = json.loads((REPO / "envoy" / "policy.json").read_text())
+        plugin = h.compile_plugin(policy, {"exposeServedEndpoint": True, "bodyLimitBytes": 1048575})
+        envoy = h.start_envoy(logdir, plugin, [s.address for s in sims], indexer.address, provider.address)
+        procs.append(envoy.proc)
+        for s in sims + [provider]:
+            h.wait_sim(s)
+        indexer.start()
+        h.wait_envoy(envoy, [s.address for s in sims])
+        h.wait_until("indexer healthy in envoy", lambda: envoy.healthy("kvasir_indexer", [indexer.address]))
+        names = {s.address: f"vllm-{i}" for i, s in enumerate(sims)}
+        print(f"stack up: envoy http://127.0.0.1:{envoy.port} (admin :{envoy.admin}), "
+              f"cache-indexer grpc :{grpc_port} http :{http_port}, "
+              + ", ".join(f"{names[s.address]} :{s.port}" for s in sims)
+              + f"  (logs: {logdir})\n")
+
+        # 2 tenants x 3 conversations x 4 turns, turns of different
+        # conversations interleaved as real traffic is.
+        convs = [(t, c) for t in TENANTS for c in range(3)]
+        history = {k: [{"role": "system", "content": system_prompt(k[0])}] for k in convs}
+        total = len(convs) * len(QUESTIONS)
+        done = 0
+        sent = {t: 0 for t in TENANTS}
+        print(f"{'tenant':6} {'conv':4} {'turn':4} {'served by':10} {'cached / prompt tokens':>24} {'latency':>8}")
+        for turn, q in enumerate(QUESTIONS):
+            for tenant, c in convs:
+                msgs = history[(tenant, c)] + [{"role": "user", "content": f"[conversation {c}] {q}"}]
+                body = {"model": h.MODEL, "messages": msgs, "max_tokens": 24}
+                t0 = time.time()
+                status, headers, raw = envoy.post("/v1/chat/completions", body, key=f"sk-{tenant}-demo")
+                dt = time.time() - t0
+                done += 1
+                if status != 200:
+                    print(f"{tenant:6} {c:4} {turn + 1:4} HTTP {status}: {raw[:200]!r}")
+                    continue
+                sent[tenant] += 1
+                r = json.loads(raw)
+                u = r["usage"]
+                cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                served = headers.get("x-gateway-destination-endpoint-served", "?")
+                print(f"{tenant:6} {c:4} {turn + 1:4} {names.get(served, served):10} "
+                      f"{cached:>11} / {u['prompt_tokens']:<11} {dt * 1000:6.0f} ms   {progress(done, total)}")
+                history[(tenant, c)] = msgs + [{"role": "assistant", "content": r["choices"][0]["message"]["content"]}]
+
+        time.sleep(5.5)  # Envoy flushes histograms every 5 s
+        print("\nper-tenant stats from Envoy admin /stats/prometheus:")
+        for line in envoy.prometheus().splitlines():
+            if line.startswith("#") or "tenant=" not in line:
+                continue
+            if "_bucket" in line:
+                continue
+            print("  " + line)
+        print(f"\nrequests sent: {sent}; indexer picks: "
+              f"{indexer.metric('kvasir_indexer_picks_total'):.0f}; "
+              "the filter's own numbers are above, per tenant and model.")
+        return 0
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping the stack")
+        return 130
+    finally:
+        if indexer is not None:
+            indexer.stop()
+        for p in reversed(procs):
+            p.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
