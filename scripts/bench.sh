@@ -8,5 +8,12 @@ SECONDS_PER=${BENCH_SECONDS:-10}
 echo "== vllm-sim: throughput at time scale 0, memory at 25k cached blocks"
 target/release/vllm-sim-bench --seconds "$SECONDS_PER" --out bench/results/sim.json >/dev/null
 
+echo "== cache-indexer: event ingestion, memory per block, overlap latency"
+cargo build --release -q -p kvasir-cache-indexer --examples
+target/release/examples/ingest_bench > bench/results/indexer_ingest.json
+
+echo "== cache-indexer: Pick latency (in process and over gRPC), cold tokenization"
+target/release/examples/pick_bench > bench/results/indexer_pick.json
+
 python3 scripts/bench_report.py
 echo "== results: bench/results/ (summary in README.md)"
