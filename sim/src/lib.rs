@@ -188,6 +188,15 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         block_hash_seed = hash_seed,
         "vllm-sim ready"
     );
+    // Streamed tokens are small writes: without TCP_NODELAY, Nagle's
+    // algorithm and the peer's delayed ACK hold each one back ~40 ms
+    // (uvicorn, which serves vLLM, sets it too).
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, server::router(state))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
