@@ -15,5 +15,8 @@ target/release/examples/ingest_bench > bench/results/indexer_ingest.json
 echo "== cache-indexer: Pick latency (in process and over gRPC), cold tokenization"
 target/release/examples/pick_bench > bench/results/indexer_pick.json
 
+echo "== Envoy data path: latency the filter + pick adds over the same route without it"
+.tools/venv/bin/python bench/filter_overhead.py --seconds "$SECONDS_PER" --out bench/results/filter.json >/dev/null
+
 python3 scripts/bench_report.py
 echo "== results: bench/results/ (summary in README.md)"

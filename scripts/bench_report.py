@@ -71,6 +71,21 @@ def indexer_table(ingest, pick):
     return "\n".join(rows)
 
 
+def filter_table(r):
+    rows = ["| rate | without filter p50 / p99 | with filter + pick p50 / p99 | added p50 / p99 |",
+            "| ---: | ---: | ---: | ---: |"]
+    for x in r["rates"]:
+        w, wo = x["with_filter"], x["without_filter"]
+        rows.append(f"| {x['rate_rps']:.0f} rps | {wo['p50_ms']:.2f} / {wo['p99_ms']:.2f} ms | {w['p50_ms']:.2f} / {w['p99_ms']:.2f} ms "
+                    f"| **{x['added_p50_ms']:.2f} / {x['added_p99_ms']:.2f} ms** |")
+    rss = r["envoy_rss_mib"]
+    rows += ["", f"{r['prompt_tokens']}-token chat bodies ({r['body_bytes']} bytes). Targets: p50 <= 0.5 ms, p99 <= 2 ms added. "
+             f"wasm module {r['wasm_bytes'] / 1024:.0f} KiB; Envoy RSS {rss['without_filter']:.0f} MiB without the filter, "
+             f"{rss['with_filter']:.0f} MiB with it (about {r['filter_rss_per_vm_mib']:.0f} MiB per VM: one worker plus the main thread). "
+             + r["notes"]]
+    return "\n".join(rows)
+
+
 def put(readme, name, body):
     pat = re.compile(rf"(<!-- bench:{name}:start -->\n).*?(<!-- bench:{name}:end -->)", re.S)
     if not pat.search(readme):
@@ -91,6 +106,11 @@ def main():
         table = indexer_table(json.loads(ing.read_text()), json.loads(pk.read_text()))
         (RESULTS / "indexer.md").write_text(table + "\n")
         readme = put(readme, "indexer", table)
+    flt = RESULTS / "filter.json"
+    if flt.exists():
+        table = filter_table(json.loads(flt.read_text()))
+        (RESULTS / "filter.md").write_text(table + "\n")
+        readme = put(readme, "filter", table)
     readme_path.write_text(readme)
 
 
