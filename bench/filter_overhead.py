@@ -27,8 +27,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
-import conftest as h  # noqa: E402  (the e2e harness: processes, ports, bounded waits)
-import render  # noqa: E402  (envoy/render.py, put on sys.path by conftest)
+import stack as h  # noqa: E402  (tests/e2e/stack.py: processes, ports, bounded waits)
+import render  # noqa: E402  (envoy/render.py, put on sys.path by stack)
 
 WORDS = "cache prefix token router engine latency batch queue tenant policy model request stream block".split()
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
-import conftest as h  # noqa: E402  (tests/e2e/conftest.py: Proc, Sim, Indexer, Envoy helpers)
+import stack as h  # noqa: E402  (tests/e2e/stack.py: Proc, Sim, Indexer, Envoy helpers)
 
 TENANTS = {
     "acme": "You are Acme Corp's support assistant. Acme sells industrial robots. ",

@@ -1,0 +1,363 @@
+"""Process plumbing shared by the end-to-end tests, `make demo` and the
+filter benchmark: the built artifacts, free ports, bounded waits, and
+handles for vllm-sim, the cache-indexer and Envoy (rendered from the shipped
+envoy/envoy.yaml). No pytest here: conftest.py adds the fixtures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from http.client import HTTPConnection
+from typing import Any
+
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "envoy"))
+import render  # noqa: E402  (envoy/render.py)
+
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+WASM = TARGET / "wasm32-wasip1" / "wasm-release" / "kvasir_filter.wasm"
+COMPILE = TARGET / "release" / "examples" / "compile_policy"
+SIM_BIN = Path(os.environ.get("VLLM_SIM_BIN", TARGET / "release" / "vllm-sim"))
+INDEXER_BIN = Path(os.environ.get("KVASIR_INDEXER_BIN", TARGET / "release" / "cache-indexer"))
+ENVOY_BIN = Path(os.environ.get("ENVOY_BIN", REPO / ".tools" / "bin" / "envoy"))
+TOKENIZER = Path(os.environ.get("KVASIR_TOKENIZER_DIR", REPO / ".tools" / "tokenizers" / "qwen3"))
+MODEL = "Qwen/Qwen3-8B"
+PROVIDER_MODEL = "provider-model"
+START_TIMEOUT_S = 60.0
+HTTP_TIMEOUT_S = 20.0
+
+# Tenants and keys of the e2e policy set.
+KEYS = {"acme": "sk-e2e-acme", "beta": "sk-e2e-beta"}
+
+
+def sha256(s: str) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(s.encode()).hexdigest()
+
+
+POLICY = {
+    "tenantSource": {"apiKey": {}},
+    "tenants": [
+        {"name": "acme", "class": "gold", "apiKeyHashes": [sha256(KEYS["acme"])]},
+        {"name": "beta", "class": "free", "apiKeyHashes": [sha256(KEYS["beta"])]},
+    ],
+    "pools": [
+        {
+            "name": "main",
+            "models": [MODEL],
+            "cluster": "kvasir_pool",
+            "indexerCluster": "kvasir_indexer",
+            "indexerTimeoutMs": 200,
+        }
+    ],
+    "providers": [
+        {
+            "name": "ext",
+            "cluster": "provider_example",
+            "model": PROVIDER_MODEL,
+            "auth": {"header": "authorization", "value": "Bearer sk-provider"},
+        }
+    ],
+    "policies": [
+        {"name": "blocked", "match": {"models": ["blocked-model"]}, "action": {"reject": {"status": 403, "message": "blocked by policy"}}},
+        {"name": "busy", "match": {"models": ["shed-model"]}, "action": {"shed": {"retryAfterS": 5, "message": "pool saturated"}}},
+        {"name": "to-provider", "match": {"models": ["gpt-4o"]}, "action": {"provider": {"provider": "ext"}}},
+        {"name": "alias", "match": {"models": ["alias-model"]}, "action": {"route": {"pool": "main", "rewriteModel": MODEL}}},
+    ],
+    "defaultAction": {"route": {"pool": "main", "includeUsage": True}},
+}
+SETTINGS = {"exposeServedEndpoint": True, "bodyLimitBytes": 1048575}
+
+
+# ---------------------------------------------------------------------------
+# Builds (idempotent; `make build` normally did them already)
+# ---------------------------------------------------------------------------
+
+
+def _cargo(*args: str, timeout: float = 1500) -> None:
+    subprocess.run(["cargo", *args], cwd=REPO, check=True, timeout=timeout)
+
+
+def _stale(artifact: Path) -> bool:
+    """Missing, or older than a source it is built from."""
+    if not artifact.exists():
+        return True
+    built = artifact.stat().st_mtime
+    for d in ("filter/src", "filter/examples", "policy/src", "proto/src", "proto/proto"):
+        for f in (REPO / d).rglob("*"):
+            if f.suffix in (".rs", ".proto") and f.stat().st_mtime > built:
+                return True
+    return any((REPO / d / "Cargo.toml").stat().st_mtime > built for d in ("filter", "policy", "proto"))
+
+
+def compile_plugin(policy: dict[str, Any], settings: dict[str, Any] | None = None) -> str:
+    """The plugin configuration JSON for a policy set (through the policy
+    compiler and the filter's own loader)."""
+    p = subprocess.run(
+        [str(COMPILE), "-", json.dumps(settings or {})],
+        input=json.dumps(policy),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if p.returncode != 0:
+        raise AssertionError(f"compile_policy failed: {p.stderr}")
+    return p.stdout
+
+
+def indexer_available() -> bool:
+    if not INDEXER_BIN.exists():
+        return False
+    try:
+        out = subprocess.run([str(INDEXER_BIN), "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--endpoint" in out and "--grpc-addr" in out
+
+
+# ---------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what: str, fn, timeout: float = START_TIMEOUT_S, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            v = fn()
+            if v:
+                return v
+            last = v
+        except Exception as e:  # noqa: BLE001 - polled until the deadline
+            last = e
+        time.sleep(interval)
+    raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
+
+
+class Proc:
+    """A child process with its output in a log file; killed on stop."""
+
+    def __init__(self, name: str, argv: list[str], logdir: Path, env: dict[str, str] | None = None):
+        self.name = name
+        self.argv = argv
+        self.log_path = logdir / f"{name}.log"
+        self._log = open(self.log_path, "ab")
+        self.p = subprocess.Popen(
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(timeout=5)
+        self._log.close()
+
+
+def request(method: str, port: int, path: str, body: bytes | str | None = None, headers: dict[str, str] | None = None,
+         timeout: float = HTTP_TIMEOUT_S) -> tuple[int, dict[str, str], bytes]:
+    if isinstance(body, str):
+        body = body.encode()
+    c = HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        c.close()
+
+
+@dataclass
+class Sim:
+    proc: Proc
+    port: int
+    events: int
+    replay: int
+    model: str
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def metric(self, name: str) -> float:
+        _, _, b = request("GET", self.port, "/metrics")
+        total = 0.0
+        for line in b.decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def start_sim(logdir: Path, name: str, model: str = MODEL) -> Sim:
+    port, ev, rp = free_port(), free_port(), free_port()
+    argv = [
+        str(SIM_BIN), "--port", str(port), "--model", model, "--profile", "zero", "--time-scale", "0",
+        "--enable-prompt-tokens-details", "--kv-events-port", str(ev), "--kv-events-replay-port", str(rp),
+        "--tokenizer", str(TOKENIZER),
+    ]
+    return Sim(Proc(name, argv, logdir), port, ev, rp, model)
+
+
+def wait_sim(s: Sim) -> None:
+    wait_until(f"{s.proc.name} /health", lambda: s.proc.alive() and request("GET", s.port, "/health", timeout=2)[0] == 200)
+
+
+@dataclass
+class Indexer:
+    proc: Proc | None
+    grpc_port: int
+    http_port: int
+    argv: list[str] = field(default_factory=list)
+    logdir: Path | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> None:
+        assert self.logdir is not None
+        self.proc = Proc("cache-indexer", self.argv, self.logdir)
+        wait_until("cache-indexer /readyz", lambda: self.proc.alive() and request("GET", self.http_port, "/readyz", timeout=2)[0] == 200)
+
+    def stop(self) -> None:
+        if self.proc:
+            self.proc.stop()
+
+    def metric(self, name: str, **labels: str) -> float:
+        _, _, b = request("GET", self.http_port, "/metrics")
+        total = 0.0
+        for line in b.decode().splitlines():
+            if not line.startswith(name):
+                continue
+            head = line.rsplit(" ", 1)[0]
+            if head != name and not head.startswith(name + "{"):
+                continue
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+@dataclass
+class Envoy:
+    proc: Proc
+    port: int
+    admin: int
+    config_path: Path
+
+    def stats(self) -> dict[str, int]:
+        _, _, b = request("GET", self.admin, "/stats?format=json")
+        out = {}
+        for s in json.loads(b)["stats"]:
+            if "value" in s:
+                out[s["name"]] = s["value"]
+        return out
+
+    def stat(self, name: str) -> int:
+        return self.stats().get(name, 0)
+
+    def prometheus(self) -> str:
+        return request("GET", self.admin, "/stats/prometheus")[2].decode()
+
+    def healthy(self, cluster: str, addresses: list[str]) -> bool:
+        _, _, b = request("GET", self.admin, "/clusters", timeout=2)
+        text = b.decode()
+        return all(f"{cluster}::{a}::health_flags::healthy" in text for a in addresses)
+
+    def post(self, path: str, body: Any, key: str | None = "acme", headers: dict[str, str] | None = None,
+             raw: bool = False) -> tuple[int, dict[str, str], bytes]:
+        h = {"content-type": "application/json"}
+        if key is not None:
+            h["authorization"] = f"Bearer {KEYS.get(key, key)}"
+        h.update(headers or {})
+        data = body if raw else json.dumps(body)
+        return request("POST", self.port, path, data, h)
+
+
+def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provider: str, name: str = "envoy",
+                pre_filters: str | None = None) -> Envoy:
+    port, admin = free_port(), free_port()
+    text = render.render(
+        render.TEMPLATE.read_text(),
+        listen_port=port,
+        admin_port=admin,
+        pool_endpoints=pool,
+        indexer=indexer,
+        provider=provider,
+        wasm=str(WASM),
+        plugin_config=plugin,
+        health_interval_s=0.5,
+        pre_filters=pre_filters,
+    )
+    cfg = logdir / f"{name}.yaml"
+    cfg.write_text(text)
+    argv = [str(ENVOY_BIN), "-c", str(cfg), "--concurrency", "2", "--disable-hot-restart", "-l", "info",
+            "--component-log-level", "wasm:info"]
+    return Envoy(Proc(name, argv, logdir), port, admin, cfg)
+
+
+def wait_envoy(e: Envoy, pool: list[str]) -> None:
+    wait_until("envoy admin /ready", lambda: e.proc.alive() and request("GET", e.admin, "/ready", timeout=2)[0] == 200)
+    wait_until("pool endpoints healthy in envoy", lambda: e.healthy("kvasir_pool", pool))
+
+
+# ---------------------------------------------------------------------------
+
+
+def chat(model: str = MODEL, content: str = "hello", system: str | None = None, **extra: Any) -> dict[str, Any]:
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": content}]
+    return {"model": model, "messages": msgs, "max_tokens": 4, **extra}
+
+
+def sse_events(body: bytes) -> list[Any]:
+    out = []
+    for line in body.decode().splitlines():
+        if line.startswith("data:"):
+            p = line[5:].strip()
+            if p and p != "[DONE]":
+                out.append(json.loads(p))
+    return out
+
+
+def wasm_failures(e: Envoy) -> dict[str, Any]:
+    """Signs of a failed or reloaded VM: reload counters, and panics or VM
+    failures in the log."""
+    st = e.stats()
+    counters = {k: v for k, v in st.items() if k.startswith("wasm.kvasir.vm_reload") and v}
+    log = e.proc.log()
+    bad = [l for l in log.splitlines() if "panicked" in l or "Wasm VM failed" in l or "wasm vm failed" in l.lower()
+           or ("wasm" in l and "critical" in l)]
+    return {"counters": counters, "log": bad}
