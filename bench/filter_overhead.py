@@ -120,12 +120,7 @@ def main() -> int:
         sims = [h.start_sim(logdir, f"sim{i}") for i in range(3)]
         provider = h.start_sim(logdir, "provider", model=h.PROVIDER_MODEL)
         procs += [s.proc for s in sims] + [provider.proc]
-        g, hp = h.free_port(), h.free_port()
-        argv = [str(h.INDEXER_BIN), "--grpc-addr", f"127.0.0.1:{g}", "--http-addr", f"127.0.0.1:{hp}",
-                "--tokenizer", str(h.TOKENIZER), "--model", h.MODEL, "--scrape-interval-ms", "250"]
-        for s in sims:
-            argv += ["--endpoint", f"pool=main,address={s.address},events=tcp://127.0.0.1:{s.events},replay=tcp://127.0.0.1:{s.replay}"]
-        indexer = h.Indexer(None, g, hp, argv, logdir)
+        indexer = h.indexer_for(sims, logdir, scrape_interval_ms=250)
         plugin = h.compile_plugin(h.POLICY, {"bodyLimitBytes": 1048575})
         envoys = {}
         for name, without in (("with_filter", False), ("without_filter", True)):

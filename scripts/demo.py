@@ -40,15 +40,6 @@ QUESTIONS = [
 TIME_SCALE = 0.1
 
 
-def start_sim(logdir: Path, name: str, model: str = h.MODEL) -> h.Sim:
-    port, ev, rp = h.free_port(), h.free_port(), h.free_port()
-    argv = [
-        str(h.SIM_BIN), "--port", str(port), "--model", model, "--profile", "h100-8b",
-        "--time-scale", str(TIME_SCALE), "--enable-prompt-tokens-details",
-        "--kv-events-port", str(ev), "--kv-events-replay-port", str(rp), "--tokenizer", str(h.TOKENIZER),
-    ]
-    return h.Sim(h.Proc(name, argv, logdir), port, ev, rp, model)
-
 
 def system_prompt(tenant: str) -> str:
     # A long shared system prompt per tenant (~1,500 tokens): the prefix every
@@ -77,17 +68,11 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        sims = [start_sim(logdir, f"vllm-{i}") for i in range(3)]
-        provider = start_sim(logdir, "provider", model="provider-model")
+        sims = [h.start_sim(logdir, f"vllm-{i}", profile="h100-8b", time_scale=TIME_SCALE) for i in range(3)]
+        provider = h.start_sim(logdir, "provider", model="provider-model", profile="h100-8b", time_scale=TIME_SCALE)
         procs += [s.proc for s in sims] + [provider.proc]
-        grpc_port, http_port = h.free_port(), h.free_port()
-        argv = [
-            str(h.INDEXER_BIN), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
-            "--tokenizer", str(h.TOKENIZER), "--model", h.MODEL, "--scrape-interval-ms", "100",
-        ]
-        for s in sims:
-            argv += ["--endpoint", f"pool=main,address={s.address},events=tcp://127.0.0.1:{s.events},replay=tcp://127.0.0.1:{s.replay}"]
-        indexer = h.Indexer(None, grpc_port, http_port, argv, logdir)
+        indexer = h.indexer_for(sims, logdir)
+        grpc_port, http_port = indexer.grpc_port, indexer.http_port
         policy = json.loads((REPO / "envoy" / "policy.json").read_text())
         plugin = h.compile_plugin(policy, {"exposeServedEndpoint": True, "bodyLimitBytes": 1048575})
         envoy = h.start_envoy(logdir, plugin, [s.address for s in sims], indexer.address, provider.address)

@@ -21,7 +21,7 @@ import pytest
 from stack import *  # noqa: F401,F403  (the tests import the harness from here)
 from stack import (COMPILE, ENVOY_BIN, MODEL, POLICY, PROVIDER_MODEL, SETTINGS, SIM_BIN, TOKENIZER, WASM, INDEXER_BIN,
                    Envoy, Indexer, Proc, Sim, _cargo, _stale, compile_plugin, free_port, indexer_available,
-                   start_envoy, start_sim, wait_envoy, wait_sim, wait_until)
+                   indexer_for, start_envoy, start_sim, wait_envoy, wait_sim, wait_until)
 
 
 @pytest.fixture(scope="session")
@@ -74,14 +74,7 @@ def stack(artifacts, logdir) -> Stack:
         provider = start_sim(logdir, "provider", model=PROVIDER_MODEL)
         procs += [s.proc for s in sims] + [provider.proc]
         has_indexer = indexer_available()
-        grpc_port, http_port = free_port(), free_port()
-        argv = [
-            str(INDEXER_BIN), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
-            "--tokenizer", str(TOKENIZER), "--model", MODEL, "--scrape-interval-ms", "100",
-        ]
-        for s in sims:
-            argv += ["--endpoint", f"pool=main,address={s.address},events=tcp://127.0.0.1:{s.events},replay=tcp://127.0.0.1:{s.replay}"]
-        indexer = Indexer(None, grpc_port, http_port, argv, logdir)
+        indexer = indexer_for(sims, logdir)
         plugin = compile_plugin(POLICY, SETTINGS)
         envoy = start_envoy(logdir, plugin, [s.address for s in sims], indexer.address, provider.address)
         procs.append(envoy.proc)

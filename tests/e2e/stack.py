@@ -222,10 +222,11 @@ class Sim:
         return total
 
 
-def start_sim(logdir: Path, name: str, model: str = MODEL) -> Sim:
+def start_sim(logdir: Path, name: str, model: str = MODEL, profile: str = "zero", time_scale: float = 0) -> Sim:
+    """A vllm-sim on free ports; the tests' default costs no time at all."""
     port, ev, rp = free_port(), free_port(), free_port()
     argv = [
-        str(SIM_BIN), "--port", str(port), "--model", model, "--profile", "zero", "--time-scale", "0",
+        str(SIM_BIN), "--port", str(port), "--model", model, "--profile", profile, "--time-scale", str(time_scale),
         "--enable-prompt-tokens-details", "--kv-events-port", str(ev), "--kv-events-replay-port", str(rp),
         "--tokenizer", str(TOKENIZER),
     ]
@@ -269,6 +270,19 @@ class Indexer:
             if all(f'{k}="{v}"' in head for k, v in labels.items()):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+
+def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100) -> Indexer:
+    """An (unstarted) cache-indexer with one pool `main` over `sims`, on free
+    ports; `start()` runs it and waits for /readyz."""
+    grpc_port, http_port = free_port(), free_port()
+    argv = [
+        str(INDEXER_BIN), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
+        "--tokenizer", str(TOKENIZER), "--model", MODEL, "--scrape-interval-ms", str(scrape_interval_ms),
+    ]
+    for s in sims:
+        argv += ["--endpoint", f"pool=main,address={s.address},events=tcp://127.0.0.1:{s.events},replay=tcp://127.0.0.1:{s.replay}"]
+    return Indexer(None, grpc_port, http_port, argv, logdir)
 
 
 @dataclass
