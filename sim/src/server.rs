@@ -315,37 +315,38 @@ fn chat_job(st: &AppState, headers: &HeaderMap, body: &Bytes) -> Result<Job, Api
 }
 
 async fn completions(State(st): State<Arc<AppState>>, headers: HeaderMap, body: Bytes) -> Response {
-    let job = (|| -> Result<Job, ApiError> {
-        if let Some(e) = st.injected_failure() {
-            return Err(e);
-        }
-        let req: CompletionRequest = parse_json(&body)?;
-        st.check_model(&req.model)?;
-        check_n(req.n)?;
-        let prompt = match parse_prompt(&req.prompt)? {
-            Prompt::Text(t) => st.tokenizer.encode(&t),
-            Prompt::Tokens(ids) => {
-                st.check_tokens(&ids)?;
-                ids
-            }
-        };
-        // OpenAI's completions default is 16 tokens.
-        let (max_tokens, finish) =
-            st.plan_output(prompt.len(), Some(req.max_tokens.unwrap_or(16)), &headers)?;
-        Ok(Job {
-            kind: Kind::Completion,
-            prompt,
-            max_tokens,
-            finish,
-            salt: req.cache_salt,
-            stream: req.stream,
-            stream_options: req.stream_options.unwrap_or_default(),
-        })
-    })();
-    match job {
+    match completion_job(&st, &headers, &body) {
         Ok(job) => run_job(st, job).await,
         Err(e) => e.into_response(),
     }
+}
+
+fn completion_job(st: &AppState, headers: &HeaderMap, body: &Bytes) -> Result<Job, ApiError> {
+    if let Some(e) = st.injected_failure() {
+        return Err(e);
+    }
+    let req: CompletionRequest = parse_json(body)?;
+    st.check_model(&req.model)?;
+    check_n(req.n)?;
+    let prompt = match parse_prompt(&req.prompt)? {
+        Prompt::Text(t) => st.tokenizer.encode(&t),
+        Prompt::Tokens(ids) => {
+            st.check_tokens(&ids)?;
+            ids
+        }
+    };
+    // OpenAI's completions default is 16 tokens.
+    let (max_tokens, finish) =
+        st.plan_output(prompt.len(), Some(req.max_tokens.unwrap_or(16)), headers)?;
+    Ok(Job {
+        kind: Kind::Completion,
+        prompt,
+        max_tokens,
+        finish,
+        salt: req.cache_salt,
+        stream: req.stream,
+        stream_options: req.stream_options.unwrap_or_default(),
+    })
 }
 
 fn usage(prompt: usize, completion: u32, cached: u32, details: bool) -> Value {
