@@ -28,7 +28,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 import stack as h  # noqa: E402  (tests/e2e/stack.py: processes, ports, bounded waits)
-import render  # noqa: E402  (envoy/render.py, put on sys.path by stack)
 
 WORDS = "cache prefix token router engine latency batch queue tenant policy model request stream block".split()
 
@@ -124,15 +123,8 @@ def main() -> int:
         plugin = h.compile_plugin(h.POLICY, {"bodyLimitBytes": 1048575})
         envoys = {}
         for name, without in (("with_filter", False), ("without_filter", True)):
-            port, admin = h.free_port(), h.free_port()
-            text = render.render(render.TEMPLATE.read_text(), listen_port=port, admin_port=admin,
-                                 pool_endpoints=[s.address for s in sims], indexer=indexer.address,
-                                 provider=provider.address, wasm=str(h.WASM), plugin_config=plugin,
-                                 health_interval_s=0.5, without_filter=without)
-            cfg = logdir / f"{name}.yaml"
-            cfg.write_text(text)
-            e = h.Envoy(h.Proc(name, [str(h.ENVOY_BIN), "-c", str(cfg), "--concurrency", "1", "--disable-hot-restart",
-                                      "-l", "warning", "--base-id", str(h.free_port())], logdir), port, admin, cfg)
+            e = h.start_envoy(logdir, plugin, [s.address for s in sims], indexer.address, provider.address,
+                              name=name, without_filter=without, concurrency=1, log_level="warning")
             procs.append(e.proc)
             envoys[name] = e
         for s in sims + [provider]:

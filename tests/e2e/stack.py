@@ -322,7 +322,10 @@ class Envoy:
 
 
 def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provider: str, name: str = "envoy",
-                pre_filters: str | None = None) -> Envoy:
+                pre_filters: str | None = None, without_filter: bool = False, concurrency: int = 2,
+                log_level: str = "info") -> Envoy:
+    """Envoy from the shipped bootstrap; `without_filter` renders the same
+    bootstrap minus the Kvasir filter (the benchmark's baseline)."""
     port, admin = free_port(), free_port()
     text = render.render(
         render.TEMPLATE.read_text(),
@@ -335,11 +338,12 @@ def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provid
         plugin_config=plugin,
         health_interval_s=0.5,
         pre_filters=pre_filters,
+        without_filter=without_filter,
     )
     cfg = logdir / f"{name}.yaml"
     cfg.write_text(text)
-    argv = [str(ENVOY_BIN), "-c", str(cfg), "--concurrency", "2", "--disable-hot-restart", "-l", "info",
-            "--component-log-level", "wasm:info"]
+    argv = [str(ENVOY_BIN), "-c", str(cfg), "--concurrency", str(concurrency), "--disable-hot-restart",
+            "-l", log_level, "--component-log-level", f"wasm:{log_level}"]
     return Envoy(Proc(name, argv, logdir), port, admin, cfg)
 
 
