@@ -811,16 +811,22 @@ impl Worker {
         }
     }
 
-    async fn on_live_message(&mut self, sub: &mut SubSocket, msg: ZmqMessage) {
+    /// Counts a live message and splits it into (seq, payload); None when it
+    /// is malformed (counted as a decode error) or for another topic.
+    fn accept_live(&mut self, msg: ZmqMessage) -> Option<(u64, Bytes)> {
         inc(&self.stats().messages, 1);
         let Some((topic, seq, payload)) = parse_live(msg) else {
             self.decode_error("malformed message frames (want [topic, seq8, payload])");
+            return None;
+        };
+        // SUB filters by prefix; an exact topic is what we follow.
+        (topic.as_ref() == self.cfg.endpoint.topic.as_bytes()).then_some((seq, payload))
+    }
+
+    async fn on_live_message(&mut self, sub: &mut SubSocket, msg: ZmqMessage) {
+        let Some((seq, payload)) = self.accept_live(msg) else {
             return;
         };
-        if topic.as_ref() != self.cfg.endpoint.topic.as_bytes() {
-            // SUB filters by prefix; an exact topic is what we follow.
-            return;
-        }
         self.contact();
         if matches!(self.state(), SyncState::Disconnected) {
             self.set_state(SyncState::Connecting);
@@ -947,14 +953,9 @@ impl Worker {
     }
 
     fn buffer_live(&mut self, msg: ZmqMessage) {
-        inc(&self.stats().messages, 1);
-        let Some((topic, seq, payload)) = parse_live(msg) else {
-            self.decode_error("malformed message frames (want [topic, seq8, payload])");
+        let Some((seq, payload)) = self.accept_live(msg) else {
             return;
         };
-        if topic.as_ref() != self.cfg.endpoint.topic.as_bytes() {
-            return;
-        }
         if self.buffered.len() >= self.cfg.max_buffered {
             // Recovered later as a gap.
             inc(&self.stats().buffer_overflows, 1);
