@@ -42,6 +42,14 @@ def _sub_marker(text: str, marker: str, pattern: str, repl: str) -> str:
     return out
 
 
+# Plain load balancers a baseline may use instead of override-host: name of
+# the extension and of its config message.
+POOL_LB = {
+    "round_robin": ("round_robin", "RoundRobin"),
+    "least_request": ("least_request", "LeastRequest"),
+}
+
+
 def _endpoint(host: str, port: int) -> str:
     return f"{{ address: {{ socket_address: {{ address: {host}, port_value: {port} }} }} }}"
 
@@ -59,13 +67,18 @@ def render(
     health_interval_s: float | None = None,
     pre_filters: str | None = None,
     without_filter: bool = False,
+    pool_lb: str | None = None,
 ) -> str:
     """The bootstrap text with the given values substituted.
 
     `pre_filters`: YAML of HTTP filters (a list's items, starting with `- name:`)
     put before the Kvasir filter, e.g. `jwt_authn`. `without_filter`: drop the
     Kvasir filter and its header_to_metadata (the same route without the
-    filter, as a baseline for benchmarks).
+    filter, as a baseline for benchmarks). `pool_lb`: `round_robin` or
+    `least_request` replaces the pool cluster's override-host policy with
+    Envoy's plain load balancer (a Kubernetes Service's behaviour, for
+    baselines; use it with `without_filter`), and the routes then report the
+    upstream in `x-gateway-destination-endpoint-served` as the filter does.
     """
     t = template
     if listen_port is not None:
@@ -116,6 +129,32 @@ def render(
         ind = m.group("indent")
         block = "\n".join(ind + line if line.strip() else line for line in pre_filters.strip("\n").splitlines())
         t = t[: m.end()] + "\n" + block + t[m.end() :]
+    if pool_lb is not None:
+        if pool_lb not in POOL_LB:
+            raise ValueError(f"pool_lb must be one of {sorted(POOL_LB)}, got {pool_lb!r}")
+        rx = re.compile(r"^(?P<indent> *)# @pool-lb-begin\n.*?^ *# @pool-lb-end$", re.M | re.S)
+        m = rx.search(t)
+        if not m:
+            raise ValueError("pool-lb markers not found")
+        ind = m.group("indent")
+        name, typ = POOL_LB[pool_lb]
+        block = "\n".join(
+            [
+                f"{ind}# @pool-lb-begin",
+                f"{ind}load_balancing_policy:",
+                f"{ind}  policies:",
+                f"{ind}  - typed_extension_config:",
+                f"{ind}      name: envoy.load_balancing_policies.{name}",
+                f"{ind}      typed_config:",
+                f'{ind}        "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.{name}.v3.{typ}',
+                f"{ind}# @pool-lb-end",
+            ]
+        )
+        t = t[: m.start()] + block + t[m.end() :]
+        served = "                response_headers_to_add:\n                - header: { key: x-gateway-destination-endpoint-served, value: \"%UPSTREAM_HOST%\" }\n"
+        t, n = re.subn(r"^(                  cluster: kvasir_pool\n(?:                  .*\n)*)", lambda mm: mm.group(1) + served, t, flags=re.M)
+        if n != 1:
+            raise ValueError("catch-all pool route not found")
     if without_filter:
         rx = re.compile(r"^ *# @kvasir-filter-begin\n.*?^ *# @kvasir-filter-end\n", re.M | re.S)
         t, n = rx.subn("", t)
@@ -137,6 +176,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--health-interval-s", type=float)
     ap.add_argument("--pre-filters", help="file with HTTP filters (YAML list items) to put before the Kvasir filter")
     ap.add_argument("--without-filter", action="store_true", help="the same bootstrap without the Kvasir filter (baseline)")
+    ap.add_argument("--pool-lb", choices=sorted(POOL_LB), help="plain load balancer for the pool instead of override-host (baseline)")
     a = ap.parse_args(argv)
     cfg = Path(a.plugin_config).read_text() if a.plugin_config else None
     sys.stdout.write(
@@ -152,6 +192,7 @@ def main(argv: list[str]) -> int:
             health_interval_s=a.health_interval_s,
             pre_filters=Path(a.pre_filters).read_text() if a.pre_filters else None,
             without_filter=a.without_filter,
+            pool_lb=a.pool_lb,
         )
     )
     return 0

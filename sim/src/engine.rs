@@ -368,6 +368,7 @@ impl Engine {
         self.now += out.duration.as_secs_f64();
         self.stats.steps += 1;
         self.stats.prompt_tokens_computed += out.work.prefill_tokens;
+        self.stats.prefill_seconds += self.cfg.profile.prefill_time(&out.work).as_secs_f64();
 
         // 4. Complete: cache full blocks, sample, finish.
         let bs = self.cfg.block_size;

@@ -93,12 +93,23 @@ impl LatencyProfile {
         let mut us = self.step_base_us
             + self.per_seq_us * seqs
             + self.decode_per_ctx_token_us * work.decode_context_tokens as f64;
-        if work.prefill_tokens > 0 {
-            us += self.prefill_overhead_us
-                + self.prefill_per_token_us * work.prefill_tokens as f64
-                + self.prefill_attn_per_pair_ns * work.prefill_attn_pairs as f64 / 1000.0;
-        }
+        us += self.prefill_us(work);
         Duration::from_secs_f64(us.max(0.0) / 1e6)
+    }
+
+    /// The prefill terms of a step's cost (fixed overhead, per token,
+    /// attention), the part a benchmark calls prefill utilisation.
+    pub fn prefill_time(&self, work: &StepWork) -> Duration {
+        Duration::from_secs_f64(self.prefill_us(work).max(0.0) / 1e6)
+    }
+
+    fn prefill_us(&self, work: &StepWork) -> f64 {
+        if work.prefill_tokens == 0 {
+            return 0.0;
+        }
+        self.prefill_overhead_us
+            + self.prefill_per_token_us * work.prefill_tokens as f64
+            + self.prefill_attn_per_pair_ns * work.prefill_attn_pairs as f64 / 1000.0
     }
 }
 
@@ -140,6 +151,21 @@ mod tests {
 
     fn ms(d: Duration) -> f64 {
         d.as_secs_f64() * 1e3
+    }
+
+    #[test]
+    fn prefill_time_is_the_prefill_share_of_a_step() {
+        let p = LatencyProfile::h100_8b();
+        let mut w = StepWork::default();
+        w.add_decode(1000);
+        assert_eq!(p.prefill_time(&w), Duration::ZERO);
+        let decode_only = p.step_time(&w);
+        w.add_prefill(0, 2000);
+        let extra = p.step_time(&w) - decode_only;
+        // The per-sequence cost of the new sequence is not prefill work.
+        let diff = ms(extra) - ms(p.prefill_time(&w));
+        assert!((diff - p.per_seq_us / 1e3).abs() < 1e-6, "diff {diff}");
+        assert!(ms(p.prefill_time(&w)) > 80.0);
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub struct EngineStats {
     pub generation_tokens: u64,
     /// Prompt tokens actually computed (uncached, incl. recomputation).
     pub prompt_tokens_computed: u64,
+    /// Simulated seconds spent on prefill (the prefill terms of each step).
+    pub prefill_seconds: f64,
     /// Requests finished by length.
     pub finished_length: u64,
     /// Requests finished by stop.
@@ -111,6 +113,7 @@ impl Default for EngineStats {
             prompt_tokens: 0,
             generation_tokens: 0,
             prompt_tokens_computed: 0,
+            prefill_seconds: 0.0,
             finished_length: 0,
             finished_stop: 0,
             aborted: 0,
@@ -330,6 +333,14 @@ pub fn render(snap: &Snapshot, info: &StaticInfo, requests_failed: u64) -> Strin
         "Prompt tokens actually prefilled (uncached, incl. recomputation).",
         &l,
         s.prompt_tokens_computed,
+    );
+    metric(
+        &mut o,
+        "counter",
+        "vllm_sim:prefill_seconds_total",
+        "Simulated GPU time spent on prefill (the prefill terms of each step's cost); over elapsed simulated time it is the prefill utilisation.",
+        &l,
+        s.prefill_seconds,
     );
     metric(
         &mut o,

@@ -1,0 +1,317 @@
+//! One streaming request through the proxy, measured.
+//!
+//! Sends an OpenAI `/v1/completions` (token-id prompt) or
+//! `/v1/chat/completions` request with `stream: true` and
+//! `stream_options.include_usage`, and times the SSE stream: the first
+//! chunk carrying text is the first token, later ones give the
+//! inter-token gaps, the usage chunk gives prompt / cached / completion
+//! tokens. The simulated engine stops at exactly the asked length when told
+//! so by `x-sim-output-tokens` (real vLLM: `ignore_eos` with `max_tokens`).
+
+use std::time::Instant;
+
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::record::Outcome;
+
+/// Header the served endpoint comes back in (the Inference Extension's).
+pub const SERVED_HEADER: &str = "x-gateway-destination-endpoint-served";
+/// Header the benchmark names the tenant in.
+pub const TENANT_HEADER: &str = "x-tenant";
+
+/// Where requests go.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Base URL of the proxy, e.g. `http://127.0.0.1:10000`.
+    pub url: String,
+    /// Model to ask for.
+    pub model: String,
+    /// Wall seconds per simulated second: measured times are divided by it.
+    pub time_scale: f64,
+}
+
+/// What to send.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// `/v1/completions` with token ids.
+    Tokens(Vec<u32>),
+    /// `/v1/chat/completions` with (role, content) messages.
+    Chat(Vec<(&'static str, String)>),
+}
+
+/// What came back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Time to first token, simulated ms (NaN if none).
+    pub ttft_ms: f64,
+    /// Mean gap between tokens after the first, simulated ms.
+    pub itl_ms: f64,
+    /// Send to end of stream, simulated ms (NaN if it did not end).
+    pub e2e_ms: f64,
+    /// Usage: prompt tokens.
+    pub prompt_tokens: u64,
+    /// Usage: cached prompt tokens.
+    pub cached_tokens: u64,
+    /// Usage: completion tokens.
+    pub completion_tokens: u64,
+    /// The served endpoint header, if present.
+    pub endpoint: String,
+    /// HTTP status (0 if none).
+    pub status: u16,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Error text.
+    pub error: String,
+    /// The generated text (to grow a chat's history).
+    pub text: String,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<ChoiceChunk>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceChunk {
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: u64,
+}
+
+/// The request body.
+pub fn body(model: &str, prompt: &Prompt, output_tokens: u32) -> (&'static str, String) {
+    let common = |mut v: serde_json::Value| {
+        v["model"] = json!(model);
+        v["max_tokens"] = json!(output_tokens);
+        v["stream"] = json!(true);
+        v["stream_options"] = json!({"include_usage": true});
+        v.to_string()
+    };
+    match prompt {
+        Prompt::Tokens(ids) => ("/v1/completions", common(json!({ "prompt": ids }))),
+        Prompt::Chat(msgs) => {
+            let m: Vec<_> = msgs
+                .iter()
+                .map(|(r, c)| json!({"role": r, "content": c}))
+                .collect();
+            ("/v1/chat/completions", common(json!({ "messages": m })))
+        }
+    }
+}
+
+/// Incremental SSE reader: feeds bytes, yields complete `data:` payloads.
+#[derive(Default)]
+pub struct SseReader {
+    buf: Vec<u8>,
+}
+
+impl SseReader {
+    /// Adds bytes; returns the data payloads of the events completed.
+    pub fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        loop {
+            let Some(end) = find_event_end(&self.buf) else {
+                break;
+            };
+            let (ev, sep) = end;
+            let text = String::from_utf8_lossy(&self.buf[..ev]).into_owned();
+            self.buf.drain(..ev + sep);
+            let data: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
+            if !data.is_empty() {
+                out.push(data.join("\n"));
+            }
+        }
+        out
+    }
+}
+
+/// Position and length of the first event separator (`\n\n` or `\r\n\r\n`).
+fn find_event_end(b: &[u8]) -> Option<(usize, usize)> {
+    let lf = b.windows(2).position(|w| w == b"\n\n").map(|p| (p, 2));
+    let crlf = b.windows(4).position(|w| w == b"\r\n\r\n").map(|p| (p, 4));
+    match (lf, crlf) {
+        (Some(a), Some(c)) => Some(if a.0 <= c.0 { a } else { c }),
+        (a, c) => a.or(c),
+    }
+}
+
+/// Sends one request and measures it. Never panics; every failure is an
+/// [`Outcome`] with its text.
+pub async fn send(
+    client: &reqwest::Client,
+    target: &Target,
+    tenant: &str,
+    prompt: &Prompt,
+    output_tokens: u32,
+) -> Answer {
+    let (path, body) = body(&target.model, prompt, output_tokens);
+    let scale = if target.time_scale > 0.0 {
+        target.time_scale
+    } else {
+        1.0
+    };
+    let sim_ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / scale;
+    let mut a = Answer {
+        ttft_ms: f64::NAN,
+        itl_ms: f64::NAN,
+        e2e_ms: f64::NAN,
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        completion_tokens: 0,
+        endpoint: String::new(),
+        status: 0,
+        outcome: Outcome::Error,
+        error: String::new(),
+        text: String::new(),
+    };
+    let t0 = Instant::now();
+    let resp = client
+        .post(format!("{}{}", target.url, path))
+        .header("content-type", "application/json")
+        .header(TENANT_HEADER, tenant)
+        .header("x-sim-output-tokens", output_tokens.to_string())
+        .body(body)
+        .send()
+        .await;
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => {
+            a.error = format!("send: {e}");
+            return a;
+        }
+    };
+    a.status = resp.status().as_u16();
+    a.endpoint = resp
+        .headers()
+        .get(SERVED_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if !resp.status().is_success() {
+        a.outcome = Outcome::HttpError;
+        let text = resp.text().await.unwrap_or_default();
+        a.error = text.chars().take(200).collect();
+        return a;
+    }
+    let mut stream = resp.bytes_stream();
+    let mut sse = SseReader::default();
+    let (mut first, mut last, mut tokens) = (None::<Instant>, None::<Instant>, 0u64);
+    let mut done = false;
+    while let Some(chunk) = stream.next().await {
+        let bytes = match chunk {
+            Ok(b) => b,
+            Err(e) => {
+                a.error = format!("stream: {e}");
+                return a;
+            }
+        };
+        let now = Instant::now();
+        for data in sse.feed(&bytes) {
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let c: Chunk = match serde_json::from_str(&data) {
+                Ok(c) => c,
+                Err(e) => {
+                    a.error = format!("bad chunk: {e}");
+                    return a;
+                }
+            };
+            if let Some(u) = c.usage {
+                a.prompt_tokens = u.prompt_tokens;
+                a.completion_tokens = u.completion_tokens;
+                a.cached_tokens = u.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
+            }
+            for ch in c.choices {
+                let text = ch.delta.and_then(|d| d.content).or(ch.text);
+                if let Some(t) = text.filter(|t| !t.is_empty()) {
+                    a.text.push_str(&t);
+                    tokens += 1;
+                    first.get_or_insert(now);
+                    last = Some(now);
+                }
+            }
+        }
+    }
+    let end = Instant::now();
+    if let Some(f) = first {
+        a.ttft_ms = sim_ms(f - t0);
+        if let Some(l) = last.filter(|_| tokens > 1) {
+            a.itl_ms = sim_ms(l - f) / (tokens - 1) as f64;
+        }
+    }
+    if !done {
+        a.error = "stream ended without [DONE]".into();
+        return a;
+    }
+    a.e2e_ms = sim_ms(end - t0);
+    a.outcome = Outcome::Ok;
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_split_across_reads() {
+        let mut r = SseReader::default();
+        assert!(r.feed(b"data: {\"a\"").is_empty());
+        assert_eq!(r.feed(b":1}\n\ndata: [DONE]\n"), vec!["{\"a\":1}"]);
+        assert_eq!(r.feed(b"\n"), vec!["[DONE]"]);
+        assert_eq!(r.feed(b": comment\r\n\r\ndata:x\r\n\r\n"), vec!["x"]);
+    }
+
+    #[test]
+    fn bodies_ask_for_streamed_usage() {
+        let (p, b) = body("m", &Prompt::Tokens(vec![1, 2]), 5);
+        assert_eq!(p, "/v1/completions");
+        let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(v["prompt"], json!([1, 2]));
+        assert_eq!(v["max_tokens"], 5);
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        let (p, b) = body(
+            "m",
+            &Prompt::Chat(vec![("system", "s".into()), ("user", "u".into())]),
+            1,
+        );
+        assert_eq!(p, "/v1/chat/completions");
+        let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(v["messages"][1], json!({"role": "user", "content": "u"}));
+        assert_eq!(v["stream"], true);
+    }
+}

@@ -1,0 +1,439 @@
+//! `kvasir-bench`: the routing benchmark's load generator and report.
+//!
+//! ```text
+//! kvasir-bench trace  --url http://127.0.0.1:10000 --trace T.jsonl --speed 4 --time-scale 0.25 --mode kvasir --load 1 --out-dir D
+//! kvasir-bench chat   --url http://127.0.0.1:10000 --conversations-per-s 0.5 --time-scale 0.25 --mode kvasir --load 1 --out-dir D
+//! kvasir-bench bound  --trace T.jsonl --capacity-tokens 3200000 --out D/bound.json
+//! kvasir-bench report --dir D
+//! ```
+//! `bench/routing.py` starts the simulated cluster and each routing mode and
+//! calls these; see the README's routing benchmark section.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use kvasir_bench::chat::{self, ChatConfig};
+use kvasir_bench::client::Target;
+use kvasir_bench::plot::{self, LoadCurve};
+use kvasir_bench::record::{self, Record};
+use kvasir_bench::report::{self, Inputs};
+use kvasir_bench::run::{self, RunOptions, RunResult};
+use kvasir_bench::{bound, stats, trace, ttft_growth, RunMeta};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Kvasir's routing benchmark: load generator and report"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Replay a Mooncake-format trace (token-id prompts on /v1/completions).
+    Trace(TraceArgs),
+    /// Run the synthetic multi-tenant chat workload (/v1/chat/completions).
+    Chat(ChatArgs),
+    /// Compute the hit rate one pooled LRU cache would get on a trace.
+    Bound(BoundArgs),
+    /// Write the markdown report and the plots from a results directory.
+    Report(ReportArgs),
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// Base URL of the proxy.
+    #[arg(long, default_value = "http://127.0.0.1:10000")]
+    url: String,
+    /// Model to ask for.
+    #[arg(long, default_value = "Qwen/Qwen3-8B")]
+    model: String,
+    /// The simulators' time scale (wall seconds per simulated second);
+    /// arrivals are scheduled and latencies reported in simulated time.
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Engines' /metrics URLs, for prefill utilisation (repeatable).
+    #[arg(long = "engine-metrics")]
+    engine_metrics: Vec<String>,
+    /// Give up on requests still running this many simulated seconds after
+    /// the last arrival.
+    #[arg(long, default_value_t = 600.0)]
+    drain_s: f64,
+    /// Routing mode label for the results.
+    #[arg(long)]
+    mode: String,
+    /// Load factor label (1.0 = the reference load).
+    #[arg(long)]
+    load: f64,
+    /// Directory for `<workload>-<load>-<mode>.csv` and `.json`.
+    #[arg(long)]
+    out_dir: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args, Clone)]
+struct Slice {
+    /// Trace file (JSON lines).
+    #[arg(long)]
+    trace: PathBuf,
+    /// Start of the replayed window, seconds of trace time.
+    #[arg(long, default_value_t = 0.0)]
+    from_s: f64,
+    /// Length of the window, seconds of trace time (default: to the end).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// Tokens per hash id.
+    #[arg(long, default_value_t = trace::MOONCAKE_BLOCK_TOKENS)]
+    block_tokens: usize,
+}
+
+#[derive(Args)]
+struct TraceArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    slice: Slice,
+    /// Speed-up of the trace's arrival times (2 = twice as many requests
+    /// per second).
+    #[arg(long, default_value_t = 1.0)]
+    speed: f64,
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Tenants.
+    #[arg(long, default_value_t = 8)]
+    tenants: usize,
+    /// Tenant popularity skew (weight 1/(i+1)^skew).
+    #[arg(long, default_value_t = 0.5)]
+    tenant_skew: f64,
+    /// New conversations per simulated second.
+    #[arg(long)]
+    conversations_per_s: f64,
+    /// Simulated seconds of conversation arrivals.
+    #[arg(long, default_value_t = 120.0)]
+    duration_s: f64,
+    /// System prompt words (about tokens), MIN..MAX.
+    #[arg(long, default_value = "1500..3000", value_parser = range_usize)]
+    system_words: (usize, usize),
+    /// Turns per conversation, MIN..MAX.
+    #[arg(long, default_value = "3..8", value_parser = range_usize)]
+    turns: (usize, usize),
+    /// User message words, MIN..MAX.
+    #[arg(long, default_value = "100..400", value_parser = range_usize)]
+    user_words: (usize, usize),
+    /// Completion tokens, MIN..MAX.
+    #[arg(long, default_value = "100..300", value_parser = range_usize)]
+    output_tokens: (usize, usize),
+    /// Mean think time between turns, simulated seconds.
+    #[arg(long, default_value_t = 8.0)]
+    think_s: f64,
+    /// Seed.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct BoundArgs {
+    #[command(flatten)]
+    slice: Slice,
+    /// Capacity of the pooled cache, tokens (all engines together).
+    #[arg(long)]
+    capacity_tokens: u64,
+    /// Tokens per engine KV block.
+    #[arg(long, default_value_t = 16)]
+    engine_block: usize,
+    /// Output JSON file.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// Results directory (runs' CSV and JSON, optional bound.json and
+    /// setup.txt).
+    #[arg(long)]
+    dir: PathBuf,
+    /// The command line to quote in the report.
+    #[arg(long, default_value = "make bench-full")]
+    command: String,
+}
+
+fn range_usize(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("expected MIN..MAX, got `{s}`"))?;
+    let p = |x: &str| x.trim().parse::<usize>().map_err(|e| format!("`{x}`: {e}"));
+    Ok((p(a)?, p(b)?))
+}
+
+fn load_trace(s: &Slice) -> anyhow::Result<Vec<trace::TraceRequest>> {
+    let text = std::fs::read_to_string(&s.trace)
+        .with_context(|| format!("reading {}", s.trace.display()))?;
+    let all = trace::parse(&text).with_context(|| format!("parsing {}", s.trace.display()))?;
+    let from = s.from_s * 1e3;
+    let to = s.duration_s.map_or(f64::INFINITY, |d| from + d * 1e3);
+    let v: Vec<_> = all
+        .into_iter()
+        .filter(|r| r.timestamp >= from && r.timestamp < to)
+        .collect();
+    anyhow::ensure!(
+        !v.is_empty(),
+        "no trace requests in the window {}s + {:?}s",
+        s.from_s,
+        s.duration_s
+    );
+    Ok(v)
+}
+
+fn options(c: &Common) -> anyhow::Result<RunOptions> {
+    anyhow::ensure!(
+        c.time_scale > 0.0 && c.time_scale.is_finite(),
+        "--time-scale must be > 0"
+    );
+    Ok(RunOptions {
+        target: Target {
+            url: c.url.trim_end_matches('/').to_string(),
+            model: c.model.clone(),
+            time_scale: c.time_scale,
+        },
+        engine_metrics: c.engine_metrics.clone(),
+        drain_s: c.drain_s,
+        progress: !c.no_progress,
+    })
+}
+
+fn run_name(workload: &str, load: f64, mode: &str) -> String {
+    format!("{workload}-{load:.2}-{mode}")
+}
+
+fn write_run(c: &Common, workload: &str, rate: f64, res: RunResult) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&c.out_dir)?;
+    let name = run_name(workload, c.load, &c.mode);
+    let mut csv = String::from(record::HEADER);
+    csv.push('\n');
+    for r in &res.records {
+        csv.push_str(&r.to_csv());
+        csv.push('\n');
+    }
+    std::fs::write(c.out_dir.join(format!("{name}.csv")), csv)?;
+    let summary = stats::summarize(&res.records);
+    let meta = RunMeta {
+        workload: workload.into(),
+        mode: c.mode.clone(),
+        load: c.load,
+        rate,
+        time_scale: c.time_scale,
+        wall_s: res.wall_s,
+        engines: res.engines,
+        ttft_growth: ttft_growth(&res.records),
+        summary,
+        notes: Default::default(),
+    };
+    let s = &meta.summary;
+    eprintln!(
+        "{name}: {} requests ({} failed, {} timed out), TTFT p50 {} p99 {} ms, hit rate {:.1}%, prefill use {:.1}%, {:.0} s wall",
+        s.requests,
+        s.failed,
+        s.timeouts,
+        report::ms(s.ttft.p50),
+        report::ms(s.ttft.p99),
+        s.cache_hit_rate * 100.0,
+        meta.engines.prefill_utilisation * 100.0,
+        meta.wall_s
+    );
+    std::fs::write(
+        c.out_dir.join(format!("{name}.json")),
+        serde_json::to_string_pretty(&meta)?,
+    )?;
+    Ok(())
+}
+
+fn read_runs(dir: &Path) -> anyhow::Result<Vec<(RunMeta, Vec<Record>)>> {
+    let mut out = Vec::new();
+    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n != "bound.json" && n != "summary.json")
+        })
+        .collect();
+    names.sort();
+    for p in names {
+        let meta: RunMeta = serde_json::from_str(&std::fs::read_to_string(&p)?)
+            .with_context(|| format!("parsing {}", p.display()))?;
+        let csv = p.with_extension("csv");
+        let recs = record::parse_csv(
+            &std::fs::read_to_string(&csv).with_context(|| format!("reading {}", csv.display()))?,
+        )
+        .map_err(|e| anyhow::anyhow!("{}: {e}", csv.display()))?;
+        out.push((meta, recs));
+    }
+    Ok(out)
+}
+
+fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
+    let runs = read_runs(&a.dir)?;
+    anyhow::ensure!(!runs.is_empty(), "no runs in {}", a.dir.display());
+    let bound_path = a.dir.join("bound.json");
+    let bound = if bound_path.exists() {
+        Some(serde_json::from_str(&std::fs::read_to_string(
+            &bound_path,
+        )?)?)
+    } else {
+        None
+    };
+    let setup = std::fs::read_to_string(a.dir.join("setup.txt"))
+        .map(|s| {
+            s.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    let inp = Inputs {
+        runs: runs.iter().map(|(m, _)| m.clone()).collect(),
+        bound,
+        command: a.command.clone(),
+        setup,
+    };
+    let mut md = report::render(&inp);
+    let mut workloads: Vec<String> = inp.runs.iter().map(|r| r.workload.clone()).collect();
+    workloads.sort();
+    workloads.dedup();
+    md.push_str("## Plots\n\n");
+    for w in &workloads {
+        let mut series: Vec<(String, Vec<f64>)> = runs
+            .iter()
+            .filter(|(m, _)| &m.workload == w && (m.load - report::REF_LOAD).abs() < 1e-9)
+            .map(|(m, recs)| {
+                let mut v: Vec<f64> = recs
+                    .iter()
+                    .map(|r| {
+                        if r.outcome == record::Outcome::Ok && r.ttft_ms.is_finite() {
+                            r.ttft_ms
+                        } else {
+                            f64::INFINITY
+                        }
+                    })
+                    .collect();
+                v.sort_by(f64::total_cmp);
+                (m.mode.clone(), v)
+            })
+            .collect();
+        series.sort_by_key(|(m, _)| report::mode_rank(m));
+        if !series.is_empty() {
+            let f = format!("{w}-ttft-cdf.svg");
+            plot::ttft_cdf(
+                &a.dir.join(&f),
+                &format!("{w}: TTFT CDF at load 1.0"),
+                &series,
+            )
+            .map_err(|e| anyhow::anyhow!("plot {f}: {e}"))?;
+            md.push_str(&format!("![{w} TTFT CDF]({f})\n\n"));
+        }
+        let mut modes: Vec<String> = runs
+            .iter()
+            .filter(|(m, _)| &m.workload == w)
+            .map(|(m, _)| m.mode.clone())
+            .collect();
+        modes.sort_by_key(|m| report::mode_rank(m));
+        modes.dedup();
+        let curves: Vec<LoadCurve> = modes
+            .iter()
+            .map(|mode| {
+                let mut points: Vec<(f64, f64, f64)> = runs
+                    .iter()
+                    .filter(|(m, _)| &m.workload == w && &m.mode == mode)
+                    .map(|(m, _)| (m.load, m.summary.ttft.p50, m.summary.ttft.p99))
+                    .collect();
+                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                LoadCurve {
+                    mode: mode.clone(),
+                    points,
+                }
+            })
+            .collect();
+        let f = format!("{w}-ttft-vs-load.svg");
+        plot::ttft_vs_load(&a.dir.join(&f), &format!("{w}: TTFT against load"), &curves)
+            .map_err(|e| anyhow::anyhow!("plot {f}: {e}"))?;
+        md.push_str(&format!("![{w} TTFT against load]({f})\n\n"));
+    }
+    md.push_str("Raw per-request data: the `*.csv` files beside this report (one per workload, load and mode).\n");
+    std::fs::write(a.dir.join("report.md"), &md)?;
+    let summary = serde_json::json!({
+        "command": a.command,
+        "runs": inp.runs,
+        "bound": inp.bound,
+        "targets": report::check_targets(&inp),
+    });
+    std::fs::write(
+        a.dir.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?,
+    )?;
+    eprintln!("wrote {}", a.dir.join("report.md").display());
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Trace(a) => {
+            let t = Arc::new(load_trace(&a.slice)?);
+            let opts = options(&a.common)?;
+            let res = run::run_trace(t, a.speed, a.slice.block_tokens, &opts).await?;
+            write_run(&a.common, "trace", a.speed, res)
+        }
+        Cmd::Chat(a) => {
+            let (o0, o1) = a.output_tokens;
+            let cfg = ChatConfig {
+                tenants: a.tenants,
+                tenant_skew: a.tenant_skew,
+                system_words: a.system_words,
+                turns: a.turns,
+                user_words: a.user_words,
+                output_tokens: (
+                    u32::try_from(o0).context("--output-tokens")?,
+                    u32::try_from(o1).context("--output-tokens")?,
+                ),
+                think_s: a.think_s,
+                conversations_per_s: a.conversations_per_s,
+                duration_s: a.duration_s,
+                seed: a.seed,
+            };
+            let plan = Arc::new(chat::plan(&cfg)?);
+            let opts = options(&a.common)?;
+            let res = run::run_chat(plan, &opts).await?;
+            write_run(&a.common, "chat", a.conversations_per_s, res)
+        }
+        Cmd::Bound(a) => {
+            let t = load_trace(&a.slice)?;
+            let b =
+                bound::pooled_hit_rate(&t, a.slice.block_tokens, a.engine_block, a.capacity_tokens);
+            eprintln!(
+                "pooled cache of {} tokens: hit rate {:.1}%",
+                b.capacity_tokens,
+                b.hit_rate * 100.0
+            );
+            std::fs::write(&a.out, serde_json::to_string_pretty(&b)?)?;
+            Ok(())
+        }
+        Cmd::Report(a) => report_cmd(&a),
+    }
+}

@@ -1,0 +1,445 @@
+//! The markdown report: per-mode tables with ratios against round-robin,
+//! and the issue's targets checked against what was measured.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::bound::PooledBound;
+use crate::RunMeta;
+
+/// The baseline every ratio is taken against.
+pub const BASELINE: &str = "round-robin";
+/// Kvasir's own mode.
+pub const KVASIR: &str = "kvasir";
+/// The approximate-prefix mode (the Inference Extension's style).
+pub const APPROX: &str = "approx-prefix";
+/// The reference load factor (round-robin at about 70% prefill use).
+pub const REF_LOAD: f64 = 1.0;
+/// The load factor of the saturation and goodput targets.
+pub const HIGH_LOAD: f64 = 2.0;
+
+/// Order of modes in tables and plots.
+pub fn mode_rank(m: &str) -> usize {
+    match m {
+        BASELINE => 0,
+        "least-request" => 1,
+        APPROX => 2,
+        KVASIR => 3,
+        _ => 4,
+    }
+}
+
+/// One checked target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TargetCheck {
+    /// What is checked, in words.
+    pub target: String,
+    /// The measured value, in words.
+    pub measured: String,
+    /// Whether it was met; `None` when the runs needed are missing.
+    pub met: Option<bool>,
+}
+
+/// Everything the report is made from.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// All runs.
+    pub runs: Vec<RunMeta>,
+    /// The pooled-cache bound of the trace runs, if computed.
+    pub bound: Option<PooledBound>,
+    /// The command that produced the results.
+    pub command: String,
+    /// Setup facts, one line each.
+    pub setup: Vec<String>,
+}
+
+fn find<'a>(runs: &'a [RunMeta], workload: &str, mode: &str, load: f64) -> Option<&'a RunMeta> {
+    runs.iter()
+        .find(|r| r.workload == workload && r.mode == mode && (r.load - load).abs() < 1e-9)
+}
+
+/// Formats milliseconds compactly (`∞` for requests that never answered).
+pub fn ms(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else if v.is_infinite() {
+        "∞".into()
+    } else if v >= 10_000.0 {
+        format!("{:.1} s", v / 1e3)
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if a.is_infinite() && b.is_infinite() {
+        return f64::NAN;
+    }
+    a / b
+}
+
+fn pct(v: f64) -> String {
+    if v.is_finite() {
+        format!("{:.1}%", v * 100.0)
+    } else {
+        "-".into()
+    }
+}
+
+fn workload_title(w: &str) -> &str {
+    match w {
+        "trace" => "Mooncake trace",
+        "chat" => "Multi-turn, multi-tenant chat",
+        _ => w,
+    }
+}
+
+/// The target checks of the issue, as far as the runs allow.
+pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
+    let runs = &inp.runs;
+    let mut out = Vec::new();
+    let mut ratio_check =
+        |target: &str, w: &str, load: f64, f: &dyn Fn(&RunMeta) -> f64, max: f64| {
+            let (k, b) = (find(runs, w, KVASIR, load), find(runs, w, BASELINE, load));
+            let (measured, met) = match (k, b) {
+                (Some(k), Some(b)) => {
+                    let r = ratio(f(k), f(b));
+                    (
+                        format!("{} vs {} ms: {} of round-robin", ms(f(k)), ms(f(b)), pct(r)),
+                        Some(r <= max),
+                    )
+                }
+                _ => ("runs missing".to_string(), None),
+            };
+            out.push(TargetCheck {
+                target: format!("{target} <= {}", pct(max)),
+                measured,
+                met,
+            });
+        };
+    ratio_check(
+        "chat @1.0: median TTFT",
+        "chat",
+        REF_LOAD,
+        &|r| r.summary.ttft.p50,
+        0.05,
+    );
+    ratio_check(
+        "chat @1.0: median e2e",
+        "chat",
+        REF_LOAD,
+        &|r| r.summary.e2e.p50,
+        0.55,
+    );
+    ratio_check(
+        "chat @1.0: p99 TTFT",
+        "chat",
+        REF_LOAD,
+        &|r| r.summary.ttft.p99,
+        0.20,
+    );
+    ratio_check(
+        "trace @1.0: median TTFT",
+        "trace",
+        REF_LOAD,
+        &|r| r.summary.ttft.p50,
+        0.50,
+    );
+    ratio_check(
+        "trace @1.0: p99 TTFT",
+        "trace",
+        REF_LOAD,
+        &|r| r.summary.ttft.p99,
+        0.30,
+    );
+    ratio_check(
+        "trace @2.0 (round-robin saturated): mean TTFT",
+        "trace",
+        HIGH_LOAD,
+        &|r| r.summary.ttft.mean,
+        0.05,
+    );
+
+    // Cache hit rate against one pooled cache of the same size.
+    let k = find(runs, "trace", KVASIR, REF_LOAD);
+    out.push(match (k, &inp.bound) {
+        (Some(k), Some(b)) => {
+            let r = k.summary.cache_hit_rate / b.hit_rate;
+            TargetCheck {
+                target: "trace @1.0: cache hit rate >= 90.0% of one pooled cache's".into(),
+                measured: format!(
+                    "{} vs bound {}: {}",
+                    pct(k.summary.cache_hit_rate),
+                    pct(b.hit_rate),
+                    pct(r)
+                ),
+                met: Some(r >= 0.9),
+            }
+        }
+        _ => TargetCheck {
+            target: "trace @1.0: cache hit rate >= 90.0% of one pooled cache's".into(),
+            measured: "run or bound missing".into(),
+            met: None,
+        },
+    });
+
+    // p90 TTFT better than the approximate mode at every load.
+    for w in ["chat", "trace"] {
+        let mut loads: Vec<f64> = runs
+            .iter()
+            .filter(|r| r.workload == w && r.mode == KVASIR)
+            .map(|r| r.load)
+            .collect();
+        loads.sort_by(f64::total_cmp);
+        for load in loads {
+            let (k, a) = (find(runs, w, KVASIR, load), find(runs, w, APPROX, load));
+            if let (Some(k), Some(a)) = (k, a) {
+                out.push(TargetCheck {
+                    target: format!("{w} @{load:.1}: p90 TTFT below approx-prefix's"),
+                    measured: format!(
+                        "{} vs {} ms",
+                        ms(k.summary.ttft.p90),
+                        ms(a.summary.ttft.p90)
+                    ),
+                    met: Some(k.summary.ttft.p90 < a.summary.ttft.p90),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Renders the whole report.
+pub fn render(inp: &Inputs) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "# Routing benchmark\n");
+    let _ = writeln!(o, "Produced by `{}`.\n", inp.command);
+    for s in &inp.setup {
+        let _ = writeln!(o, "- {s}");
+    }
+    if !inp.setup.is_empty() {
+        o.push('\n');
+    }
+    let _ = writeln!(
+        o,
+        "Times are simulated milliseconds (wall time / time scale). TTFT and e2e percentiles count a request \
+         that never answered as infinitely slow (∞). ITL is each request's mean gap between tokens. \
+         Goodput: completed requests with TTFT <= 2 s per simulated second. Ratios are against \
+         round-robin at the same load.\n"
+    );
+
+    let mut by_w: BTreeMap<&str, Vec<&RunMeta>> = BTreeMap::new();
+    for r in &inp.runs {
+        by_w.entry(r.workload.as_str()).or_default().push(r);
+    }
+    for (w, mut rs) in by_w {
+        rs.sort_by(|a, b| {
+            a.load
+                .total_cmp(&b.load)
+                .then(mode_rank(&a.mode).cmp(&mode_rank(&b.mode)))
+        });
+        let _ = writeln!(o, "## {}\n", workload_title(w));
+        if let Some(r) = rs.iter().find(|r| (r.load - REF_LOAD).abs() < 1e-9) {
+            let unit = if w == "trace" {
+                "x trace speed"
+            } else {
+                "conversations/s"
+            };
+            let _ = writeln!(o, "Load 1.0 = {:.3} {unit}.\n", r.rate);
+        }
+        if w == "trace" {
+            if let Some(b) = &inp.bound {
+                let _ = writeln!(
+                    o,
+                    "One pooled LRU cache of all engines' size ({} tokens) would hit {} of prompt tokens on the \
+                     requests replayed (ignores concurrency: slightly optimistic).\n",
+                    b.capacity_tokens,
+                    pct(b.hit_rate)
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            "| load | mode | requests | failed | TTFT p50 | p90 | p99 | mean | ITL p50 | p90 | p99 | e2e p50 | p90 | p99 | req/s | hit rate | goodput req/s | prefill use | TTFT p50 / RR | TTFT p99 / RR | e2e p50 / RR |"
+        );
+        let _ = writeln!(o, "|{}", "---|".repeat(21));
+        for r in &rs {
+            let s = &r.summary;
+            let base = find(&inp.runs, w, BASELINE, r.load).map(|b| &b.summary);
+            let rt = |f: &dyn Fn(&crate::stats::Summary) -> f64| {
+                base.map_or("-".into(), |b| pct(ratio(f(s), f(b))))
+            };
+            let _ = writeln!(
+                o,
+                "| {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {} | {} |",
+                r.load,
+                r.mode,
+                s.requests,
+                s.failed + s.timeouts,
+                ms(s.ttft.p50),
+                ms(s.ttft.p90),
+                ms(s.ttft.p99),
+                ms(s.ttft.mean),
+                ms(s.itl.p50),
+                ms(s.itl.p90),
+                ms(s.itl.p99),
+                ms(s.e2e.p50),
+                ms(s.e2e.p90),
+                ms(s.e2e.p99),
+                s.throughput_rps,
+                pct(s.cache_hit_rate),
+                s.goodput_rps,
+                pct(r.engines.prefill_utilisation),
+                rt(&|x| x.ttft.p50),
+                rt(&|x| x.ttft.p99),
+                rt(&|x| x.e2e.p50),
+            );
+        }
+        o.push('\n');
+        let notes: Vec<String> = rs
+            .iter()
+            .filter(|r| !r.notes.is_empty())
+            .map(|r| {
+                let kv: Vec<String> = r.notes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                format!("- {:.1} {}: {}", r.load, r.mode, kv.join(", "))
+            })
+            .collect();
+        if !notes.is_empty() {
+            let _ = writeln!(o, "Per-run facts (proxy and engine counters, TTFT growth = last quarter's mean TTFT / first quarter's):\n");
+            for (n, r) in notes.iter().zip(&rs) {
+                let _ = writeln!(o, "{n}, ttft growth {:.2}", r.ttft_growth);
+            }
+            o.push('\n');
+        }
+    }
+
+    let checks = check_targets(inp);
+    let _ = writeln!(o, "## Targets\n");
+    let _ = writeln!(o, "| target | measured | met |\n|---|---|---|");
+    for c in &checks {
+        let met = match c.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "not run",
+        };
+        let _ = writeln!(o, "| {} | {} | {} |", c.target, c.measured, met);
+    }
+    o.push('\n');
+    let mut good: Vec<&RunMeta> = inp
+        .runs
+        .iter()
+        .filter(|r| (r.load - HIGH_LOAD).abs() < 1e-9)
+        .collect();
+    good.sort_by(|a, b| {
+        a.workload
+            .cmp(&b.workload)
+            .then(mode_rank(&a.mode).cmp(&mode_rank(&b.mode)))
+    });
+    if !good.is_empty() {
+        let _ = writeln!(o, "Goodput at load 2.0 (requests with TTFT <= 2 s):\n");
+        let _ = writeln!(
+            o,
+            "| workload | mode | goodput req/s | share of requests |\n|---|---|---|---|"
+        );
+        for r in good {
+            let _ = writeln!(
+                o,
+                "| {} | {} | {:.2} | {} |",
+                r.workload,
+                r.mode,
+                r.summary.goodput_rps,
+                pct(r.summary.goodput_share)
+            );
+        }
+        o.push('\n');
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{Dist, Summary};
+
+    fn run(w: &str, mode: &str, load: f64, p50: f64, p99: f64, hit: f64) -> RunMeta {
+        let d = Dist {
+            p50,
+            p90: p50 * 2.0,
+            p99,
+            mean: p50 * 1.5,
+        };
+        RunMeta {
+            workload: w.into(),
+            mode: mode.into(),
+            load,
+            rate: 2.0,
+            time_scale: 0.25,
+            wall_s: 1.0,
+            engines: Default::default(),
+            summary: Summary {
+                requests: 10,
+                ok: 10,
+                failed: 0,
+                timeouts: 0,
+                ttft: d,
+                itl: d,
+                e2e: Dist {
+                    p50: p50 * 10.0,
+                    ..d
+                },
+                duration_s: 1.0,
+                throughput_rps: 1.0,
+                output_tokens_per_s: 1.0,
+                cache_hit_rate: hit,
+                goodput_rps: 1.0,
+                goodput_share: 1.0,
+                per_endpoint: vec![],
+            },
+            ttft_growth: 1.0,
+            notes: Default::default(),
+        }
+    }
+
+    #[test]
+    fn targets_compare_kvasir_with_round_robin_and_approx() {
+        let inp = Inputs {
+            runs: vec![
+                run("trace", BASELINE, 1.0, 1000.0, 5000.0, 0.3),
+                run("trace", APPROX, 1.0, 300.0, 2000.0, 0.5),
+                run("trace", KVASIR, 1.0, 400.0, 1000.0, 0.6),
+            ],
+            bound: Some(PooledBound {
+                capacity_tokens: 1,
+                prompt_tokens: 1,
+                cached_tokens: 1,
+                hit_rate: 0.64,
+            }),
+            ..Default::default()
+        };
+        let c = check_targets(&inp);
+        let get = |s: &str| c.iter().find(|c| c.target.starts_with(s)).unwrap();
+        assert_eq!(get("trace @1.0: median TTFT").met, Some(true)); // 40% <= 50%
+        assert_eq!(get("trace @1.0: p99 TTFT").met, Some(true)); // 20% <= 30%
+        assert_eq!(get("trace @1.0: cache hit").met, Some(true)); // 0.6/0.64 = 94%
+        assert_eq!(get("trace @1.0: p90 TTFT below").met, Some(false)); // 800 vs 600
+        assert_eq!(get("chat @1.0: median TTFT").met, None);
+        assert_eq!(get("trace @2.0").met, None);
+        let md = render(&inp);
+        assert!(md.contains("| 1.0 | kvasir |"), "{md}");
+        assert!(md.contains("| **no** |"));
+        assert!(md.contains("40.0%"));
+    }
+
+    #[test]
+    fn milliseconds_format_compactly() {
+        assert_eq!(ms(f64::INFINITY), "∞");
+        assert_eq!(ms(f64::NAN), "-");
+        assert_eq!(ms(12.345), "12.3");
+        assert_eq!(ms(1234.4), "1234");
+        assert_eq!(ms(12_345.0), "12.3 s");
+    }
+}

@@ -1,0 +1,398 @@
+//! Running a workload open-loop against a target, and reading the engines'
+//! counters around it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+use tokio::time::{sleep_until, timeout_at};
+
+use crate::chat::{tenant_name, ChatPlan};
+use crate::client::{send, Answer, Prompt, Target};
+use crate::record::{Outcome, Record};
+use crate::trace::{prompt_tokens, TraceRequest};
+
+/// Counters summed over the engines (simulated seconds and tokens).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineCounters {
+    /// `vllm_sim:prefill_seconds_total`.
+    pub prefill_s: f64,
+    /// `vllm_sim:virtual_seconds_total` (busy time).
+    pub busy_s: f64,
+    /// `vllm:prefix_cache_queries_total`.
+    pub cache_queries: f64,
+    /// `vllm:prefix_cache_hits_total`.
+    pub cache_hits: f64,
+    /// `vllm:num_preemptions_total`.
+    pub preemptions: f64,
+}
+
+/// Sums `name`'s samples in a Prometheus text exposition.
+pub fn prom_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (head, v) = l.rsplit_once(' ')?;
+            let metric = head.split('{').next()?;
+            (metric == name).then(|| v.parse::<f64>().ok()).flatten()
+        })
+        .sum()
+}
+
+/// Reads and sums the counters of every engine's `/metrics`.
+pub async fn scrape(client: &reqwest::Client, urls: &[String]) -> anyhow::Result<EngineCounters> {
+    let mut c = EngineCounters::default();
+    for u in urls {
+        let text = client
+            .get(u)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?;
+        c.prefill_s += prom_sum(&text, "vllm_sim:prefill_seconds_total");
+        c.busy_s += prom_sum(&text, "vllm_sim:virtual_seconds_total");
+        c.cache_queries += prom_sum(&text, "vllm:prefix_cache_queries_total");
+        c.cache_hits += prom_sum(&text, "vllm:prefix_cache_hits_total");
+        c.preemptions += prom_sum(&text, "vllm:num_preemptions_total");
+    }
+    Ok(c)
+}
+
+/// Engine-side facts of a run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineUse {
+    /// Engines scraped.
+    pub engines: usize,
+    /// Mean prefill utilisation per engine while requests were arriving.
+    pub prefill_utilisation: f64,
+    /// Mean busy share per engine while requests were arriving.
+    pub busy_utilisation: f64,
+    /// Recompute preemptions during the whole run.
+    pub preemptions: f64,
+}
+
+fn engine_use(a: EngineCounters, b: EngineCounters, engines: usize, sim_s: f64) -> EngineUse {
+    let n = engines.max(1) as f64;
+    EngineUse {
+        engines,
+        prefill_utilisation: (b.prefill_s - a.prefill_s) / n / sim_s,
+        busy_utilisation: (b.busy_s - a.busy_s) / n / sim_s,
+        preemptions: 0.0,
+    }
+}
+
+/// Run-wide settings.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Where to send.
+    pub target: Target,
+    /// Engines' `/metrics` URLs (for utilisation).
+    pub engine_metrics: Vec<String>,
+    /// Give up on requests this long (simulated seconds) after the last
+    /// arrival.
+    pub drain_s: f64,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunResult {
+    /// One record per request sent.
+    pub records: Vec<Record>,
+    /// Engine utilisation.
+    pub engines: EngineUse,
+    /// Wall seconds the run took.
+    pub wall_s: f64,
+}
+
+fn bar(total: usize, show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(total as u64);
+    b.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} requests {msg}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    b
+}
+
+fn client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(1024)
+        .build()?)
+}
+
+fn record(
+    id: usize,
+    tenant: String,
+    conv: Option<usize>,
+    turn: usize,
+    sent_s: f64,
+    a: Answer,
+) -> Record {
+    Record {
+        id,
+        tenant,
+        conversation: conv,
+        turn,
+        sent_s,
+        ttft_ms: a.ttft_ms,
+        itl_ms: a.itl_ms,
+        e2e_ms: a.e2e_ms,
+        prompt_tokens: a.prompt_tokens,
+        cached_tokens: a.cached_tokens,
+        completion_tokens: a.completion_tokens,
+        endpoint: a.endpoint,
+        status: a.status,
+        outcome: a.outcome,
+        error: a.error,
+    }
+}
+
+fn timed_out(id: usize, tenant: String, conv: Option<usize>, turn: usize, sent_s: f64) -> Record {
+    Record {
+        id,
+        tenant,
+        conversation: conv,
+        turn,
+        sent_s,
+        ttft_ms: f64::NAN,
+        itl_ms: f64::NAN,
+        e2e_ms: f64::NAN,
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        completion_tokens: 0,
+        endpoint: String::new(),
+        status: 0,
+        outcome: Outcome::Timeout,
+        error: "deadline".into(),
+    }
+}
+
+struct Clock {
+    t0: Instant,
+    scale: f64,
+}
+
+impl Clock {
+    fn wall(&self, sim_s: f64) -> Instant {
+        self.t0 + Duration::from_secs_f64((sim_s * self.scale).max(0.0))
+    }
+    fn sim_now(&self) -> f64 {
+        self.t0.elapsed().as_secs_f64() / self.scale
+    }
+}
+
+/// Replays a trace: request i is sent at its timestamp / `speed`
+/// (simulated), whatever happened to earlier ones.
+pub async fn run_trace(
+    trace: Arc<Vec<TraceRequest>>,
+    speed: f64,
+    block_tokens: usize,
+    opts: &RunOptions,
+) -> anyhow::Result<RunResult> {
+    anyhow::ensure!(speed > 0.0 && speed.is_finite(), "speed must be > 0");
+    let http = client()?;
+    let scale = opts.target.time_scale.max(1e-9);
+    let before = scrape(&http, &opts.engine_metrics).await?;
+    let start_ms = trace.first().map_or(0.0, |r| r.timestamp);
+    let last_s = trace
+        .last()
+        .map_or(0.0, |r| (r.timestamp - start_ms) / 1e3 / speed);
+    let wall0 = Instant::now();
+    let clock = Arc::new(Clock {
+        t0: wall0 + Duration::from_millis(50),
+        scale,
+    });
+    let deadline = clock.wall(last_s + opts.drain_s);
+    let pb = bar(trace.len(), opts.progress);
+    let mut tasks = Vec::with_capacity(trace.len());
+    for i in 0..trace.len() {
+        let at = (trace[i].timestamp - start_ms) / 1e3 / speed;
+        sleep_until(clock.wall(at).into()).await;
+        let (http, target, trace, pb, clock) = (
+            http.clone(),
+            opts.target.clone(),
+            trace.clone(),
+            pb.clone(),
+            clock.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let r = &trace[i];
+            let sent_s = clock.sim_now();
+            let prompt = Prompt::Tokens(prompt_tokens(r, block_tokens, i as u64));
+            let out = r.output_length.min(u32::MAX as usize) as u32;
+            let rec = match timeout_at(deadline.into(), send(&http, &target, "trace", &prompt, out))
+                .await
+            {
+                Ok(a) => record(i, "trace".into(), None, 0, sent_s, a),
+                Err(_) => timed_out(i, "trace".into(), None, 0, sent_s),
+            };
+            pb.inc(1);
+            rec
+        }));
+    }
+    let arrivals_done = Instant::now();
+    let mid = scrape(&http, &opts.engine_metrics).await?;
+    let mut records = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        records.push(t.await?);
+    }
+    let after = scrape(&http, &opts.engine_metrics).await?;
+    pb.finish_and_clear();
+    let arrival_sim_s = (arrivals_done - clock.t0).as_secs_f64() / scale;
+    let mut engines = engine_use(
+        before,
+        mid,
+        opts.engine_metrics.len(),
+        arrival_sim_s.max(1e-9),
+    );
+    engines.preemptions = after.preemptions - before.preemptions;
+    Ok(RunResult {
+        records,
+        engines,
+        wall_s: wall0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs a chat plan: each conversation starts at its arrival and sends its
+/// turns one after another, each after the previous answer plus the think
+/// time, with the whole history so far (the engine's own answers included).
+pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<RunResult> {
+    let http = client()?;
+    let scale = opts.target.time_scale.max(1e-9);
+    let before = scrape(&http, &opts.engine_metrics).await?;
+    let wall0 = Instant::now();
+    let clock = Arc::new(Clock {
+        t0: wall0 + Duration::from_millis(50),
+        scale,
+    });
+    let last_arrival = plan.conversations.last().map_or(0.0, |c| c.arrival_s);
+    let deadline = clock.wall(last_arrival + opts.drain_s);
+    let pb = bar(plan.requests(), opts.progress);
+    let records = Arc::new(Mutex::new(Vec::with_capacity(plan.requests())));
+    // Request ids: conversation-major, in plan order.
+    let mut first_id = Vec::with_capacity(plan.conversations.len());
+    let mut n = 0;
+    for c in &plan.conversations {
+        first_id.push(n);
+        n += c.turns.len();
+    }
+    let mut tasks = Vec::new();
+    for (ci, c) in plan.conversations.iter().enumerate() {
+        let (http, target, plan, pb, clock, records) = (
+            http.clone(),
+            opts.target.clone(),
+            plan.clone(),
+            pb.clone(),
+            clock.clone(),
+            records.clone(),
+        );
+        let start = clock.wall(c.arrival_s);
+        let id0 = first_id[ci];
+        tasks.push(tokio::spawn(async move {
+            sleep_until(start.into()).await;
+            let conv = &plan.conversations[ci];
+            let tenant = tenant_name(conv.tenant);
+            let mut history: Vec<(&'static str, String)> =
+                vec![("system", plan.system_prompts[conv.tenant].clone())];
+            for (k, turn) in conv.turns.iter().enumerate() {
+                history.push(("user", turn.user.clone()));
+                let sent_s = clock.sim_now();
+                let prompt = Prompt::Chat(history.clone());
+                let res = timeout_at(
+                    deadline.into(),
+                    send(&http, &target, &tenant, &prompt, turn.output_tokens),
+                )
+                .await;
+                let (rec, text) = match res {
+                    Ok(a) => {
+                        let text = a.text.clone();
+                        (
+                            record(id0 + k, tenant.clone(), Some(ci), k, sent_s, a),
+                            text,
+                        )
+                    }
+                    Err(_) => (
+                        timed_out(id0 + k, tenant.clone(), Some(ci), k, sent_s),
+                        String::new(),
+                    ),
+                };
+                let ok = rec.outcome == Outcome::Ok;
+                records.lock().await.push(rec);
+                pb.inc(1);
+                if !ok {
+                    // The user gives up: the rest of the conversation is not sent.
+                    pb.inc((conv.turns.len() - k - 1) as u64);
+                    break;
+                }
+                history.push(("assistant", text));
+                let next = Instant::now() + Duration::from_secs_f64(turn.think_s * clock.scale);
+                if next > deadline {
+                    pb.inc((conv.turns.len() - k - 1) as u64);
+                    break;
+                }
+                sleep_until(next.into()).await;
+            }
+        }));
+    }
+    let arrivals_end = clock.wall(last_arrival);
+    sleep_until(arrivals_end.into()).await;
+    let mid = scrape(&http, &opts.engine_metrics).await?;
+    for t in tasks {
+        t.await?;
+    }
+    let after = scrape(&http, &opts.engine_metrics).await?;
+    pb.finish_and_clear();
+    let arrival_sim_s = (Instant::now().min(arrivals_end) - clock.t0).as_secs_f64() / scale;
+    let mut engines = engine_use(
+        before,
+        mid,
+        opts.engine_metrics.len(),
+        arrival_sim_s.max(1e-9),
+    );
+    engines.preemptions = after.preemptions - before.preemptions;
+    let mut records = Arc::try_unwrap(records)
+        .map_err(|_| anyhow::anyhow!("records still shared"))?
+        .into_inner();
+    records.sort_by_key(|r| r.id);
+    Ok(RunResult {
+        records,
+        engines,
+        wall_s: wall0.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_sums_ignore_other_metrics_and_comments() {
+        let t = "# HELP x\nvllm_sim:prefill_seconds_total{model_name=\"m\"} 1.5\n\
+                 vllm_sim:prefill_seconds_total_other 9\nvllm:x 3\nvllm_sim:prefill_seconds_total{a=\"b\"} 0.5\n";
+        assert_eq!(prom_sum(t, "vllm_sim:prefill_seconds_total"), 2.0);
+        assert_eq!(prom_sum(t, "missing"), 0.0);
+    }
+
+    #[test]
+    fn utilisation_is_per_engine_and_per_simulated_second() {
+        let a = EngineCounters::default();
+        let b = EngineCounters {
+            prefill_s: 8.0,
+            busy_s: 16.0,
+            ..a
+        };
+        let u = engine_use(a, b, 8, 2.0);
+        assert_eq!(u.prefill_utilisation, 0.5);
+        assert_eq!(u.busy_utilisation, 1.0);
+    }
+}
