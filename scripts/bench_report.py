@@ -86,6 +86,58 @@ def filter_table(r):
     return "\n".join(rows)
 
 
+def num(v):
+    """The report's JSON writes infinities as "inf" and NaN as null."""
+    if v is None:
+        return float("nan")
+    if isinstance(v, str):
+        return float(v)
+    return v
+
+
+def fmt_ms(v):
+    v = num(v)
+    if v != v:
+        return "-"
+    if v == float("inf"):
+        return "∞"
+    return f"{v / 1000:.2f} s" if v >= 10000 else f"{v:.0f} ms"
+
+
+def routing_table(r):
+    """Load 1.0 (and 2.0) of each workload, every mode, and the targets."""
+    runs = r["runs"]
+    base = {(x["workload"], x["load"]): x for x in runs if x["mode"] == "round-robin"}
+    order = {"round-robin": 0, "least-request": 1, "approx-prefix": 2, "kvasir": 3}
+    rows = [
+        "| workload | load | mode | TTFT p50 / p90 / p99 | e2e p50 | hit rate | goodput req/s | RR prefill use | TTFT p50 / RR | TTFT p99 / RR |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for x in sorted(runs, key=lambda x: (x["workload"], x["load"], order.get(x["mode"], 9))):
+        s = x["summary"]
+        b = base.get((x["workload"], x["load"]))
+        def ratio(k, q):
+            if not b:
+                return "-"
+            a, c = num(s[k][q]), num(b["summary"][k][q])
+            if a != a or c != c or c == 0 or c == float("inf"):
+                return "-"
+            return f"{100 * a / c:.0f}%"
+        util = num(b["engines"]["prefill_utilisation"]) if b else float("nan")
+        rows.append(
+            f"| {x['workload']} | {x['load']:.1f} | {x['mode']} | {fmt_ms(s['ttft']['p50'])} / {fmt_ms(s['ttft']['p90'])} / "
+            f"{fmt_ms(s['ttft']['p99'])} | {fmt_ms(s['e2e']['p50'])} | {100 * num(s['cache_hit_rate']):.1f}% | "
+            f"{num(s['goodput_rps']):.2f} | {100 * util:.0f}% | {ratio('ttft', 'p50')} | {ratio('ttft', 'p99')} |"
+        )
+    rows += ["", "| target | measured | met |", "| --- | --- | --- |"]
+    for t in r["targets"]:
+        met = {True: "yes", False: "**no**", None: "not run"}[t["met"]]
+        rows.append(f"| {t['target']} | {t['measured']} | {met} |")
+    rows += ["", f"Produced by `{r['command']}`; the full report with ITL, throughput, per-run facts and plots is "
+             "[bench/results/routing/report.md](bench/results/routing/report.md)."]
+    return "\n".join(rows)
+
+
 def put(readme, name, body):
     pat = re.compile(rf"(<!-- bench:{name}:start -->\n).*?(<!-- bench:{name}:end -->)", re.S)
     if not pat.search(readme):
@@ -111,6 +163,10 @@ def main():
         table = filter_table(json.loads(flt.read_text()))
         (RESULTS / "filter.md").write_text(table + "\n")
         readme = put(readme, "filter", table)
+    rt = RESULTS / "routing" / "summary.json"
+    if rt.exists():
+        # The report writes Infinity for requests that never answered.
+        readme = put(readme, "routing", routing_table(json.loads(rt.read_text())))
     readme_path.write_text(readme)
 
 

@@ -44,6 +44,7 @@ pub struct RunMeta {
     pub summary: stats::Summary,
     /// Mean TTFT of the last quarter of requests (by send time) over that
     /// of the first quarter: well above 1 when the queue keeps growing.
+    #[serde(with = "stats::nonfinite")]
     pub ttft_growth: f64,
     /// Free-form facts from the orchestrator (fail-open count etc.).
     #[serde(default)]

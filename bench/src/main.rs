@@ -242,7 +242,7 @@ fn write_run(c: &Common, workload: &str, rate: f64, res: RunResult) -> anyhow::R
     };
     let s = &meta.summary;
     eprintln!(
-        "{name}: {} requests ({} failed, {} timed out), TTFT p50 {} p99 {} ms, hit rate {:.1}%, prefill use {:.1}%, {:.0} s wall",
+        "{name}: {} requests ({} failed, {} timed out), TTFT p50 {} p99 {}, hit rate {:.1}%, prefill use {:.1}%, {:.0} s wall",
         s.requests,
         s.failed,
         s.timeouts,

@@ -60,7 +60,8 @@ fn find<'a>(runs: &'a [RunMeta], workload: &str, mode: &str, load: f64) -> Optio
         .find(|r| r.workload == workload && r.mode == mode && (r.load - load).abs() < 1e-9)
 }
 
-/// Formats milliseconds compactly (`∞` for requests that never answered).
+/// Formats milliseconds compactly with their unit (`∞` for requests that
+/// never answered).
 pub fn ms(v: f64) -> String {
     if v.is_nan() {
         "-".into()
@@ -69,9 +70,9 @@ pub fn ms(v: f64) -> String {
     } else if v >= 10_000.0 {
         format!("{:.1} s", v / 1e3)
     } else if v >= 100.0 {
-        format!("{v:.0}")
+        format!("{v:.0} ms")
     } else {
-        format!("{v:.1}")
+        format!("{v:.1} ms")
     }
 }
 
@@ -226,7 +227,7 @@ pub fn render(inp: &Inputs) -> String {
     }
     let _ = writeln!(
         o,
-        "Times are simulated milliseconds (wall time / time scale). TTFT and e2e percentiles count a request \
+        "Times are simulated (wall time / time scale). TTFT and e2e percentiles count a request \
          that never answered as infinitely slow (∞). ITL is each request's mean gap between tokens. \
          Goodput: completed requests with TTFT <= 2 s per simulated second. Ratios are against \
          round-robin at the same load.\n"
@@ -438,8 +439,8 @@ mod tests {
     fn milliseconds_format_compactly() {
         assert_eq!(ms(f64::INFINITY), "∞");
         assert_eq!(ms(f64::NAN), "-");
-        assert_eq!(ms(12.345), "12.3");
-        assert_eq!(ms(1234.4), "1234");
+        assert_eq!(ms(12.345), "12.3 ms");
+        assert_eq!(ms(1234.4), "1234 ms");
         assert_eq!(ms(12_345.0), "12.3 s");
     }
 }

@@ -68,8 +68,10 @@ pub struct EngineUse {
     /// Engines scraped.
     pub engines: usize,
     /// Mean prefill utilisation per engine while requests were arriving.
+    #[serde(with = "crate::stats::nonfinite")]
     pub prefill_utilisation: f64,
     /// Mean busy share per engine while requests were arriving.
+    #[serde(with = "crate::stats::nonfinite")]
     pub busy_utilisation: f64,
     /// Recompute preemptions during the whole run.
     pub preemptions: f64,

@@ -27,16 +27,59 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
+/// Serde for floats that may be infinite or NaN (JSON has neither): finite
+/// values as numbers, infinities as the strings `"inf"` / `"-inf"`, NaN as
+/// `null`.
+pub mod nonfinite {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes `v`.
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() {
+            s.serialize_f64(*v)
+        } else if v.is_nan() {
+            s.serialize_none()
+        } else if *v > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Num(f64),
+        Text(String),
+        Null(()),
+    }
+
+    /// Reads what [`serialize`] wrote.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Option::<Repr>::deserialize(d)? {
+            Some(Repr::Num(v)) => Ok(v),
+            Some(Repr::Text(t)) if t == "inf" => Ok(f64::INFINITY),
+            Some(Repr::Text(t)) if t == "-inf" => Ok(f64::NEG_INFINITY),
+            Some(Repr::Text(t)) => Err(serde::de::Error::custom(format!("not a number: `{t}`"))),
+            Some(Repr::Null(())) | None => Ok(f64::NAN),
+        }
+    }
+}
+
 /// p50 / p90 / p99 and mean of one latency.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Dist {
     /// Median.
+    #[serde(with = "nonfinite")]
     pub p50: f64,
     /// 90th percentile.
+    #[serde(with = "nonfinite")]
     pub p90: f64,
     /// 99th percentile.
+    #[serde(with = "nonfinite")]
     pub p99: f64,
     /// Mean (infinite when any request never answered).
+    #[serde(with = "nonfinite")]
     pub mean: f64,
 }
 
@@ -76,17 +119,23 @@ pub struct Summary {
     /// End to end, ms; unfinished requests count as infinitely slow.
     pub e2e: Dist,
     /// Simulated seconds from the first send to the last completion.
+    #[serde(with = "nonfinite")]
     pub duration_s: f64,
     /// Completed requests per simulated second.
+    #[serde(with = "nonfinite")]
     pub throughput_rps: f64,
     /// Completion tokens per simulated second.
+    #[serde(with = "nonfinite")]
     pub output_tokens_per_s: f64,
     /// Cached prompt tokens / prompt tokens, over completed requests.
+    #[serde(with = "nonfinite")]
     pub cache_hit_rate: f64,
     /// Completed requests with TTFT <= [`GOODPUT_TTFT_MS`] per simulated
     /// second.
+    #[serde(with = "nonfinite")]
     pub goodput_rps: f64,
     /// Share of all sent requests meeting the TTFT bound.
+    #[serde(with = "nonfinite")]
     pub goodput_share: f64,
     /// Requests served per endpoint, by address (sorted).
     pub per_endpoint: Vec<(String, usize)>,
@@ -189,6 +238,24 @@ mod tests {
             outcome,
             error: String::new(),
         }
+    }
+
+    #[test]
+    fn non_finite_numbers_survive_json() {
+        let d = Dist {
+            p50: 1.5,
+            p90: f64::NAN,
+            p99: f64::INFINITY,
+            mean: f64::NEG_INFINITY,
+        };
+        let j = serde_json::to_string(&d).unwrap();
+        assert_eq!(j, r#"{"p50":1.5,"p90":null,"p99":"inf","mean":"-inf"}"#);
+        let back: Dist = serde_json::from_str(&j).unwrap();
+        assert_eq!(
+            (back.p50, back.p99, back.mean),
+            (1.5, f64::INFINITY, f64::NEG_INFINITY)
+        );
+        assert!(back.p90.is_nan());
     }
 
     #[test]

@@ -222,13 +222,15 @@ class Sim:
         return total
 
 
-def start_sim(logdir: Path, name: str, model: str = MODEL, profile: str = "zero", time_scale: float = 0) -> Sim:
-    """A vllm-sim on free ports; the tests' default costs no time at all."""
+def start_sim(logdir: Path, name: str, model: str = MODEL, profile: str = "zero", time_scale: float = 0,
+              extra: list[str] | None = None) -> Sim:
+    """A vllm-sim on free ports; the tests' default costs no time at all.
+    `extra`: more vllm-sim flags."""
     port, ev, rp = free_port(), free_port(), free_port()
     argv = [
         str(SIM_BIN), "--port", str(port), "--model", model, "--profile", profile, "--time-scale", str(time_scale),
         "--enable-prompt-tokens-details", "--kv-events-port", str(ev), "--kv-events-replay-port", str(rp),
-        "--tokenizer", str(TOKENIZER),
+        "--tokenizer", str(TOKENIZER), *(extra or []),
     ]
     return Sim(Proc(name, argv, logdir), port, ev, rp, model)
 
@@ -272,13 +274,14 @@ class Indexer:
         return total
 
 
-def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100) -> Indexer:
+def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100, extra: list[str] | None = None) -> Indexer:
     """An (unstarted) cache-indexer with one pool `main` over `sims`, on free
-    ports; `start()` runs it and waits for /readyz."""
+    ports; `start()` runs it and waits for /readyz. `extra`: more flags."""
     grpc_port, http_port = free_port(), free_port()
     argv = [
         str(INDEXER_BIN), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
         "--tokenizer", str(TOKENIZER), "--model", MODEL, "--scrape-interval-ms", str(scrape_interval_ms),
+        *(extra or []),
     ]
     for s in sims:
         argv += ["--endpoint", f"pool=main,address={s.address},events=tcp://127.0.0.1:{s.events},replay=tcp://127.0.0.1:{s.replay}"]
@@ -323,9 +326,10 @@ class Envoy:
 
 def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provider: str, name: str = "envoy",
                 pre_filters: str | None = None, without_filter: bool = False, concurrency: int = 2,
-                log_level: str = "info") -> Envoy:
+                log_level: str = "info", pool_lb: str | None = None) -> Envoy:
     """Envoy from the shipped bootstrap; `without_filter` renders the same
-    bootstrap minus the Kvasir filter (the benchmark's baseline)."""
+    bootstrap minus the Kvasir filter (the benchmark's baseline), `pool_lb`
+    swaps the pool's override-host policy for a plain load balancer."""
     port, admin = free_port(), free_port()
     text = render.render(
         render.TEMPLATE.read_text(),
@@ -339,6 +343,7 @@ def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provid
         health_interval_s=0.5,
         pre_filters=pre_filters,
         without_filter=without_filter,
+        pool_lb=pool_lb,
     )
     cfg = logdir / f"{name}.yaml"
     cfg.write_text(text)
