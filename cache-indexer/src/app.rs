@@ -1,7 +1,8 @@
 //! Wiring: config -> pools (index, tokenizer, load tracker), their
 //! endpoint sets (static, or from an InferencePool through discovery), one
-//! KV-event subscriber per endpoint, the metrics scraper, and the gRPC and
-//! HTTP servers; all stopped by one cancellation token.
+//! KV-event subscriber per endpoint (none for pools whose index is their
+//! own picks), the metrics scraper, and the gRPC and HTTP servers; all
+//! stopped by one cancellation token.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -15,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ConfigError, PoolConfig, TokenizerSource};
-use crate::events::{spawn_subscriber, SubscriberConfig};
+use crate::events::{spawn_subscriber, SubscriberConfig, SubscriberHandle};
 use crate::load::{scrape_all, LoadConfig, LoadTracker};
 use crate::service::{IndexerService, Pool, Pools};
 use crate::tokenize::RequestTokenizer;
@@ -95,14 +96,17 @@ pub fn build_pools(cfg: &Config, client: &reqwest::Client) -> Result<Vec<Arc<Poo
             TokenizerSource::Approx => RequestTokenizer::Approx,
         };
         let load = LoadTracker::new(load_config(pc));
-        pools.push(Arc::new(Pool::new(
-            pc.name.clone(),
-            pc.model.clone(),
-            pc.block_size,
-            tokenizer,
-            load,
-            pc.scoring.clone(),
-        )));
+        pools.push(Arc::new(
+            Pool::new(
+                pc.name.clone(),
+                pc.model.clone(),
+                pc.block_size,
+                tokenizer,
+                load,
+                pc.scoring.clone(),
+            )
+            .with_index(pc.index, pc.pick_history_blocks),
+        ));
     }
     Ok(pools)
 }
@@ -201,8 +205,8 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
         match &pc.discovery {
             None => {
                 let specs: Vec<EndpointSpec> = pc.endpoints.iter().map(|e| e.to_spec()).collect();
-                let changes = pool.set_endpoints(specs, |spec| Some(subscribe(pool, spec)));
-                tracing::info!(pool = %pool.name, endpoints = ?changes.added, tokenizer = %pc.tokenizer, "pool configured");
+                let changes = pool.set_endpoints(specs, |spec| subscribe(pool, spec));
+                tracing::info!(pool = %pool.name, endpoints = ?changes.added, tokenizer = %pc.tokenizer, index = %pc.index, "pool configured");
             }
             Some(d) => {
                 let kube = kube::Client::try_default()
@@ -217,7 +221,7 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
                     d.clone(),
                     cancel.clone(),
                 ));
-                tracing::info!(pool = %pool.name, namespace = %d.namespace, inference_pool = %d.inference_pool, "pool discovered from InferencePool");
+                tracing::info!(pool = %pool.name, namespace = %d.namespace, inference_pool = %d.inference_pool, index = %pc.index, "pool discovered from InferencePool");
             }
         }
         tasks.push(tokio::spawn(scrape_loop(
@@ -278,11 +282,15 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
     })
 }
 
-fn subscribe(pool: &Pool, spec: &EndpointSpec) -> crate::events::SubscriberHandle {
-    spawn_subscriber(
-        SubscriberConfig::new(spec.clone(), pool.block_size),
-        Arc::clone(&pool.index),
-    )
+/// The endpoint's KV-event subscriber; none when the pool's index is its
+/// own picks.
+fn subscribe(pool: &Pool, spec: &EndpointSpec) -> Option<SubscriberHandle> {
+    pool.wants_events().then(|| {
+        spawn_subscriber(
+            SubscriberConfig::new(spec.clone(), pool.block_size),
+            Arc::clone(&pool.index),
+        )
+    })
 }
 
 /// Discovery: one task keeps a watch channel holding the pool's endpoint
@@ -328,7 +336,7 @@ fn spawn_discovery(
                 r = rx.changed() => if r.is_err() { return },
             }
             let specs = rx.borrow_and_update().clone();
-            let changes = pool.set_endpoints(specs, |spec| Some(subscribe(&pool, spec)));
+            let changes = pool.set_endpoints(specs, |spec| subscribe(&pool, spec));
             if !changes.added.is_empty() || !changes.removed.is_empty() {
                 tracing::info!(pool = %pool.name, added = ?changes.added, removed = ?changes.removed, "endpoint set changed");
             }
@@ -375,10 +383,7 @@ async fn scrape_loop(
                     if let Some(sub) = &e.subscriber {
                         sub.mark_unreachable();
                     }
-                    pool.index.clear_endpoint(e.id);
-                    if let Some(a) = &pool.approx {
-                        a.clear_endpoint(e.id);
-                    }
+                    pool.clear_endpoint(e.id);
                 }
                 _ => {}
             }

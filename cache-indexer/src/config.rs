@@ -16,6 +16,7 @@
 //!     model: Qwen/Qwen3-8B
 //!     blockSize: 16
 //!     tokenizer: /models/qwen3        # a tokenizer dir | render | approx
+//!     index: events                   # events (KV events) | picks (own pick history)
 //!     endpoints:
 //!       - address: 10.0.0.5:8000
 //!         events: tcp://10.0.0.5:5557
@@ -35,9 +36,10 @@ use clap::Parser;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::discovery::DiscoveryDefaults;
+use crate::history::DEFAULT_PICK_HISTORY_BLOCKS;
 use crate::load::SaturationThresholds;
 use crate::scoring::Weights;
-use crate::types::EndpointSpec;
+use crate::types::{EndpointSpec, IndexSource};
 
 /// Default tokens per KV block (vLLM's default).
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -114,9 +116,10 @@ pub struct Args {
     #[arg(long)]
     pub http_addr: Option<SocketAddr>,
     /// A static endpoint, repeatable:
-    /// `pool=NAME,address=IP:PORT,events=tcp://IP:PORT[,replay=tcp://IP:PORT][,metrics=URL][,topic=T]`.
-    /// A pool not in the file is created with `--model`, `--block-size` and
-    /// `--tokenizer`.
+    /// `pool=NAME,address=IP:PORT[,events=tcp://IP:PORT][,replay=tcp://IP:PORT][,metrics=URL][,topic=T]`
+    /// (`events` is required unless the pool's index is `picks`).
+    /// A pool not in the file is created with `--model`, `--block-size`,
+    /// `--tokenizer`, `--index` and `--pick-history-blocks`.
     #[arg(long = "endpoint", value_name = "SPEC")]
     pub endpoints: Vec<String>,
     /// Tokenizer of pools created by `--endpoint`: a Hugging Face tokenizer
@@ -132,6 +135,15 @@ pub struct Args {
     /// Scrape interval (ms) of pools created by `--endpoint` (default: 250).
     #[arg(long)]
     pub scrape_interval_ms: Option<u64>,
+    /// Where the prefix index of pools created by `--endpoint` comes from:
+    /// `events` (the engines' KV events, default) or `picks` (this
+    /// replica's own pick history; no KV events needed).
+    #[arg(long, value_name = "events|picks")]
+    pub index: Option<String>,
+    /// Pick-history capacity per endpoint, in blocks, of pools created by
+    /// `--endpoint` (index `picks`, or tokenizer `approx`; default: 25000).
+    #[arg(long, value_name = "N")]
+    pub pick_history_blocks: Option<usize>,
 }
 
 /// The whole configuration.
@@ -240,6 +252,14 @@ pub struct PoolConfig {
     /// Tokenizer mode.
     #[serde(default = "default_tokenizer")]
     pub tokenizer: TokenizerSource,
+    /// Where the prefix index comes from: the engines' KV events, or this
+    /// replica's own picks.
+    #[serde(default)]
+    pub index: IndexSource,
+    /// Capacity of each endpoint's pick history, in blocks (index `picks`,
+    /// and the `approx` tokenizer's history).
+    #[serde(default = "default_pick_history_blocks", alias = "pick_history_blocks")]
+    pub pick_history_blocks: usize,
     /// Static endpoints.
     #[serde(default)]
     pub endpoints: Vec<EndpointConfig>,
@@ -272,6 +292,9 @@ fn default_tokenizer() -> TokenizerSource {
 fn default_render_timeout_ms() -> u64 {
     200
 }
+fn default_pick_history_blocks() -> usize {
+    DEFAULT_PICK_HISTORY_BLOCKS
+}
 
 impl PoolConfig {
     /// A pool with defaults and no endpoints.
@@ -281,6 +304,8 @@ impl PoolConfig {
             model: String::new(),
             block_size: DEFAULT_BLOCK_SIZE,
             tokenizer: default_tokenizer(),
+            index: IndexSource::default(),
+            pick_history_blocks: DEFAULT_PICK_HISTORY_BLOCKS,
             endpoints: Vec::new(),
             discovery: None,
             scoring: Weights::default(),
@@ -298,10 +323,11 @@ impl PoolConfig {
 pub struct EndpointConfig {
     /// HTTP address `ip:port`.
     pub address: String,
-    /// KV-events PUB endpoint, `tcp://ip:port`.
-    #[serde(alias = "kvEvents", alias = "kv_events")]
-    pub events: String,
-    /// Replay ROUTER endpoint, `tcp://ip:port`.
+    /// KV-events PUB endpoint, `tcp://ip:port`; required when the pool's
+    /// index is `events`, unused with `picks`.
+    #[serde(default, alias = "kvEvents", alias = "kv_events")]
+    pub events: Option<String>,
+    /// Replay ROUTER endpoint, `tcp://ip:port` (unused with index `picks`).
     #[serde(default)]
     pub replay: Option<String>,
     /// Prometheus URL; default `http://<address>/metrics`.
@@ -317,7 +343,7 @@ impl EndpointConfig {
     pub fn to_spec(&self) -> EndpointSpec {
         EndpointSpec {
             address: self.address.clone(),
-            kv_events: self.events.clone(),
+            kv_events: self.events.clone().unwrap_or_default(),
             replay: self.replay.clone(),
             metrics_url: self.metrics.clone(),
             topic: self.topic.clone(),
@@ -438,7 +464,8 @@ pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
     parse(&text, path)
 }
 
-/// Parses one `--endpoint` value into (pool name, endpoint).
+/// Parses one `--endpoint` value into (pool name, endpoint). Whether
+/// `events` may be missing depends on the pool (see [`Config::apply_args`]).
 pub fn parse_endpoint_flag(spec: &str) -> Result<(String, EndpointConfig), String> {
     let mut pool = None;
     let mut address = None;
@@ -466,7 +493,6 @@ pub fn parse_endpoint_flag(spec: &str) -> Result<(String, EndpointConfig), Strin
         }
     }
     let address = address.ok_or("address=IP:PORT is required")?;
-    let events = events.ok_or("events=tcp://IP:PORT is required")?;
     Ok((
         pool.unwrap_or_else(|| "default".to_string()),
         EndpointConfig {
@@ -500,9 +526,26 @@ impl Config {
         if let Some(a) = args.http_addr {
             self.http_addr = a;
         }
+        let index = match &args.index {
+            Some(s) => Some(
+                s.parse::<IndexSource>()
+                    .map_err(|message| ConfigError::Flag {
+                        flag: "--index".into(),
+                        message,
+                    })?,
+            ),
+            None => None,
+        };
+        if args.pick_history_blocks == Some(0) {
+            return Err(ConfigError::Flag {
+                flag: "--pick-history-blocks".into(),
+                message: "must be at least 1".into(),
+            });
+        }
         for (i, spec) in args.endpoints.iter().enumerate() {
+            let flag = || format!("--endpoint[{i}] `{spec}`");
             let (pool, ep) = parse_endpoint_flag(spec).map_err(|message| ConfigError::Flag {
-                flag: format!("--endpoint[{i}] `{spec}`"),
+                flag: flag(),
                 message,
             })?;
             let idx = match self.pools.iter().position(|p| p.name == pool) {
@@ -522,10 +565,22 @@ impl Config {
                         p.scrape.interval_ms = s;
                         p.scrape.timeout_ms = p.scrape.timeout_ms.min(s);
                     }
+                    if let Some(ix) = index {
+                        p.index = ix;
+                    }
+                    if let Some(n) = args.pick_history_blocks {
+                        p.pick_history_blocks = n;
+                    }
                     self.pools.push(p);
                     self.pools.len() - 1
                 }
             };
+            if ep.events.is_none() && self.pools[idx].index == IndexSource::Events {
+                return Err(ConfigError::Flag {
+                    flag: flag(),
+                    message: "events=tcp://IP:PORT is required (the pool's index is events; with --index picks it is not)".into(),
+                });
+            }
             self.pools[idx].endpoints.push(ep);
         }
         Ok(())
@@ -603,7 +658,18 @@ fn validate_pool(pool: &PoolConfig, at: &str) -> Result<(), ConfigError> {
                 format!("duplicate address `{}`", ep.address),
             ));
         }
-        check_zmq(&ep.events, &format!("{eat}.events"))?;
+        // With index `picks` nothing subscribes: events and replay may be
+        // left out (and are only checked for form when given).
+        match &ep.events {
+            Some(e) => check_zmq(e, &format!("{eat}.events"))?,
+            None if pool.index == IndexSource::Events => {
+                return Err(invalid(
+                    format!("{eat}.events"),
+                    "required when the pool's index is events (the engine's KV-events endpoint, tcp://ip:port); index: picks needs none",
+                ))
+            }
+            None => {}
+        }
         if let Some(r) = &ep.replay {
             check_zmq(r, &format!("{eat}.replay"))?;
         }
@@ -665,6 +731,12 @@ fn validate_pool(pool: &PoolConfig, at: &str) -> Result<(), ConfigError> {
     if pool.render_timeout_ms == 0 {
         return Err(invalid(
             format!("{at}.renderTimeoutMs"),
+            "must be at least 1",
+        ));
+    }
+    if pool.pick_history_blocks == 0 {
+        return Err(invalid(
+            format!("{at}.pickHistoryBlocks"),
             "must be at least 1",
         ));
     }
@@ -767,7 +839,7 @@ pools:
         cfg.pools[1].discovery = None;
         cfg.pools[1].endpoints.push(EndpointConfig {
             address: "localhost".into(),
-            events: "tcp://127.0.0.1:1".into(),
+            events: Some("tcp://127.0.0.1:1".into()),
             replay: None,
             metrics: None,
             topic: String::new(),
@@ -777,9 +849,9 @@ pools:
             "pools[1].endpoints[0].address: not ip:port: `localhost`"
         );
         cfg.pools[1].endpoints[0].address = "127.0.0.1:9".into();
-        cfg.pools[1].endpoints[0].events = "127.0.0.1:1".into();
+        cfg.pools[1].endpoints[0].events = Some("127.0.0.1:1".into());
         assert!(err(&cfg).starts_with("pools[1].endpoints[0].events: not a tcp://"));
-        cfg.pools[1].endpoints[0].events = "tcp://127.0.0.1:1".into();
+        cfg.pools[1].endpoints[0].events = Some("tcp://127.0.0.1:1".into());
         cfg.pools[1].scrape.interval_ms = 50;
         assert!(err(&cfg).starts_with("pools[1].scrape.intervalMs: must be 100..=1000"));
         cfg.pools[1].scrape.interval_ms = 500;
@@ -809,6 +881,145 @@ pools:
             err(&cfg),
             "pools[0]: give either endpoints or discovery, not both"
         );
+    }
+
+    const PICKS: &str = r#"
+pools:
+  - name: a
+    index: picks
+    pickHistoryBlocks: 1000
+    tokenizer: render
+    endpoints:
+      - { address: "127.0.0.1:8001" }
+      - { address: "127.0.0.1:8002", events: "tcp://127.0.0.1:5557" }
+  - name: b
+    index: events
+    pick_history_blocks: 7
+    endpoints:
+      - { address: "127.0.0.1:8003", events: "tcp://127.0.0.1:5559" }
+  - name: c
+    index: picks
+    discovery: { namespace: ns, inferencePool: p }
+"#;
+
+    #[test]
+    fn index_source_and_pick_history_blocks() {
+        let basic = parse_ok(BASIC);
+        assert_eq!(basic.pools[0].index, IndexSource::Events, "default");
+        assert_eq!(basic.pools[0].pick_history_blocks, 25_000);
+        let cfg = parse_ok(PICKS);
+        cfg.validate().unwrap();
+        assert_eq!(cfg.pools[0].index, IndexSource::Picks);
+        assert_eq!(cfg.pools[0].pick_history_blocks, 1000);
+        assert_eq!(cfg.pools[1].index, IndexSource::Events);
+        assert_eq!(cfg.pools[1].pick_history_blocks, 7, "snake_case accepted");
+        assert_eq!(cfg.pools[2].index, IndexSource::Picks);
+        assert_eq!(cfg.pools[0].endpoints[0].events, None);
+        let spec = cfg.pools[0].endpoints[0].to_spec();
+        assert_eq!(spec.kv_events, "");
+        assert_eq!(spec.metrics_url(), "http://127.0.0.1:8001/metrics");
+
+        // Events are required with index events, and checked for form
+        // when given with picks.
+        let mut bad = cfg.clone();
+        bad.pools[1].endpoints[0].events = None;
+        assert_eq!(
+            err(&bad),
+            "pools[1].endpoints[0].events: required when the pool's index is events (the engine's KV-events endpoint, tcp://ip:port); index: picks needs none"
+        );
+        let mut bad = cfg.clone();
+        bad.pools[0].endpoints[0].events = Some("127.0.0.1:1".into());
+        assert!(err(&bad).starts_with("pools[0].endpoints[0].events: not a tcp://"));
+        let mut bad = cfg.clone();
+        bad.pools[0].endpoints[0].replay = Some("nope".into());
+        assert!(err(&bad).starts_with("pools[0].endpoints[0].replay: not a tcp://"));
+        let mut bad = cfg.clone();
+        bad.pools[1].pick_history_blocks = 0;
+        assert_eq!(err(&bad), "pools[1].pickHistoryBlocks: must be at least 1");
+
+        // An unknown source is a parse error naming the key and the line.
+        let e = parse("pools:\n  - name: a\n    index: kv\n", Path::new("f.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("pools[0].index")
+                && e.contains("`events` or `picks`")
+                && e.contains("line 3"),
+            "{e}"
+        );
+        // Round trip.
+        let text = serde_yaml::to_string(&cfg).unwrap();
+        assert!(text.contains("index: picks"), "{text}");
+        assert_eq!(parse_ok(&text), cfg);
+    }
+
+    #[test]
+    fn index_flags_apply_to_flag_pools() {
+        let args = Args {
+            endpoints: vec![
+                "pool=p,address=127.0.0.1:8001".into(),
+                "pool=p,address=127.0.0.1:8002,events=tcp://127.0.0.1:5559".into(),
+            ],
+            tokenizer: Some("approx".into()),
+            index: Some("picks".into()),
+            pick_history_blocks: Some(500),
+            ..Default::default()
+        };
+        let cfg = Config::from_args(&args).unwrap();
+        assert_eq!(cfg.pools[0].index, IndexSource::Picks);
+        assert_eq!(cfg.pools[0].pick_history_blocks, 500);
+        assert_eq!(cfg.pools[0].endpoints[0].events, None);
+        assert_eq!(
+            cfg.pools[0].endpoints[1].events.as_deref(),
+            Some("tcp://127.0.0.1:5559")
+        );
+
+        let no_events = Args {
+            index: None,
+            ..args.clone()
+        };
+        let e = Config::from_args(&no_events).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "--endpoint[0] `pool=p,address=127.0.0.1:8001`: events=tcp://IP:PORT is required (the pool's index is events; with --index picks it is not)"
+        );
+        let bad = Args {
+            index: Some("kv".into()),
+            ..args.clone()
+        };
+        assert_eq!(
+            Config::from_args(&bad).unwrap_err().to_string(),
+            "--index: `kv` is not an index source (expected events or picks)"
+        );
+        let zero = Args {
+            pick_history_blocks: Some(0),
+            ..args.clone()
+        };
+        assert_eq!(
+            Config::from_args(&zero).unwrap_err().to_string(),
+            "--pick-history-blocks: must be at least 1"
+        );
+
+        // The flags shape only pools the flags create; an endpoint added to
+        // a file's pool follows that pool's index.
+        let mut file = parse_ok(PICKS);
+        let add = Args {
+            endpoints: vec![
+                "pool=a,address=127.0.0.1:8009".into(),
+                "pool=b,address=127.0.0.1:8010".into(),
+            ],
+            index: Some("events".into()),
+            ..Default::default()
+        };
+        let e = file.apply_args(&add).unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "--endpoint[1] `pool=b,address=127.0.0.1:8010`: events=tcp://IP:PORT is required"
+            ),
+            "{e}"
+        );
+        assert_eq!(file.pools[0].index, IndexSource::Picks);
+        assert_eq!(file.pools[0].endpoints.len(), 3);
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod app;
 pub mod config;
 pub mod discovery;
 pub mod events;
+pub mod history;
 pub mod http;
 pub mod index;
 pub mod load;

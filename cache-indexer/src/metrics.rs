@@ -216,6 +216,7 @@ pub fn render(pools: &crate::service::Pools) -> String {
         stats: Option<crate::events::IngestStatsSnapshot>,
         state: Option<SyncState>,
         blocks: usize,
+        history_blocks: Option<usize>,
     }
     let now = Instant::now();
     let pool_list: Vec<_> = pools.iter().collect();
@@ -236,7 +237,8 @@ pub fn render(pools: &crate::service::Pools) -> String {
                 load: v,
                 stats: e.subscriber.as_ref().map(|s| s.stats().snapshot()),
                 state: e.sync_state(),
-                blocks: p.index.blocks(e.id),
+                blocks: p.indexed_blocks(e.id),
+                history_blocks: p.history_blocks(e.id),
             });
         }
     }
@@ -361,7 +363,7 @@ pub fn render(pools: &crate::service::Pools) -> String {
 
     type Gauge = fn(&Row<'_>) -> f64;
     let gauges: [(&str, &str, &str, Gauge); 10] = [
-        ("kvasir_indexer_indexed_blocks", "gauge", "KV blocks the index holds for the endpoint.", |r| r.blocks as f64),
+        ("kvasir_indexer_indexed_blocks", "gauge", "Blocks the pool's prefix index holds for the endpoint (KV events, or the pick history with index picks).", |r| r.blocks as f64),
         ("kvasir_indexer_endpoint_healthy", "gauge", "1 when the endpoint's /metrics scrapes succeed (picks use it), else 0.", |r| f64::from(u8::from(r.load.healthy))),
         ("kvasir_indexer_endpoint_saturation", "gauge", "Endpoint saturation 0..1 from KV usage and waiting queue (1 = saturated or unhealthy).", |r| r.load.saturation),
         ("kvasir_indexer_endpoint_saturated", "gauge", "1 when the endpoint is saturated and left out of picks.", |r| f64::from(u8::from(r.load.saturated))),
@@ -416,6 +418,20 @@ pub fn render(pools: &crate::service::Pools) -> String {
             &[("pool", pool)],
             *n as f64,
         );
+    }
+    w.header(
+        "kvasir_indexer_index_source",
+        "gauge",
+        "Where the pool's prefix index comes from (1 for the configured one): events or picks.",
+    );
+    for p in &pool_list {
+        for source in crate::types::IndexSource::ALL {
+            w.sample(
+                "kvasir_indexer_index_source",
+                &[("pool", &p.name), ("source", source.as_str())],
+                f64::from(u8::from(p.index_source == source)),
+            );
+        }
     }
     w.header(
         "kvasir_indexer_tokenize_mode",
@@ -563,16 +579,16 @@ pub fn render(pools: &crate::service::Pools) -> String {
         );
     }
     w.header(
-        "kvasir_indexer_approx_history_blocks",
+        "kvasir_indexer_pick_history_blocks",
         "gauge",
-        "Approx mode: pseudo-blocks of this replica's own pick history.",
+        "Blocks of this replica's own pick history per endpoint (index picks, or approx tokenizer).",
     );
-    for p in &pool_list {
-        if let Some(a) = &p.approx {
+    for r in &rows {
+        if let Some(n) = r.history_blocks {
             w.sample(
-                "kvasir_indexer_approx_history_blocks",
-                &[("pool", &p.name)],
-                a.total_blocks() as f64,
+                "kvasir_indexer_pick_history_blocks",
+                &[("pool", r.pool), ("endpoint", &r.endpoint.spec.address)],
+                n as f64,
             );
         }
     }

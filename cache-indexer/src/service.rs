@@ -20,12 +20,13 @@ use kvasir_tokenizer::ChatMessage;
 use parking_lot::RwLock;
 
 use crate::events::{DecodedBatch, EngineEvent, EngineHash, SubscriberHandle, SyncState};
+use crate::history::{PickHistory, DEFAULT_PICK_HISTORY_BLOCKS};
 use crate::index::PoolIndex;
 use crate::load::{block_chain, pool_saturation, LoadTracker, LoadView, Phase};
 use crate::metrics::PoolMetrics;
 use crate::scoring::{self, Candidate, Decision, Weights};
 use crate::tokenize::{PromptInput, RequestTokenizer, TokenizeMode};
-use crate::types::{EndpointId, EndpointSpec};
+use crate::types::{EndpointId, EndpointSpec, IndexSource};
 
 /// A request the service refuses.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -82,10 +83,6 @@ impl Endpoint {
     }
 }
 
-/// Blocks of approx-mode pick history an endpoint may hold before it is
-/// cleared (about an 80 GB H100's KV capacity for an 8B model, FACTS.md).
-pub const DEFAULT_APPROX_CAP_BLOCKS: usize = 25_000;
-
 /// Everything the picker knows about one pool.
 pub struct Pool {
     /// Pool name.
@@ -94,12 +91,16 @@ pub struct Pool {
     pub model: String,
     /// Tokens per block.
     pub block_size: u32,
-    /// The prefix index fed by the engines' KV events.
+    /// The prefix index fed by the engines' KV events (stays empty with
+    /// [`IndexSource::Picks`]).
     pub index: Arc<PoolIndex>,
-    /// Approx mode only: the index of this replica's own picks.
-    pub approx: Option<Arc<PoolIndex>>,
-    /// Approx history cap per endpoint, blocks.
-    pub approx_cap_blocks: usize,
+    /// Where picks look prefixes up: the KV-event index, or the pick history.
+    pub index_source: IndexSource,
+    /// This replica's own picks, per endpoint: the prefix index with
+    /// [`IndexSource::Picks`], and the one approx pseudo-tokens are matched
+    /// against (they cannot be compared with the engines' events). `None`
+    /// when neither applies.
+    history: Option<RwLock<PickHistory>>,
     /// The pool's tokenizer.
     pub tokenizer: RequestTokenizer,
     /// Load and in-flight state.
@@ -117,6 +118,7 @@ impl std::fmt::Debug for Pool {
             .field("name", &self.name)
             .field("block_size", &self.block_size)
             .field("tokenizer", &self.tokenizer)
+            .field("index_source", &self.index_source)
             .finish_non_exhaustive()
     }
 }
@@ -131,7 +133,8 @@ pub struct EndpointChanges {
 }
 
 impl Pool {
-    /// A pool with no endpoints yet.
+    /// A pool with no endpoints yet, its prefix index fed by KV events (see
+    /// [`Pool::with_index`]).
     pub fn new(
         name: impl Into<String>,
         model: impl Into<String>,
@@ -140,20 +143,65 @@ impl Pool {
         load: LoadTracker,
         weights: Weights,
     ) -> Self {
-        let approx = matches!(tokenizer, RequestTokenizer::Approx)
-            .then(|| Arc::new(PoolIndex::new(block_size)));
+        let history = matches!(tokenizer, RequestTokenizer::Approx)
+            .then(|| RwLock::new(PickHistory::new(DEFAULT_PICK_HISTORY_BLOCKS)));
         Pool {
             name: name.into(),
             model: model.into(),
             block_size,
             index: Arc::new(PoolIndex::new(block_size)),
-            approx,
-            approx_cap_blocks: DEFAULT_APPROX_CAP_BLOCKS,
+            index_source: IndexSource::Events,
+            history,
             tokenizer,
             load,
             weights,
             metrics: PoolMetrics::default(),
             endpoints: RwLock::new(Arc::new(Vec::new())),
+        }
+    }
+
+    /// Sets where the prefix index comes from and the pick history's
+    /// capacity per endpoint, in blocks (call before adding endpoints).
+    pub fn with_index(mut self, source: IndexSource, history_blocks: usize) -> Self {
+        self.index_source = source;
+        let wants_history =
+            source == IndexSource::Picks || matches!(self.tokenizer, RequestTokenizer::Approx);
+        self.history = wants_history.then(|| RwLock::new(PickHistory::new(history_blocks)));
+        self
+    }
+
+    /// Whether the pool's endpoints get KV-event subscribers.
+    pub fn wants_events(&self) -> bool {
+        self.index_source == IndexSource::Events
+    }
+
+    /// Blocks the pick history holds for an endpoint (`None` without a
+    /// history).
+    pub fn history_blocks(&self, endpoint: EndpointId) -> Option<usize> {
+        self.history.as_ref().map(|h| h.read().blocks(endpoint))
+    }
+
+    /// Capacity of each endpoint's pick history, blocks (`None` without a
+    /// history).
+    pub fn history_capacity_blocks(&self) -> Option<usize> {
+        self.history.as_ref().map(|h| h.read().capacity_blocks())
+    }
+
+    /// Blocks the pool's prefix index holds for an endpoint: the KV-event
+    /// index's, or the pick history's with [`IndexSource::Picks`].
+    pub fn indexed_blocks(&self, endpoint: EndpointId) -> usize {
+        match (self.index_source, &self.history) {
+            (IndexSource::Picks, Some(h)) => h.read().blocks(endpoint),
+            _ => self.index.blocks(endpoint),
+        }
+    }
+
+    /// Forgets what the index and the pick history hold for an endpoint
+    /// (it went away: it may come back with an empty cache).
+    pub fn clear_endpoint(&self, endpoint: EndpointId) {
+        self.index.clear_endpoint(endpoint);
+        if let Some(h) = &self.history {
+            h.write().clear_endpoint(endpoint);
         }
     }
 
@@ -165,7 +213,7 @@ impl Pool {
     /// Replaces the endpoint set. Endpoints whose spec is unchanged keep
     /// their subscriber and state; new ones get `spawn(spec)` as subscriber
     /// and start unhealthy (until scraped); removed ones are dropped from the
-    /// index, the load tracker and the approx history, and their subscriber
+    /// index, the load tracker and the pick history, and their subscriber
     /// stops.
     pub fn set_endpoints(
         &self,
@@ -219,15 +267,19 @@ impl Pool {
 
     fn drop_endpoint_state(&self, id: EndpointId) {
         self.index.remove_endpoint(id);
-        if let Some(a) = &self.approx {
-            a.remove_endpoint(id);
+        if let Some(h) = &self.history {
+            h.write().remove_endpoint(id);
         }
         self.load.remove_endpoint(id);
     }
 
     /// Whether every endpoint's event stream is in sync, and the addresses
-    /// of those that are not.
+    /// of those that are not. A pool whose index is its own picks has no
+    /// streams to wait for: always ready.
     pub fn readiness(&self) -> (bool, Vec<String>) {
+        if !self.wants_events() {
+            return (true, Vec::new());
+        }
         let not: Vec<String> = self
             .endpoints()
             .iter()
@@ -341,29 +393,42 @@ impl Pool {
         };
         let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
 
-        // Match against the index: the engines' events for exact ids, this
-        // replica's own pick history in approx mode. A salted request is not
-        // matched: KV events do not carry the salt, so the index cannot tell
-        // which blocks a salted request may reuse.
-        let history = if mode == TokenizeMode::Approx {
-            self.approx.as_ref()
+        // Match against the prefix index: the engines' events, or this
+        // replica's own pick history (index `picks` whatever the ids, and
+        // approx pseudo-tokens, which cannot be compared with the events).
+        // A salted request is not matched (nor recorded): KV events do not
+        // carry the salt, so the index cannot tell which blocks a salted
+        // request may reuse.
+        let from_history = self.index_source == IndexSource::Picks || mode == TokenizeMode::Approx;
+        let history = if from_history {
+            self.history.as_ref()
         } else {
-            Some(&self.index)
+            None
         };
-        let indexed = tokenized_ok && !salted && history.is_some();
-        let overlap = match (indexed, history) {
-            (true, Some(index)) => Some(index.overlap(&ids)),
-            _ => None,
+        // (A pool that matches from its history always has one: `new`,
+        // `with_index`.)
+        let indexed = tokenized_ok && !salted && (history.is_some() || !from_history);
+        let chain: Option<Arc<[u64]>> = indexed.then(|| block_chain(&ids, self.block_size).into());
+        let overlap = match (&chain, history) {
+            (Some(c), Some(h)) => Some(h.read().overlap(c)),
+            (Some(_), None) => Some(self.index.overlap(&ids)),
+            (None, _) => None,
         };
 
-        // Exact ids also match against picks still in prefill: a burst of
-        // requests sharing a prefix sees it as (about to be) cached where
-        // the first of them went, before the engine's events say so.
-        let chain: Option<Arc<[u64]>> = (indexed && mode != TokenizeMode::Approx)
-            .then(|| block_chain(&ids, self.block_size).into());
-        let views =
-            self.load
-                .views_matching(endpoints.iter().map(|e| e.id), started, chain.as_deref());
+        // Event-indexed picks also match against picks still in prefill: a
+        // burst of requests sharing a prefix sees it as (about to be) cached
+        // where the first of them went, before the engine's events say so.
+        // The pick history needs no such help: it records each pick at once.
+        let pending_chain = if history.is_none() {
+            chain.clone()
+        } else {
+            None
+        };
+        let views = self.load.views_matching(
+            endpoints.iter().map(|e| e.id),
+            started,
+            pending_chain.as_deref(),
+        );
         let candidates: Vec<Candidate<'_>> = endpoints
             .iter()
             .zip(&views)
@@ -388,11 +453,11 @@ impl Pool {
                 e.id,
                 u64::from(first.cost.uncached_tokens),
                 first.predicted_cached_tokens,
-                chain,
+                pending_chain,
                 started,
             );
-            if mode == TokenizeMode::Approx && tokenized_ok {
-                self.remember_approx(e.id, &ids);
+            if let (Some(h), Some(c)) = (history, &chain) {
+                h.write().record(e.id, c);
             }
         }
 
@@ -431,35 +496,6 @@ impl Pool {
             reason: ranking.decision.as_str().to_string(),
             tokenize_mode: mode.as_str().to_string(),
         })
-    }
-
-    /// Records an approx-mode request's pseudo-blocks as held by `endpoint`.
-    fn remember_approx(&self, endpoint: EndpointId, ids: &[u32]) {
-        let Some(approx) = &self.approx else { return };
-        let bs = self.block_size as usize;
-        let full = ids.len() / bs;
-        if full == 0 {
-            return;
-        }
-        if approx.blocks(endpoint) + full > self.approx_cap_blocks {
-            approx.clear_endpoint(endpoint);
-        }
-        // Chain hashes as the opaque engine ids: equal prefixes give equal
-        // ids, so re-recording a known prefix is a no-op in the index.
-        let mut h = 0u64;
-        let block_hashes: Vec<EngineHash> = ids[..full * bs]
-            .chunks(bs)
-            .map(|chunk| {
-                let mut x = xxhash_rust::xxh3::Xxh3::with_seed(h);
-                for t in chunk {
-                    x.update(&t.to_le_bytes());
-                }
-                h = x.digest();
-                EngineHash::U64(h)
-            })
-            .collect();
-        let batch = stored_batch(block_hashes, ids[..full * bs].to_vec(), self.block_size);
-        approx.apply(endpoint, &batch);
     }
 
     /// Accounts a report.
@@ -522,7 +558,7 @@ impl Pool {
                     saturation: v.saturation,
                     saturated: v.saturated,
                     healthy: v.healthy,
-                    indexed_blocks: self.index.blocks(e.id) as u64,
+                    indexed_blocks: self.indexed_blocks(e.id) as u64,
                     sync_state: sync_to_pb(e.sync_state()) as i32,
                     last_scrape_age_ms: v.last_scrape_age.map_or(0, |d| {
                         u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -537,8 +573,7 @@ impl Pool {
 }
 
 /// A batch with one `BlockStored` of GPU blocks from the start of a
-/// sequence: how the approx history (and benchmarks, tests) feed an index
-/// without an engine.
+/// sequence: how benchmarks and tests feed an index without an engine.
 pub fn stored_batch(
     block_hashes: Vec<EngineHash>,
     token_ids: Vec<u32>,
@@ -715,6 +750,20 @@ mod tests {
     use crate::load::{EngineLoad, LoadConfig};
 
     fn pool_with(n: usize, tokenizer: RequestTokenizer) -> Pool {
+        pool_indexed(
+            n,
+            tokenizer,
+            IndexSource::Events,
+            DEFAULT_PICK_HISTORY_BLOCKS,
+        )
+    }
+
+    fn pool_indexed(
+        n: usize,
+        tokenizer: RequestTokenizer,
+        source: IndexSource,
+        history_blocks: usize,
+    ) -> Pool {
         let pool = Pool::new(
             "p",
             "m",
@@ -722,7 +771,8 @@ mod tests {
             tokenizer,
             LoadTracker::new(LoadConfig::default()),
             Weights::default(),
-        );
+        )
+        .with_index(source, history_blocks);
         let specs = (0..n)
             .map(|i| EndpointSpec {
                 address: format!("127.0.0.1:{}", 8000 + i),
@@ -849,7 +899,6 @@ mod tests {
         };
         let first = pool.pick(chat("one")).await.unwrap();
         assert_eq!(first.tokenize_mode, "approx");
-        pool.approx.as_ref().unwrap().flush().await;
         pool.report(&pb::ReportRequest {
             pool: "p".into(),
             request_id: "r-one".into(),
@@ -920,6 +969,164 @@ mod tests {
         assert_eq!(out.reason, "no_index");
         assert_eq!(out.endpoints[0].address, "127.0.0.1:1");
         assert_eq!(pool.metrics.tokenize_failures.get(), 1);
+    }
+
+    fn done(pool: &Pool, id: &str) {
+        pool.report(&pb::ReportRequest {
+            pool: "p".into(),
+            request_id: id.into(),
+            ..Default::default()
+        })
+        .unwrap();
+    }
+
+    /// Token ids: a shared head of `shared` tokens, then a tail unique to
+    /// `n`.
+    fn prompt(shared: u32, tail: u32, n: u32) -> Vec<u32> {
+        (0..shared)
+            .chain((0..tail).map(|i| 1_000_000 * (n + 1) + i))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn picks_mode_sends_a_shared_prefix_where_it_went() {
+        // Token ids bypass the tokenizer; with index picks they are matched
+        // against the history whatever the pool's tokenize mode.
+        let render = RequestTokenizer::Render {
+            client: reqwest::Client::builder().no_proxy().build().unwrap(),
+            model: "m".into(),
+            timeout: std::time::Duration::from_millis(200),
+        };
+        for tokenizer in [RequestTokenizer::Approx, render] {
+            let pool = pool_indexed(3, tokenizer, IndexSource::Picks, 10_000);
+            assert!(!pool.wants_events());
+            assert_eq!(pool.readiness(), (true, Vec::new()));
+            // The KV-event index says 8002 holds the prompt: ignored.
+            let first_ids = prompt(2000, 40, 1);
+            store(&pool, "127.0.0.1:8002", &first_ids);
+            let first = pool.pick(ids_req("r1", first_ids.clone())).await.unwrap();
+            assert_eq!(first.reason, "load", "nothing in the history yet");
+            assert!(first
+                .endpoints
+                .iter()
+                .all(|e| e.predicted_cached_tokens == 0));
+            let home = first.endpoints[0].address.clone();
+            let home_id = EndpointId::from_address(&home);
+            assert_eq!(pool.history_blocks(home_id), Some(510));
+            assert_eq!(
+                pool.state()
+                    .endpoints
+                    .iter()
+                    .find(|e| e.address == home)
+                    .unwrap()
+                    .indexed_blocks,
+                510,
+                "PoolState shows the history with index picks"
+            );
+            done(&pool, "r1");
+
+            // Same 2000-token head, other tail: goes home, predicted from
+            // the history.
+            let second_ids = prompt(2000, 60, 2);
+            let second = pool.pick(ids_req("r2", second_ids.clone())).await.unwrap();
+            assert_eq!(second.reason, "prefix");
+            assert_eq!(second.endpoints[0].address, home);
+            assert_eq!(second.endpoints[0].predicted_cached_tokens, 2000);
+            assert!(second.endpoints[1..]
+                .iter()
+                .all(|e| e.predicted_cached_tokens == 0));
+            assert_eq!(pool.history_blocks(home_id), Some(525), "15 new blocks");
+            // No pending-prefill matching with index picks: r2 (still in
+            // prefill) left no chain in the load tracker.
+            let chain = block_chain(&second_ids, 4);
+            let ids: Vec<EndpointId> = pool.endpoints().iter().map(|e| e.id).collect();
+            let views = pool
+                .load
+                .views_matching(ids.iter().copied(), Instant::now(), Some(&chain));
+            assert!(views.iter().all(|v| v.pending_matched_blocks == 0));
+            assert_eq!(
+                pool.state()
+                    .endpoints
+                    .iter()
+                    .map(|e| e.in_flight)
+                    .sum::<u32>(),
+                1
+            );
+
+            // A salted request is neither matched nor recorded.
+            let mut salted = ids_req("s", prompt(2000, 80, 3));
+            salted.hints = Some(pb::Hints {
+                cache_salt: "t".into(),
+                ..Default::default()
+            });
+            let out = pool.pick(salted).await.unwrap();
+            assert_eq!(out.reason, "no_index");
+            let total: usize = ids.iter().filter_map(|id| pool.history_blocks(*id)).sum();
+            assert_eq!(total, 525);
+
+            // An endpoint that went away forgets its history.
+            pool.clear_endpoint(home_id);
+            assert_eq!(pool.history_blocks(home_id), Some(0));
+        }
+    }
+
+    #[tokio::test]
+    async fn events_mode_keeps_pending_prefill_matching() {
+        let pool = pool_with(2, RequestTokenizer::Approx);
+        assert!(pool.wants_events());
+        let first = pool.pick(ids_req("r1", prompt(400, 8, 1))).await.unwrap();
+        let home = EndpointId::from_address(&first.endpoints[0].address);
+        let chain = block_chain(&prompt(400, 8, 2), 4);
+        let views = pool
+            .load
+            .views_matching([home], Instant::now(), Some(&chain));
+        assert_eq!(
+            views[0].pending_matched_blocks, 100,
+            "r1 is in prefill there"
+        );
+        assert_eq!(
+            pool.history_blocks(home),
+            Some(0),
+            "token ids use the events, not the approx history"
+        );
+    }
+
+    #[tokio::test]
+    async fn picks_mode_history_is_bounded_and_evicts_the_oldest() {
+        // One endpoint, 20 blocks of history; prompts of 10 blocks.
+        let pool = pool_indexed(1, RequestTokenizer::Approx, IndexSource::Picks, 20);
+        let id = pool.endpoints()[0].id;
+        let p = |n: u32| prompt(0, 40, n);
+        for n in 1..=3 {
+            let r = pool.pick(ids_req(&format!("r{n}"), p(n))).await.unwrap();
+            assert_eq!(r.reason, "load");
+            done(&pool, &format!("r{n}"));
+            assert!(pool.history_blocks(id).unwrap() <= 20, "capacity respected");
+        }
+        assert_eq!(pool.history_blocks(id), Some(20));
+        assert_eq!(pool.state().endpoints[0].indexed_blocks, 20);
+        // Newest first: p(3) and p(2) are held (all but the last block is
+        // predicted: vLLM recomputes it), p(1) was evicted.
+        let r = pool.pick(ids_req("a", p(3))).await.unwrap();
+        assert_eq!(
+            (r.reason.as_str(), r.endpoints[0].predicted_cached_tokens),
+            ("prefix", 36)
+        );
+        let r = pool.pick(ids_req("b", p(2))).await.unwrap();
+        assert_eq!(
+            (r.reason.as_str(), r.endpoints[0].predicted_cached_tokens),
+            ("prefix", 36)
+        );
+        let r = pool.pick(ids_req("c", p(1))).await.unwrap();
+        assert_eq!(
+            (r.reason.as_str(), r.endpoints[0].predicted_cached_tokens),
+            ("load", 0)
+        );
+        // Picking p(1) recorded it again: now p(3), the least recently
+        // picked, is the one gone.
+        assert_eq!(pool.history_blocks(id), Some(20));
+        let r = pool.pick(ids_req("d", p(3))).await.unwrap();
+        assert_eq!(r.endpoints[0].predicted_cached_tokens, 0);
     }
 
     #[test]

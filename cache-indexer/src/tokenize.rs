@@ -17,16 +17,17 @@
 //! * **approx**: no tokenizer at all. The prompt's bytes (chats: each
 //!   message's role and content with separators) are cut into 4-byte
 //!   pseudo-tokens (about one real token each for English). These cannot be
-//!   compared with the engines' KV events, so the pool keeps a second index
-//!   of its *own picks*: when a request goes to an endpoint, its pseudo-blocks
-//!   are recorded for that endpoint, and a later request sharing a prefix is
-//!   matched against that history. It only knows what this replica sent and
-//!   not what the engine evicted; it is bounded by clearing an endpoint's
-//!   history once it exceeds the engine's block capacity. Predicted cached
-//!   tokens are pseudo-tokens (approximate).
+//!   compared with the engines' KV events, so they are matched against the
+//!   pool's *pick history* ([`crate::history::PickHistory`]): when a request
+//!   goes to an endpoint, its pseudo-blocks are recorded for that endpoint,
+//!   and a later request sharing a prefix is matched against that history.
+//!   It only knows what this replica sent and not what the engine evicted;
+//!   each endpoint's history is an LRU of `pickHistoryBlocks` blocks.
+//!   Predicted cached tokens are pseudo-tokens (approximate).
 //!
 //! A prompt given as token ids is used as is in every mode and matched
-//! against the real index.
+//! against the real index (the KV-event index, or the pick history when the
+//! pool's `index` is `picks`: then every request is matched against it).
 
 use std::sync::Arc;
 use std::time::Duration;

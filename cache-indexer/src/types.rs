@@ -28,13 +28,61 @@ impl fmt::Display for EndpointId {
     }
 }
 
+/// Where a pool's prefix index comes from (`index:` in the config).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexSource {
+    /// The engines' own KV events (exact: what each engine holds, evictions
+    /// included). Every endpoint needs an events address.
+    #[default]
+    Events,
+    /// This replica's own picks ([`crate::history::PickHistory`]): the
+    /// Gateway API Inference Extension's approximate prefix-cache scorer, for
+    /// engines without KV events. No subscriber is started.
+    Picks,
+}
+
+impl IndexSource {
+    /// Both sources, in a fixed order (metric label order).
+    pub const ALL: [IndexSource; 2] = [IndexSource::Events, IndexSource::Picks];
+
+    /// The source's name in the config and in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IndexSource::Events => "events",
+            IndexSource::Picks => "picks",
+        }
+    }
+}
+
+impl fmt::Display for IndexSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for IndexSource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "events" => Ok(IndexSource::Events),
+            "picks" => Ok(IndexSource::Picks),
+            other => Err(format!(
+                "`{other}` is not an index source (expected events or picks)"
+            )),
+        }
+    }
+}
+
 /// One vLLM instance as the indexer sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointSpec {
     /// HTTP address `ip:port`: what the proxy routes to, and the name the
     /// picker answers with.
     pub address: String,
-    /// ZMQ PUB endpoint of its KV events, e.g. `tcp://10.0.0.5:5557`.
+    /// ZMQ PUB endpoint of its KV events, e.g. `tcp://10.0.0.5:5557`
+    /// (empty when the pool's index is [`IndexSource::Picks`] and none was
+    /// given: nothing subscribes then).
     pub kv_events: String,
     /// ZMQ ROUTER replay endpoint, if the engine runs one.
     #[serde(default)]

@@ -168,7 +168,7 @@ impl Sim {
     pub fn endpoint(&self) -> EndpointConfig {
         EndpointConfig {
             address: self.address(),
-            events: format!("tcp://127.0.0.1:{}", self.events),
+            events: Some(format!("tcp://127.0.0.1:{}", self.events)),
             replay: Some(format!("tcp://127.0.0.1:{}", self.replay)),
             metrics: None,
             topic: String::new(),
