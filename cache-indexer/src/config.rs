@@ -433,7 +433,9 @@ pub struct InFlightConfig {
     pub timeout_s: u64,
     /// A pick's prefill counts as queued on its endpoint until a
     /// FIRST_TOKEN or DONE report, or at most this long, ms. Bounds the
-    /// error when the filter sends only DONE reports of long streams.
+    /// error when the filter sends only DONE reports of long streams; long
+    /// enough for a 100k-token prompt's prefill (~10 s on an H100), which
+    /// a 2 s horizon forgot while short requests queued behind it.
     #[serde(alias = "prefill_horizon_ms")]
     pub prefill_horizon_ms: u64,
 }
@@ -442,7 +444,7 @@ impl Default for InFlightConfig {
     fn default() -> Self {
         InFlightConfig {
             timeout_s: 300,
-            prefill_horizon_ms: 2000,
+            prefill_horizon_ms: 30_000,
         }
     }
 }

@@ -257,7 +257,7 @@ impl Default for LoadConfig {
         LoadConfig {
             unhealthy_after: 3,
             in_flight_timeout: Duration::from_secs(300),
-            prefill_horizon: Duration::from_secs(2),
+            prefill_horizon: Duration::from_secs(30),
             saturation: SaturationThresholds::default(),
         }
     }

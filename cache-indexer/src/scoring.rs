@@ -9,17 +9,24 @@
 //! FACTS.md), so the weights read as "how many prompt tokens is this worth":
 //!
 //! ```text
-//! cost = w_prefill * (uncached prompt tokens + queued prefill tokens)
+//! cost = w_prefill * (prefill work of this request + queued prefill work)
 //!      + w_decode  * max(running + waiting, in_flight)
 //!      + w_queue   * waiting
 //!      + w_kv      * max(0, (kv_usage - kv_knee) / (1 - kv_knee))^2
 //! ```
 //!
+//! * *prefill work*: the uncached prompt tokens plus attention's share,
+//!   `uncached + w_attention * (prompt^2 - cached^2) / 2`: every new token
+//!   attends to every token before it, so a 130k-token prompt costs several
+//!   times its length (the simulator's and FACTS.md's model: ~1.2 ns per
+//!   (token, context) pair against ~30 us per token, `w_attention = 4e-5`).
+//!   Counting tokens alone made the picker put short requests behind a long
+//!   prompt's prefill on the Mooncake trace.
 //! * *uncached prompt tokens*: `prompt - predicted_cached`, where the
 //!   prediction is the endpoint's longest cached prefix in full blocks, at
 //!   most the blocks before the prompt's last token (vLLM always computes the
 //!   last token, so a fully cached prompt still recomputes its last block).
-//! * *queued prefill*: uncached tokens of this indexer's earlier picks to the
+//! * *queued prefill*: prefill work of this indexer's earlier picks to the
 //!   endpoint that have not reached their first token: work the engine has
 //!   accepted (or is about to) and will do before ours. This is what stops a
 //!   burst of requests sharing a system prompt from all landing on the one
@@ -42,6 +49,7 @@
 //!   (reading the weights) is shared by the whole batch. It is what makes the
 //!   load term matter: about 4 running requests outweigh a 1k-token cached
 //!   prefix, about 40 a 10k-token chat history.
+//! * `attention = 4e-5`: see *prefill work* above.
 //! * `queue = 1024`: a waiting request means the engine is already out of
 //!   batch slots or KV space; ours waits behind at least one more prefill
 //!   step (~30 ms fixed cost = ~1000 tokens).
@@ -76,6 +84,9 @@ pub struct Weights {
     /// KV usage where the penalty starts, 0..1.
     #[serde(alias = "kv_knee")]
     pub kv_knee: f64,
+    /// Prefill work per (new token, earlier token) pair, in prefill tokens:
+    /// attention's quadratic share of a long prompt's prefill.
+    pub attention: f64,
 }
 
 impl Default for Weights {
@@ -86,6 +97,7 @@ impl Default for Weights {
             queue: 1024.0,
             kv: 8192.0,
             kv_knee: 0.7,
+            attention: 4e-5,
         }
     }
 }
@@ -98,6 +110,7 @@ impl Weights {
             ("decode", self.decode),
             ("queue", self.queue),
             ("kv", self.kv),
+            ("attention", self.attention),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err((name, format!("must be a finite number >= 0, got {v}")));
@@ -165,8 +178,11 @@ pub struct Cost {
     pub matched_blocks: u32,
     /// Prompt tokens to prefill here.
     pub uncached_tokens: u32,
-    /// Earlier picks' queued prefill tokens.
+    /// Earlier picks' queued prefill work, prefill-token equivalents.
     pub queued_prefill_tokens: u64,
+    /// This request's prefill work here, prefill-token equivalents (what
+    /// a pick adds to the endpoint's queued prefill).
+    pub prefill_work: u64,
 }
 
 /// One entry of the answer.
@@ -276,7 +292,8 @@ pub fn cost(req: &Request, c: &Candidate<'_>, w: &Weights) -> (Cost, u32) {
     } else {
         0.0
     };
-    let prefill = w.prefill * (f64::from(uncached) + c.queued_prefill_tokens as f64);
+    let work = prefill_work(req.prompt_tokens, cached, w.attention);
+    let prefill = w.prefill * (work + c.queued_prefill_tokens as f64);
     let decode = w.decode * f64::from(active);
     let queue = w.queue * f64::from(c.waiting);
     (
@@ -289,9 +306,17 @@ pub fn cost(req: &Request, c: &Candidate<'_>, w: &Weights) -> (Cost, u32) {
             matched_blocks: matched,
             uncached_tokens: uncached,
             queued_prefill_tokens: c.queued_prefill_tokens,
+            prefill_work: work.round() as u64,
         },
         cached,
     )
+}
+
+/// Prefill work of computing prompt tokens `cached..prompt`, in prefill
+/// tokens: one per token plus `attention` per (token, earlier token) pair.
+pub fn prefill_work(prompt: u32, cached: u32, attention: f64) -> f64 {
+    let (p, c) = (f64::from(prompt), f64::from(cached.min(prompt)));
+    (p - c) + attention * (p * p - c * c) / 2.0
 }
 
 /// Ranks the candidates for a request: unhealthy ones never, saturated ones
@@ -525,6 +550,30 @@ mod tests {
         assert_eq!(out.order.len(), 2);
         assert!(out.order.iter().all(|x| x.predicted_cached_tokens == 0));
         assert_ne!(c[out.order[0].candidate].address, "a:1");
+    }
+
+    #[test]
+    fn long_prompts_cost_more_than_their_length() {
+        let w = Weights::default();
+        assert_eq!(prefill_work(1000, 1000, w.attention), 0.0);
+        // 15k tokens: +30%; 134k tokens: ~3.7x their length (the sim's
+        // 1.2 ns per pair against 30 us per token).
+        let x = prefill_work(15_000, 0, w.attention);
+        assert!((x - 19_500.0).abs() < 1.0, "{x}");
+        assert!(prefill_work(134_000, 0, w.attention) > 3.5 * 134_000.0);
+        // A cached prefix removes its own pairs only.
+        let tail = prefill_work(20_000, 16_000, w.attention);
+        assert!((tail - (4_000.0 + 4e-5 * (4e8 - 2.56e8) / 2.0)).abs() < 1.0);
+
+        // A short request avoids the endpoint with a huge prefill queued,
+        // even when the other one has a few more requests running.
+        let mut a = cand("a:1");
+        a.queued_prefill_tokens = prefill_work(134_000, 0, w.attention) as u64;
+        let mut b = cand("b:1");
+        b.running = 40;
+        let out = rank(&req(30, 1), &[a, b], &w);
+        assert_eq!(out.order[0].candidate, 1);
+        assert_eq!(out.order[0].cost.prefill_work, 30);
     }
 
     #[test]

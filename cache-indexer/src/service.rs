@@ -451,7 +451,7 @@ impl Pool {
             self.load.record_pick(
                 &request_id,
                 e.id,
-                u64::from(first.cost.uncached_tokens),
+                first.cost.prefill_work,
                 first.predicted_cached_tokens,
                 pending_chain,
                 started,

@@ -52,10 +52,14 @@ async fn follow_up_turn_goes_where_the_chat_lives() {
     // In flight until reported.
     let st = ix.endpoint_state(&b.address()).await;
     assert_eq!(st.in_flight, 1);
-    assert_eq!(
-        st.queued_prefill_tokens,
-        u64::from(pick.prompt_tokens - top.predicted_cached_tokens)
+    // Queued as prefill work: the uncached tokens plus attention's share.
+    let work = kvasir_cache_indexer::scoring::prefill_work(
+        pick.prompt_tokens,
+        top.predicted_cached_tokens,
+        kvasir_cache_indexer::scoring::Weights::default().attention,
     );
+    assert_eq!(st.queued_prefill_tokens, work.round() as u64);
+    assert!(st.queued_prefill_tokens > u64::from(pick.prompt_tokens - top.predicted_cached_tokens));
 
     let second = b.chat(&chat, 8).await;
     assert_eq!(
@@ -224,9 +228,14 @@ async fn scrapes_reflect_load_and_reports_decrement_in_flight() {
     let p = ix.pick(chat_pick("acct-1", &msgs)).await;
     let to = p.endpoints[0].address.clone();
     let st = ix.endpoint_state(&to).await;
+    let work = kvasir_cache_indexer::scoring::prefill_work(
+        p.prompt_tokens,
+        0,
+        kvasir_cache_indexer::scoring::Weights::default().attention,
+    );
     assert_eq!(
         (st.in_flight, st.queued_prefill_tokens),
-        (1, u64::from(p.prompt_tokens))
+        (1, work.round() as u64)
     );
     let report = |phase: pb::ReportPhase, id: &str| pb::ReportRequest {
         pool: POOL.into(),
