@@ -138,11 +138,7 @@ impl SseReader {
     pub fn feed(&mut self, bytes: &[u8]) -> Vec<String> {
         self.buf.extend_from_slice(bytes);
         let mut out = Vec::new();
-        loop {
-            let Some(end) = find_event_end(&self.buf) else {
-                break;
-            };
-            let (ev, sep) = end;
+        while let Some((ev, sep)) = find_event_end(&self.buf) {
             let text = String::from_utf8_lossy(&self.buf[..ev]).into_owned();
             self.buf.drain(..ev + sep);
             let data: Vec<&str> = text
