@@ -129,10 +129,11 @@ def routing_table(r):
             f"{fmt_ms(s['ttft']['p99'])} | {fmt_ms(s['e2e']['p50'])} | {100 * num(s['cache_hit_rate']):.1f}% | "
             f"{num(s['goodput_rps']):.2f} | {100 * util:.0f}% | {ratio('ttft', 'p50')} | {ratio('ttft', 'p99')} |"
         )
-    rows += ["", "| target | measured | met |", "| --- | --- | --- |"]
+    rows += ["", "| target | measured | met | why (for a miss) |", "| --- | --- | --- | --- |"]
     for t in r["targets"]:
         met = {True: "yes", False: "**no**", None: "not run"}[t["met"]]
-        rows.append(f"| {t['target']} | {t['measured']} | {met} |")
+        why = t.get("why", "") if t["met"] is False else ""
+        rows.append(f"| {t['target']} | {t['measured']} | {met} | {why} |")
     rows += ["", f"Produced by `{r['command']}`; the full report with ITL, throughput, per-run facts and plots is "
              "[bench/results/routing/report.md](bench/results/routing/report.md)."]
     return "\n".join(rows)
