@@ -39,6 +39,9 @@ struct Fake {
     dispatch_ok: bool,
     calls: Vec<(String, String, Vec<u8>, u32)>,
     detached: Vec<(String, String, Vec<u8>)>,
+    /// Whether `defer_detached` queues (the wasm host with a free timer).
+    defers: bool,
+    deferred: Vec<DeferredCall>,
     grpc_body: Option<Vec<u8>>,
     resp_headers: Vec<(String, String)>,
     resp_chunk: Vec<u8>,
@@ -67,6 +70,8 @@ impl Fake {
             dispatch_ok: true,
             calls: Vec::new(),
             detached: Vec::new(),
+            defers: false,
+            deferred: Vec::new(),
             grpc_body: None,
             resp_headers: Vec::new(),
             resp_chunk: Vec::new(),
@@ -162,6 +167,13 @@ impl Host for Fake {
         self.detached
             .push((cluster.into(), method.into(), msg.to_vec()));
         true
+    }
+    fn defer_detached(&mut self, call: DeferredCall) -> Result<(), DeferredCall> {
+        if !self.defers {
+            return Err(call);
+        }
+        self.deferred.push(call);
+        Ok(())
     }
     fn grpc_response(&self, _size: usize) -> Option<Vec<u8>> {
         assert_eq!(self.cb, Cb::Grpc);
@@ -897,4 +909,65 @@ fn a_response_ending_in_trailers_is_complete() {
     assert_eq!(stats.counter(&format!("{P}.responses.2xx")), 1);
     assert_eq!(stats.counter(&format!("{P}.responses.cancelled")), 0);
     assert_eq!(stats.counter(&format!("{P}.completion_tokens")), 1);
+}
+
+#[test]
+fn reports_are_deferred_to_the_root_when_the_host_can() {
+    let (shared, stats) = config(api_key(), json!({"reportFirstToken": true}));
+    let mut flow = Flow::new(shared.clone());
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("qwen", false),
+    );
+    h.defers = true;
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    grpc(
+        &mut flow,
+        &mut h,
+        7,
+        0,
+        Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
+    );
+    respond(
+        &mut flow,
+        &mut h,
+        200,
+        "application/json",
+        &["{\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":2}}"],
+    );
+    // Nothing dispatched or counted from the response's callbacks ...
+    assert!(h.detached.is_empty());
+    assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 0);
+    // ... the first-token and the done report wait, in order, for the root.
+    let phases: Vec<i32> = h
+        .deferred
+        .iter()
+        .map(|c| {
+            assert_eq!(
+                (c.cluster.as_str(), c.method, c.pool_name.as_str()),
+                ("indexer", "Report", "main")
+            );
+            ReportRequest::decode(c.msg.as_slice()).unwrap().phase
+        })
+        .collect();
+    assert_eq!(
+        phases,
+        vec![
+            kvasir_proto::v1::ReportPhase::FirstToken as i32,
+            kvasir_proto::v1::ReportPhase::Done as i32
+        ]
+    );
+    let done = ReportRequest::decode(h.deferred[1].msg.as_slice()).unwrap();
+    assert_eq!(
+        (done.request_id.as_str(), done.endpoint.as_str()),
+        ("req-1", "127.0.0.1:9001")
+    );
+    assert_eq!(done.outcome, kvasir_proto::v1::Outcome::Success as i32);
+    // The root counts what it dispatched.
+    shared.count_report("main", true);
+    shared.count_report("main", false);
+    assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 1);
+    assert_eq!(stats.counter("kvasir.pool.main.report.dispatch_failed"), 1);
 }

@@ -9,7 +9,7 @@
 //! unwrap UTF-8), and leaves the "only in the right state" rule to the
 //! engine, whose tests check it.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType};
 
-use crate::engine::{Flow, Host, Shared, Verdict};
+use crate::engine::{DeferredCall, Flow, Host, Shared, Verdict};
 use crate::pick;
 use crate::reply::{error_reply, LocalReply, Shape};
 use crate::settings::PluginConfig;
@@ -100,12 +100,28 @@ impl Stats for EnvoyStats {
     }
 }
 
+/// Fire-and-forget calls the HTTP contexts left for the root to dispatch
+/// on its next tick ([`Host::defer_detached`]): a `Report` dispatched from
+/// the response's last callback would run before Envoy writes the
+/// response to the client (the write happens on the next event-loop turn),
+/// adding the dispatch's ~0.1 ms to every response.
+struct Deferred {
+    calls: RefCell<Vec<DeferredCall>>,
+    /// The root's timer is free for this: no `PoolState` polls use it.
+    enabled: Cell<bool>,
+    /// A 1 ms tick is set and has not fired yet.
+    armed: Cell<bool>,
+}
+
 struct Root {
     id: u32,
     shared: Option<Rc<Shared>>,
     stats: Rc<EnvoyStats>,
     /// In-flight `PoolState` polls: token -> pool index.
     polls: HashMap<u32, usize>,
+    /// Whether the timer polls `PoolState` (else it only flushes deferred calls).
+    polling: bool,
+    deferred: Rc<Deferred>,
 }
 
 impl Root {
@@ -115,6 +131,33 @@ impl Root {
             shared: None,
             stats: Rc::new(EnvoyStats::new()),
             polls: HashMap::new(),
+            polling: false,
+            deferred: Rc::new(Deferred {
+                calls: RefCell::new(Vec::new()),
+                enabled: Cell::new(false),
+                armed: Cell::new(false),
+            }),
+        }
+    }
+
+    fn flush_deferred(&mut self) {
+        if self.deferred.armed.replace(false) {
+            let _ = hostcalls::set_tick_period(Duration::ZERO);
+        }
+        let calls = std::mem::take(&mut *self.deferred.calls.borrow_mut());
+        for c in calls {
+            let sent = hostcalls::dispatch_grpc_call(
+                &c.cluster,
+                pick::SERVICE,
+                c.method,
+                Vec::new(),
+                Some(&c.msg),
+                Duration::from_millis(u64::from(c.timeout_ms)),
+            )
+            .is_ok();
+            if let Some(shared) = &self.shared {
+                shared.count_report(&c.pool_name, sent);
+            }
         }
     }
 }
@@ -171,13 +214,21 @@ impl RootContext for Root {
         let needs_polls = cfg.policy.pools_needing_state().next().is_some();
         let stats: Rc<dyn Stats> = self.stats.clone();
         self.shared = Some(Rc::new(Shared::new(cfg, stats)));
-        if poll_ms > 0 && needs_polls {
+        self.polling = poll_ms > 0 && needs_polls;
+        // A reconfiguration never leaves queued calls behind.
+        self.flush_deferred();
+        self.deferred.enabled.set(!self.polling);
+        if self.polling {
             let _ = hostcalls::set_tick_period(Duration::from_millis(u64::from(poll_ms)));
         }
         true
     }
 
     fn on_tick(&mut self) {
+        self.flush_deferred();
+        if !self.polling {
+            return;
+        }
         let Some(shared) = &self.shared else { return };
         for (cluster, pool, msg, timeout_ms) in shared.pool_state_polls() {
             if self.polls.values().any(|&p| p == pool) {
@@ -203,6 +254,7 @@ impl RootContext for Root {
             host: EnvoyHost {
                 id: context_id,
                 root_id: self.id,
+                deferred: Rc::clone(&self.deferred),
             },
             flow: self.shared.as_ref().map(|s| Flow::new(Rc::clone(s))),
         }))
@@ -290,6 +342,7 @@ impl HttpContext for Http {
 struct EnvoyHost {
     id: u32,
     root_id: u32,
+    deferred: Rc<Deferred>,
 }
 
 fn lossy(b: Vec<u8>) -> String {
@@ -369,6 +422,22 @@ impl Host for EnvoyHost {
         .is_ok();
         let _ = hostcalls::set_effective_context(self.id);
         sent
+    }
+
+    fn defer_detached(&mut self, call: DeferredCall) -> Result<(), DeferredCall> {
+        let d = &self.deferred;
+        if !d.enabled.get() {
+            return Err(call);
+        }
+        if !d.armed.get() {
+            // The HTTP context's tick period is its root's.
+            if hostcalls::set_tick_period(Duration::from_millis(1)).is_err() {
+                return Err(call);
+            }
+            d.armed.set(true);
+        }
+        d.calls.borrow_mut().push(call);
+        Ok(())
     }
 
     fn grpc_response(&self, size: usize) -> Option<Vec<u8>> {
