@@ -38,7 +38,7 @@ pub struct RunMeta {
     pub time_scale: f64,
     /// Wall seconds the run took.
     pub wall_s: f64,
-    /// Engine utilisation while requests arrived.
+    /// Engine utilisation over the second half of the arrival window.
     pub engines: run::EngineUse,
     /// The measured results.
     pub summary: stats::Summary,

@@ -67,10 +67,11 @@ pub async fn scrape(client: &reqwest::Client, urls: &[String]) -> anyhow::Result
 pub struct EngineUse {
     /// Engines scraped.
     pub engines: usize,
-    /// Mean prefill utilisation per engine while requests were arriving.
+    /// Mean prefill utilisation per engine over the second half of the
+    /// arrival window.
     #[serde(with = "crate::stats::nonfinite")]
     pub prefill_utilisation: f64,
-    /// Mean busy share per engine while requests were arriving.
+    /// Mean busy share per engine over the same window.
     #[serde(with = "crate::stats::nonfinite")]
     pub busy_utilisation: f64,
     /// Recompute preemptions during the whole run.
@@ -85,6 +86,34 @@ fn engine_use(a: EngineCounters, b: EngineCounters, engines: usize, sim_s: f64) 
         busy_utilisation: (b.busy_s - a.busy_s) / n / sim_s,
         preemptions: 0.0,
     }
+}
+
+/// Scrapes the engines at `at` (in the background): the start of the
+/// measured half of the arrival window.
+fn scrape_at(
+    http: &reqwest::Client,
+    urls: &[String],
+    at: Instant,
+) -> tokio::task::JoinHandle<anyhow::Result<(EngineCounters, Instant)>> {
+    let (http, urls) = (http.clone(), urls.to_vec());
+    tokio::spawn(async move {
+        sleep_until(at.into()).await;
+        let c = scrape(&http, &urls).await?;
+        Ok((c, Instant::now()))
+    })
+}
+
+/// Utilisation over `[from, to]` (the second half of the arrival window:
+/// the first half includes the ramp-up while queues and conversations
+/// build).
+fn window_use(
+    from: (EngineCounters, Instant),
+    to: (EngineCounters, Instant),
+    engines: usize,
+    scale: f64,
+) -> EngineUse {
+    let sim_s = (to.1.saturating_duration_since(from.1)).as_secs_f64() / scale;
+    engine_use(from.0, to.0, engines, sim_s.max(1e-9))
 }
 
 /// Run-wide settings.
@@ -215,6 +244,7 @@ pub async fn run_trace(
         scale,
     });
     let deadline = clock.wall(last_s + opts.drain_s);
+    let half = scrape_at(&http, &opts.engine_metrics, clock.wall(last_s / 2.0));
     let pb = bar(trace.len(), opts.progress);
     let mut tasks = Vec::with_capacity(trace.len());
     for i in 0..trace.len() {
@@ -242,21 +272,16 @@ pub async fn run_trace(
             rec
         }));
     }
-    let arrivals_done = Instant::now();
     let mid = scrape(&http, &opts.engine_metrics).await?;
+    let mid = (mid, Instant::now());
+    let half = half.await??;
     let mut records = Vec::with_capacity(tasks.len());
     for t in tasks {
         records.push(t.await?);
     }
     let after = scrape(&http, &opts.engine_metrics).await?;
     pb.finish_and_clear();
-    let arrival_sim_s = (arrivals_done - clock.t0).as_secs_f64() / scale;
-    let mut engines = engine_use(
-        before,
-        mid,
-        opts.engine_metrics.len(),
-        arrival_sim_s.max(1e-9),
-    );
+    let mut engines = window_use(half, mid, opts.engine_metrics.len(), scale);
     engines.preemptions = after.preemptions - before.preemptions;
     Ok(RunResult {
         records,
@@ -268,6 +293,9 @@ pub async fn run_trace(
 /// Runs a chat plan: each conversation starts at its arrival and sends its
 /// turns one after another, each after the previous answer plus the think
 /// time, with the whole history so far (the engine's own answers included).
+/// No turn starts after the last conversation's arrival: the run ends with
+/// its arrival window (users still mid-conversation leave), so the load
+/// stays what the arrival rate says instead of trailing off for minutes.
 pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<RunResult> {
     let http = client()?;
     let scale = opts.target.time_scale.max(1e-9);
@@ -279,6 +307,8 @@ pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<
     });
     let last_arrival = plan.conversations.last().map_or(0.0, |c| c.arrival_s);
     let deadline = clock.wall(last_arrival + opts.drain_s);
+    let arrivals_end = clock.wall(last_arrival);
+    let half = scrape_at(&http, &opts.engine_metrics, clock.wall(last_arrival / 2.0));
     let pb = bar(plan.requests(), opts.progress);
     let records = Arc::new(Mutex::new(Vec::with_capacity(plan.requests())));
     // Request ids: conversation-major, in plan order.
@@ -338,7 +368,7 @@ pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<
                 }
                 history.push(("assistant", text));
                 let next = Instant::now() + Duration::from_secs_f64(turn.think_s * clock.scale);
-                if next > deadline {
+                if next > arrivals_end {
                     pb.inc((conv.turns.len() - k - 1) as u64);
                     break;
                 }
@@ -346,21 +376,15 @@ pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<
             }
         }));
     }
-    let arrivals_end = clock.wall(last_arrival);
     sleep_until(arrivals_end.into()).await;
-    let mid = scrape(&http, &opts.engine_metrics).await?;
+    let mid = (scrape(&http, &opts.engine_metrics).await?, Instant::now());
+    let half = half.await??;
     for t in tasks {
         t.await?;
     }
     let after = scrape(&http, &opts.engine_metrics).await?;
     pb.finish_and_clear();
-    let arrival_sim_s = (Instant::now().min(arrivals_end) - clock.t0).as_secs_f64() / scale;
-    let mut engines = engine_use(
-        before,
-        mid,
-        opts.engine_metrics.len(),
-        arrival_sim_s.max(1e-9),
-    );
+    let mut engines = window_use(half, mid, opts.engine_metrics.len(), scale);
     engines.preemptions = after.preemptions - before.preemptions;
     let mut records = Arc::try_unwrap(records)
         .map_err(|_| anyhow::anyhow!("records still shared"))?
