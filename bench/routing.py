@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import shutil
 import subprocess
 import sys
@@ -311,7 +310,8 @@ def main(argv: list[str]) -> int:
             rates[w] = rate
             unit = "x trace speed" if w == "trace" else "conversations/s"
             last_rate = steps[-1][0]
-            capped = w == "chat" and rate < last_rate * TARGET_UTIL / u - 1e-9
+            capped = (w == "chat" and rate >= CHAT_MAX_RATE_PER_SCALE * p["chat_time_scale"] - 1e-9
+                      and rate < last_rate * TARGET_UTIL / u - 1e-9)
             tried = ", ".join(f"{r:.3f} -> {x:.1%}" for r, x in steps)
             setup.append(f"{w}: calibration (round-robin, rate -> prefill use: {tried}); load 1.0 = {rate:.3f} {unit}"
                          + (f" (capped: {TARGET_UTIL:.0%} would need ~{last_rate * TARGET_UTIL / u:.2f}, more requests "

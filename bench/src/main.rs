@@ -120,7 +120,8 @@ struct ChatArgs {
     /// New conversations per simulated second.
     #[arg(long)]
     conversations_per_s: f64,
-    /// Simulated seconds of conversation arrivals.
+    /// Simulated seconds of conversation arrivals; no turn starts after
+    /// the last arrival (the run ends with its arrival window).
     #[arg(long, default_value_t = 120.0)]
     duration_s: f64,
     /// System prompt words (about tokens), MIN..MAX.
