@@ -53,6 +53,23 @@ def test_rendered_bootstrap_validates(artifacts, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("lb", sorted(render.POOL_LB))
+def test_baseline_bootstraps_validate(artifacts, tmp_path, lb):
+    """The routing benchmark's baselines: no filter, a plain load balancer,
+    the upstream reported in the served-endpoint header."""
+    text = render.render(render.TEMPLATE.read_text(), pool_endpoints=["127.0.0.1:18001", "127.0.0.1:18002"],
+                         without_filter=True, pool_lb=lb)
+    assert "name: envoy.load_balancing_policies.override_host" not in text
+    assert f"name: envoy.load_balancing_policies.{lb}" in text
+    assert "x-gateway-destination-endpoint-served" in text and "%UPSTREAM_HOST%" in text
+    p = tmp_path / "envoy.yaml"
+    p.write_text(text)
+    r = validate(p, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with pytest.raises(ValueError, match="pool_lb must be one of"):
+        render.render(render.TEMPLATE.read_text(), pool_lb="random")
+
+
 @pytest.mark.parametrize(
     "plugin, reason",
     [
