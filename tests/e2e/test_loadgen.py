@@ -88,7 +88,7 @@ def test_trace_replay_records_what_the_engines_did(bench_envoy, stack, tmp_path)
 
 def test_chat_turns_carry_their_history(bench_envoy, stack, tmp_path):
     subprocess.run(
-        [str(BENCH), "chat", *common(bench_envoy, stack, tmp_path), "--conversations-per-s", "3", "--duration-s", "1",
+        [str(BENCH), "chat", *common(bench_envoy, stack, tmp_path), "--conversations-per-s", "3", "--duration-s", "2",
          "--tenants", "2", "--turns", "2..2", "--think-s", "0", "--system-words", "300..300", "--user-words", "20..20",
          "--output-tokens", "4..4", "--seed", "3"],
         check=True, timeout=120,
@@ -98,8 +98,12 @@ def test_chat_turns_carry_their_history(bench_envoy, stack, tmp_path):
     by_conv: dict[str, list[dict]] = {}
     for x in r:
         by_conv.setdefault(x["conversation"], []).append(x)
-    for turns in by_conv.values():
-        assert [int(t["turn"]) for t in turns] == [0, 1]
+    # No turn starts after the last arrival, so late conversations stop
+    # after their first turn; the others carry their history.
+    full = [t for t in by_conv.values() if len(t) == 2]
+    assert full, by_conv
+    assert all([int(t["turn"]) for t in turns] in ([0], [0, 1]) for turns in by_conv.values())
+    for turns in full:
         first, second = turns
         assert first["tenant"] in ("t00", "t01")
         # The second turn's prompt holds the first's prompt and answer.
