@@ -68,6 +68,25 @@ pub struct Answer {
     pub text: String,
 }
 
+impl Answer {
+    /// An answer with nothing measured (yet): how it ended and why.
+    pub fn nothing(outcome: Outcome, error: &str) -> Answer {
+        Answer {
+            ttft_ms: f64::NAN,
+            itl_ms: f64::NAN,
+            e2e_ms: f64::NAN,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            completion_tokens: 0,
+            endpoint: String::new(),
+            status: 0,
+            outcome,
+            error: error.to_string(),
+            text: String::new(),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct Chunk {
     #[serde(default)]
@@ -180,19 +199,7 @@ pub async fn send(
         1.0
     };
     let sim_ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / scale;
-    let mut a = Answer {
-        ttft_ms: f64::NAN,
-        itl_ms: f64::NAN,
-        e2e_ms: f64::NAN,
-        prompt_tokens: 0,
-        cached_tokens: 0,
-        completion_tokens: 0,
-        endpoint: String::new(),
-        status: 0,
-        outcome: Outcome::Error,
-        error: String::new(),
-        text: String::new(),
-    };
+    let mut a = Answer::nothing(Outcome::Error, "");
     let t0 = Instant::now();
     let resp = client
         .post(format!("{}{}", target.url, path))

@@ -189,23 +189,14 @@ fn record(
 }
 
 fn timed_out(id: usize, tenant: String, conv: Option<usize>, turn: usize, sent_s: f64) -> Record {
-    Record {
+    record(
         id,
         tenant,
-        conversation: conv,
+        conv,
         turn,
         sent_s,
-        ttft_ms: f64::NAN,
-        itl_ms: f64::NAN,
-        e2e_ms: f64::NAN,
-        prompt_tokens: 0,
-        cached_tokens: 0,
-        completion_tokens: 0,
-        endpoint: String::new(),
-        status: 0,
-        outcome: Outcome::Timeout,
-        error: "deadline".into(),
-    }
+        Answer::nothing(Outcome::Timeout, "deadline"),
+    )
 }
 
 struct Clock {
