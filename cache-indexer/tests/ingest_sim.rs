@@ -4,6 +4,8 @@
 //! The simulator binary is `$VLLM_SIM_BIN` or `target/release/vllm-sim`
 //! (built with `cargo build --release -p vllm-sim`).
 
+mod service_support;
+
 use bytes::Bytes;
 use kvasir_cache_indexer::events::subscriber::{
     spawn_subscriber, SubscriberConfig, SubscriberHandle, SyncState,
@@ -11,132 +13,42 @@ use kvasir_cache_indexer::events::subscriber::{
 use kvasir_cache_indexer::index::PoolIndex;
 use kvasir_cache_indexer::types::{EndpointId, EndpointSpec};
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use service_support::MODEL;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zeromq::{Socket, SocketSend, ZmqMessage};
 
 const BLOCK: u32 = 16;
-const MODEL: &str = "Qwen/Qwen3-8B";
 
-fn sim_bin() -> PathBuf {
-    match std::env::var_os("VLLM_SIM_BIN") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/vllm-sim"),
+/// One simulator process ([`service_support::Sim`]: fresh ports, output
+/// kept, bounded start with retries, killed on drop) and what these tests
+/// ask of it.
+struct Sim(service_support::Sim);
+
+impl std::ops::Deref for Sim {
+    type Target = service_support::Sim;
+    fn deref(&self) -> &Self::Target {
+        &self.0
     }
 }
 
-/// A free 127.0.0.1 port (bind 0, read it, release it).
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
-}
-
-/// One simulator process, killed on drop.
-struct Sim {
-    child: Option<Child>,
-    http: u16,
-    events: u16,
-    replay: u16,
-    args: Vec<String>,
+impl std::ops::DerefMut for Sim {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
 }
 
 impl Sim {
-    /// Starts a simulator on fresh ports. A port picked free can be taken by
-    /// someone else's client socket before the simulator binds it, so an
-    /// early exit is retried with new ports.
+    /// Starts a simulator on ports it picks itself.
     async fn start(extra: &[&str]) -> Sim {
-        let mut last_err = String::new();
-        for _ in 0..5 {
-            let mut s = Sim {
-                child: None,
-                http: free_port(),
-                events: free_port(),
-                replay: free_port(),
-                args: extra.iter().map(|s| s.to_string()).collect(),
-            };
-            match s.spawn().await {
-                Ok(()) => return s,
-                Err(e) => last_err = e,
-            }
-        }
-        panic!("vllm-sim would not start: {last_err}");
+        Sim(service_support::Sim::start(extra).await)
     }
 
     /// Restarts the process on the same ports (retrying while the old
     /// sockets are released).
     async fn restart(&mut self) {
-        let mut last_err = String::new();
-        for _ in 0..10 {
-            match self.spawn().await {
-                Ok(()) => return,
-                Err(e) => last_err = e,
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        panic!("vllm-sim would not restart: {last_err}");
-    }
-
-    fn log_path(&self) -> PathBuf {
-        std::env::temp_dir().join(format!("kvasir-ingest-sim-{}.log", self.http))
-    }
-
-    async fn spawn(&mut self) -> Result<(), String> {
-        let bin = sim_bin();
-        assert!(
-            bin.exists(),
-            "{} not found: build it with `cargo build --release -p vllm-sim` or set VLLM_SIM_BIN",
-            bin.display()
-        );
-        let log = std::fs::File::create(self.log_path()).map_err(|e| e.to_string())?;
-        let child = Command::new(&bin)
-            .args(["--host", "127.0.0.1"])
-            .args(["--port", &self.http.to_string()])
-            .args(["--kv-events-port", &self.events.to_string()])
-            .args(["--kv-events-replay-port", &self.replay.to_string()])
-            .args(["--profile", "zero", "--time-scale", "0"])
-            .arg("--enable-prompt-tokens-details")
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .expect("spawn vllm-sim");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let client = reqwest::Client::new();
-        loop {
-            let url = format!("{}/health", self.url());
-            if let Ok(r) = client.get(&url).send().await {
-                if r.status().is_success() {
-                    return Ok(());
-                }
-            }
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(status)) = c.try_wait() {
-                    self.child = None;
-                    let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
-                    let tail: String = log.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
-                    return Err(format!(
-                        "exited at start ({status}), args {:?}: {tail}",
-                        self.args
-                    ));
-                }
-            }
-            assert!(Instant::now() < deadline, "vllm-sim did not become healthy");
-            tokio::time::sleep(Duration::from_millis(30)).await;
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.http)
+        self.0.spawn();
+        self.0.wait_healthy().await;
     }
 
     fn spec(&self) -> EndpointSpec {
@@ -150,18 +62,14 @@ impl Sim {
     }
 
     async fn post(&self, path: &str, body: Value) -> Value {
-        let r = reqwest::Client::new()
-            .post(format!("{}{path}", self.url()))
-            .json(&body)
-            .send()
-            .await
-            .expect("sim request");
+        let r = self.0.post(path, &body).await;
         assert!(r.status().is_success(), "{path}: {}", r.status());
         r.json().await.expect("sim json")
     }
 
     /// Runs one chat request; returns the prompt's token ids (from /tokenize,
-    /// the same chat template the engine applies).
+    /// the same chat template the engine applies). (Not
+    /// [`service_support::Sim::chat`], which returns the response.)
     async fn chat(&self, content: &str) -> Vec<u32> {
         let messages = json!([{"role": "user", "content": content}]);
         let resp = self
@@ -185,13 +93,6 @@ impl Sim {
             resp["usage"]["prompt_tokens"].as_u64().unwrap_or(0)
         );
         toks
-    }
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_file(self.log_path());
     }
 }
 
@@ -494,7 +395,7 @@ async fn reset_prefix_cache_clears_the_endpoint() {
     let h = subscribe(&sim, &index).await;
     let t = sim.chat(&prompt(700, 60)).await;
     wait_matched(&index, ep, &t, full_blocks(&t)).await;
-    let r = reqwest::Client::new()
+    let r = service_support::http_client()
         .post(format!("{}/reset_prefix_cache", sim.url()))
         .send()
         .await
@@ -536,15 +437,15 @@ fn msg(frames: Vec<Vec<u8>>) -> ZmqMessage {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_on_a_fake_publisher_is_counted_and_survived() {
-    let port = free_port();
     let mut publisher = zeromq::PubSocket::new();
-    publisher
-        .bind(&format!("tcp://127.0.0.1:{port}"))
+    let kv_events = publisher
+        .bind("tcp://127.0.0.1:0")
         .await
-        .expect("bind fake PUB");
+        .expect("bind fake PUB")
+        .to_string();
     let spec = EndpointSpec {
         address: "127.0.0.1:1".into(),
-        kv_events: format!("tcp://127.0.0.1:{port}"),
+        kv_events,
         replay: None,
         metrics_url: None,
         topic: String::new(),
@@ -613,17 +514,18 @@ type Ring = Arc<std::sync::Mutex<Vec<(u64, Vec<u8>)>>>;
 async fn old_replay_format_and_topic() {
     use std::sync::Mutex;
     use zeromq::SocketRecv;
-    let (pub_port, router_port) = (free_port(), free_port());
     let mut publisher = zeromq::PubSocket::new();
-    publisher
-        .bind(&format!("tcp://127.0.0.1:{pub_port}"))
+    let kv_events = publisher
+        .bind("tcp://127.0.0.1:0")
         .await
-        .expect("bind PUB");
+        .expect("bind PUB")
+        .to_string();
     let mut router = zeromq::RouterSocket::new();
-    router
-        .bind(&format!("tcp://127.0.0.1:{router_port}"))
+    let replay = router
+        .bind("tcp://127.0.0.1:0")
         .await
-        .expect("bind ROUTER");
+        .expect("bind ROUTER")
+        .to_string();
     // Batch k stores chain k: 2 blocks, hashes 100k+1, 100k+2.
     let chain = |k: u64| -> (Vec<u32>, Vec<u8>) {
         let toks: Vec<u32> = (0..32).map(|i| k as u32 * 1000 + i).collect();
@@ -663,8 +565,8 @@ async fn old_replay_format_and_topic() {
     });
     let spec = EndpointSpec {
         address: "127.0.0.1:2".into(),
-        kv_events: format!("tcp://127.0.0.1:{pub_port}"),
-        replay: Some(format!("tcp://127.0.0.1:{router_port}")),
+        kv_events,
+        replay: Some(replay),
         metrics_url: None,
         topic: "kv-events".into(),
     };

@@ -5,8 +5,9 @@
 mod service_support;
 
 use std::collections::BTreeSet;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::ffi::OsString;
+use std::process::Command;
+use std::time::Duration;
 
 use kvasir_cache_indexer::load::parse_sample;
 use kvasir_proto::v1 as pb;
@@ -104,12 +105,7 @@ async fn readiness_health_and_metrics() {
         "names the endpoint not in sync"
     );
 
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("http://{}", ix.indexer.grpc_addr))
-            .expect("endpoint")
-            .connect()
-            .await
-            .expect("connect");
+    let channel = connect(ix.indexer.grpc_addr).await;
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     let check = |service: &str| tonic_health::pb::HealthCheckRequest {
         service: service.into(),
@@ -208,11 +204,7 @@ async fn readiness_health_and_metrics() {
         assert!(families.contains(want), "missing {want}");
     }
     let value = |needle: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(needle))
-            .and_then(|l| parse_sample(l).ok())
-            .map(|s| s.value)
-            .unwrap_or_else(|| panic!("no line starting with {needle}"))
+        metric_value(&text, needle).unwrap_or_else(|| panic!("no line starting with {needle}"))
     };
     assert_eq!(
         value("kvasir_indexer_tokenize_mode{pool=\"sims\",mode=\"tokenizer\"}"),
@@ -253,41 +245,23 @@ async fn readiness_health_and_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_runs_from_flags_and_stops_on_sigterm() {
     let sim = Sim::start(&[]).await;
-    let (grpc, http) = (free_port(), free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cache-indexer"))
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .arg("--tokenizer")
-        .arg(tokenizer_dir())
-        .args(["--model", MODEL])
-        .arg("--endpoint")
-        .arg(format!(
+    let mut bin = IndexerBin::start([
+        OsString::from("--tokenizer"),
+        tokenizer_dir().into(),
+        "--model".into(),
+        MODEL.into(),
+        "--endpoint".into(),
+        format!(
             "pool={POOL},address={},events=tcp://127.0.0.1:{},replay=tcp://127.0.0.1:{}",
             sim.address(),
             sim.events,
             sim.replay
-        ))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn cache-indexer");
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
-    let url = format!("http://127.0.0.1:{http}/readyz");
-    wait_for("binary ready", Duration::from_secs(20), || {
-        let (c, u) = (client.clone(), url.clone());
-        async move { c.get(u).send().await.is_ok_and(|r| r.status().is_success()) }
-    })
+        )
+        .into(),
+    ])
     .await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc}"))
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut c = kvasir_proto::v1::indexer_client::IndexerClient::new(channel);
+    bin.wait_ready().await;
+    let mut c = bin.grpc_client().await;
     wait_for("endpoint scraped healthy", Duration::from_secs(5), || {
         let mut c = c.clone();
         async move {
@@ -305,25 +279,20 @@ async fn binary_runs_from_flags_and_stops_on_sigterm() {
     assert_eq!(p.endpoints[0].address, sim.address());
 
     let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &bin.proc.pid().to_string()])
         .status()
         .expect("kill");
     assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("cache-indexer did not exit on SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    // (Killed on drop if it does not exit.)
+    let exit = bin
+        .proc
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("cache-indexer did not exit on SIGTERM; {}", bin.proc.tail()));
     assert!(exit.success(), "clean exit on SIGTERM: {exit}");
 
     // A bad flag is a usage error naming the problem (exit 2).
-    let out = Command::new(env!("CARGO_BIN_EXE_cache-indexer"))
+    let out = Command::new(indexer_bin())
         .args(["--endpoint", "pool=x,address=nope,events=tcp://127.0.0.1:1"])
         .env("KVASIR_TOKENIZER_DIR", "approx")
         .output()

@@ -6,11 +6,10 @@
 
 mod service_support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use kvasir_cache_indexer::config::Config;
-use kvasir_cache_indexer::load::parse_sample;
 use kvasir_cache_indexer::types::IndexSource;
 use kvasir_proto::v1 as pb;
 use service_support::*;
@@ -26,16 +25,6 @@ fn picks_config(sims: &[&Sim], history_blocks: usize) -> Config {
         e.replay = None;
     }
     cfg
-}
-
-fn ids_pick(request_id: &str, ids: Vec<u32>) -> pb::PickRequest {
-    pb::PickRequest {
-        pool: POOL.into(),
-        model: MODEL.into(),
-        request_id: request_id.into(),
-        prompt: Some(pb::pick_request::Prompt::TokenIds(pb::TokenIds { ids })),
-        ..Default::default()
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,21 +100,8 @@ async fn picks_mode_follows_its_own_history_without_events() {
 
     // /metrics: the source is shown, the history per endpoint, and no
     // event-stream families for the pool.
-    let text = ix
-        .http
-        .get(format!("{}/metrics", ix.http_url()))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("body");
-    let value = |needle: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.starts_with(needle))
-            .and_then(|l| parse_sample(l).ok())
-            .map(|s| s.value)
-    };
+    let text = ix.metrics().await;
+    let value = |needle: &str| metric_value(&text, needle);
     assert_eq!(
         value("kvasir_indexer_index_source{pool=\"sims\",source=\"picks\"}"),
         Some(1.0)
@@ -184,50 +160,33 @@ async fn picks_mode_history_is_bounded_by_pick_history_blocks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_runs_with_index_picks_from_flags() {
     let sim = Sim::start(&[]).await;
-    let (grpc, http) = (free_port(), free_port());
     let endpoint = format!("pool={POOL},address={}", sim.address());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cache-indexer"))
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}")])
-        .args(["--http-addr", &format!("127.0.0.1:{http}")])
-        .args(["--tokenizer", "approx", "--index", "picks"])
-        .args(["--pick-history-blocks", "1000"])
-        .args(["--endpoint", &endpoint])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn cache-indexer");
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .expect("client");
-    let url = format!("http://127.0.0.1:{http}/readyz");
+    let bin = IndexerBin::start([
+        "--tokenizer",
+        "approx",
+        "--index",
+        "picks",
+        "--pick-history-blocks",
+        "1000",
+        "--endpoint",
+        &endpoint,
+    ])
+    .await;
+    // Bounded as a whole; the binary is killed when `bin` drops.
     let ready = async {
-        wait_for("binary ready", Duration::from_secs(20), || {
-            let (c, u) = (client.clone(), url.clone());
-            async move { c.get(u).send().await.is_ok_and(|r| r.status().is_success()) }
-        })
-        .await;
-        let metrics = client
-            .get(format!("http://127.0.0.1:{http}/metrics"))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("body");
+        bin.wait_ready().await;
+        let metrics = bin.metrics().await;
         assert!(
             metrics.contains("kvasir_indexer_index_source{pool=\"sims\",source=\"picks\"} 1"),
             "{metrics}"
         );
     };
-    // Kill the child whatever happens above.
-    let outcome = tokio::time::timeout(Duration::from_secs(30), ready).await;
-    let _ = child.kill();
-    let _ = child.wait();
-    outcome.expect("ready in time");
+    tokio::time::timeout(Duration::from_secs(30), ready)
+        .await
+        .expect("ready in time");
+    drop(bin);
 
-    let out = Command::new(env!("CARGO_BIN_EXE_cache-indexer"))
+    let out = Command::new(indexer_bin())
         .args(["--tokenizer", "approx", "--endpoint", &endpoint])
         .output()
         .expect("run");

@@ -177,10 +177,9 @@ async fn shared_system_prompt_spreads_across_endpoints() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scrapes_reflect_load_and_reports_decrement_in_flight() {
     // A real-time simulator (decode steps take ~6 ms) so requests stay running.
-    let mut busy = Sim::reserve(&["--profile", "h100-8b", "--time-scale", "1"]);
-    busy.spawn();
-    let idle = Sim::start(&[]).await;
-    busy.wait_healthy().await;
+    let mut sims = Sim::start_all(&[&["--profile", "h100-8b", "--time-scale", "1"], &[]]).await;
+    let idle = sims.pop().expect("idle");
+    let busy = sims.pop().expect("busy");
     let ix = start_indexer(&config(&[&busy, &idle])).await;
     ix.wait_ready().await;
 
@@ -193,10 +192,7 @@ async fn scrapes_reflect_load_and_reports_decrement_in_flight() {
                     "messages": [{"role": "user", "content": format!("long job {i}")}],
                     "max_tokens": 400
                 });
-                let _ = reqwest::Client::builder()
-                    .no_proxy()
-                    .build()
-                    .expect("client")
+                let _ = http_client()
                     .post(format!("{url}/v1/chat/completions"))
                     .json(&body)
                     .timeout(Duration::from_secs(30))
@@ -429,15 +425,7 @@ async fn render_and_approx_modes() {
     assert_eq!(p2.reason, "prefix");
     assert!(p2.endpoints[0].predicted_cached_tokens > 100);
 
-    let metrics = ix
-        .http
-        .get(format!("{}/metrics", ix.http_url()))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("body");
+    let metrics = ix.metrics().await;
     assert!(metrics.contains("kvasir_indexer_tokenize_mode{pool=\"sims\",mode=\"render\"} 1"));
     assert!(metrics.contains("kvasir_indexer_tokenize_mode{pool=\"approx\",mode=\"approx\"} 1"));
     ix.indexer.shutdown().await;

@@ -1,19 +1,34 @@
-//! Shared harness of the `service_*` tests: real `vllm-sim` processes on
-//! free 127.0.0.1 ports (killed on drop), an in-process indexer on port 0,
-//! a gRPC client, and bounded waits.
+//! Shared harness of the `service_*` and `ingest_sim` tests: real
+//! `vllm-sim` processes and the `cache-indexer` binary (stderr kept, killed
+//! on drop), an in-process indexer on port 0, a gRPC client, and bounded
+//! waits.
 //!
 //! The simulator binary is `$VLLM_SIM_BIN` or `target/release/vllm-sim`;
 //! the Qwen3 tokenizer is `$KVASIR_TOKENIZER_DIR` or
 //! `.tools/tokenizers/qwen3` (both made by `make build`).
+//!
+//! Ports: a process started fresh binds port 0 and the harness reads the
+//! ports it got from its `ready`/`started` log line, so no other process can
+//! take a port between the choice and the bind. Only [`Sim::reserve`] (an
+//! engine the indexer must know before it runs) picks ports up front.
+//! Each child's stdout and stderr go to a file in the temp folder; a start
+//! that fails shows its tail, and a test that fails keeps the files (their
+//! paths are printed).
 #![allow(dead_code)]
 
+use std::ffi::{OsStr, OsString};
+use std::fs::OpenOptions;
 use std::future::Future;
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvasir_cache_indexer::app::{self, Indexer};
 use kvasir_cache_indexer::config::{Config, EndpointConfig, PoolConfig, TokenizerSource};
+use kvasir_cache_indexer::load::parse_sample;
 use kvasir_proto::v1 as pb;
 use kvasir_proto::v1::indexer_client::IndexerClient;
 use serde_json::{json, Value};
@@ -24,12 +39,28 @@ pub const MODEL: &str = "Qwen/Qwen3-8B";
 /// Pool name used by the tests.
 pub const POOL: &str = "sims";
 
+/// How long one start attempt of a child process may take to become ready
+/// (generous: the first start on a cold, busy 2-core machine is slow).
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Start attempts of a fresh process that exits before it is ready.
+pub const START_ATTEMPTS: usize = 3;
+/// Start attempts of a simulator on fixed ports (a restart, or reserved
+/// ports the indexer already knows), a short pause apart.
+pub const FIXED_PORT_ATTEMPTS: usize = 5;
+/// Lines of a child's log shown when it fails.
+const TAIL_LINES: usize = 25;
+
 /// The simulator binary.
 pub fn sim_bin() -> PathBuf {
     match std::env::var_os("VLLM_SIM_BIN") {
         Some(p) => PathBuf::from(p),
         None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/vllm-sim"),
     }
+}
+
+/// The `cache-indexer` binary (built by cargo for these tests).
+pub fn indexer_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_cache-indexer"))
 }
 
 /// The Qwen3 tokenizer directory.
@@ -40,63 +71,258 @@ pub fn tokenizer_dir() -> PathBuf {
     }
 }
 
-/// A free 127.0.0.1 port (bind 0, read it, release it).
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
+/// An HTTP client for 127.0.0.1 (never through a proxy).
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("client")
+}
+
+/// `N` distinct free 127.0.0.1 ports (all bound at once, then released).
+/// Someone else may bind one before its user does: only for ports that must
+/// be known before the process runs.
+fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("local addr").port())
+}
+
+/// A child process of a test, stdout and stderr appended to a log file in
+/// the temp folder. Killed on drop; the log is removed then, unless the
+/// thread is panicking (a failing test), when its path is printed instead.
+pub struct Proc {
+    what: String,
+    child: Option<Child>,
+    log: PathBuf,
+    /// Where the current run's output starts in the log.
+    run_start: u64,
+}
+
+impl Proc {
+    /// A process slot named `what` (not started).
+    pub fn new(what: &str) -> Proc {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "kvasir-test-{what}-{}-{}.log",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        Proc {
+            what: what.to_string(),
+            child: None,
+            log: std::env::temp_dir().join(name),
+            run_start: 0,
+        }
+    }
+
+    /// Starts `cmd` (killing a previous process first), output to the log.
+    pub fn spawn(&mut self, cmd: &mut Command) {
+        self.kill();
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.log.display()));
+        let _ = writeln!(log, "--- test harness: starting {cmd:?}");
+        self.run_start = log.metadata().map_or(0, |m| m.len());
+        let out = log.try_clone().expect("clone log file");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.what));
+        self.child = Some(child);
+    }
+
+    /// `None` while the process runs; otherwise why it does not.
+    pub fn not_running(&mut self) -> Option<String> {
+        match self.child.as_mut().map(|c| c.try_wait()) {
+            None => Some("not started".into()),
+            Some(Ok(None)) => None,
+            Some(Ok(Some(status))) => Some(format!("exited ({status})")),
+            Some(Err(e)) => Some(format!("cannot be waited for: {e}")),
+        }
+    }
+
+    /// The exit status, if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// Waits (bounded) for the process to exit.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.try_wait() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Process id (0 if not started).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    /// What the current run (since the last spawn) wrote so far.
+    pub fn log_text(&self) -> String {
+        let mut b = std::fs::read(&self.log).unwrap_or_default();
+        b.drain(..(self.run_start as usize).min(b.len()));
+        String::from_utf8_lossy(&b).into_owned()
+    }
+
+    /// The last lines of the current run's output, indented, for a panic
+    /// message.
+    pub fn tail(&self) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(TAIL_LINES);
+        let mut out = format!("{} output ({}):", self.what, self.log.display());
+        for l in &lines[from..] {
+            out.push_str("\n    ");
+            out.push_str(l);
+        }
+        if lines.is_empty() {
+            out.push_str(" (empty)");
+        }
+        out
+    }
+
+    /// Kills the process (if running) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            if self.log.exists() {
+                eprintln!("{} log kept: {}", self.what, self.log.display());
+            }
+        } else {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
+/// The port of `key=...:PORT` in a log line (`Some("tcp://h:p")` and
+/// quotes allowed).
+fn logged_port(line: &str, key: &str) -> Option<u16> {
+    let at = line.find(&format!(" {key}="))? + key.len() + 2;
+    let value = line[at..].split_whitespace().next()?;
+    let value = value.trim_start_matches("Some(").trim_end_matches(')');
+    value.trim_matches('"').rsplit(':').next()?.parse().ok()
+}
+
+/// The first log line containing `marker`.
+fn log_line(text: &str, marker: &str) -> Option<String> {
+    text.lines()
+        .find(|l| l.contains(marker))
+        .map(str::to_string)
 }
 
 /// One simulator process, killed on drop.
 pub struct Sim {
-    child: Option<Child>,
-    /// HTTP port.
+    proc: Proc,
+    /// HTTP port (0 until a fresh start has read it from the log).
     pub http: u16,
     /// KV-events PUB port.
     pub events: u16,
-    /// Replay ROUTER port.
+    /// Replay ROUTER port (0: none).
     pub replay: u16,
     args: Vec<String>,
     client: reqwest::Client,
 }
 
 impl Sim {
-    /// Reserves ports without starting the process.
-    pub fn reserve(extra: &[&str]) -> Sim {
+    fn unstarted(extra: &[&str], [http, events, replay]: [u16; 3]) -> Sim {
         Sim {
-            child: None,
-            http: free_port(),
-            events: free_port(),
-            replay: free_port(),
+            proc: Proc::new("vllm-sim"),
+            http,
+            events,
+            replay,
             args: extra.iter().map(|s| s.to_string()).collect(),
-            client: reqwest::Client::builder()
-                .no_proxy()
-                .build()
-                .expect("client"),
+            client: http_client(),
         }
     }
 
-    /// Starts a fast simulator (zero latency profile, no waiting).
+    /// Reserves ports without starting the process, for an engine the
+    /// indexer must be configured with before it runs; start it with
+    /// [`Sim::spawn`] and [`Sim::wait_healthy`]. (The ports are released
+    /// until then: prefer [`Sim::start`].)
+    pub fn reserve(extra: &[&str]) -> Sim {
+        Sim::unstarted(extra, free_ports())
+    }
+
+    /// Starts a fast simulator (zero latency profile, no waiting) on ports
+    /// it picks itself.
     pub async fn start(extra: &[&str]) -> Sim {
-        let mut s = Sim::reserve(extra);
-        s.spawn();
-        s.wait_healthy().await;
-        s
+        Sim::start_all(&[extra]).await.pop().expect("one sim")
     }
 
     /// Starts `n` fast simulators concurrently.
     pub async fn start_many(n: usize) -> Vec<Sim> {
-        let mut sims: Vec<Sim> = (0..n).map(|_| Sim::reserve(&[])).collect();
+        Sim::start_all(&vec![&[][..]; n]).await
+    }
+
+    /// Starts one simulator per argument list, concurrently, each on ports
+    /// it picks itself. One that exits before it is healthy is started
+    /// again ([`START_ATTEMPTS`] in all); one that stays up but unhealthy
+    /// for [`START_TIMEOUT`] fails the test. Either way the panic shows the
+    /// simulator's output.
+    pub async fn start_all(extra: &[&[&str]]) -> Vec<Sim> {
+        let mut sims: Vec<Sim> = extra.iter().map(|a| Sim::unstarted(a, [0; 3])).collect();
         for s in &mut sims {
-            s.spawn();
+            s.launch();
         }
-        for s in &sims {
-            s.wait_healthy().await;
+        for s in &mut sims {
+            let mut failures = Vec::new();
+            for attempt in 1..=START_ATTEMPTS {
+                if attempt > 1 {
+                    (s.http, s.events, s.replay) = (0, 0, 0);
+                    s.launch();
+                }
+                match s.wait_up().await {
+                    Ok(()) => break,
+                    Err(e) => failures.push(format!("attempt {attempt}: {e}")),
+                }
+            }
+            assert!(
+                failures.len() < START_ATTEMPTS,
+                "vllm-sim {:?} would not start:\n{}",
+                s.args,
+                failures.join("\n")
+            );
         }
         sims
     }
 
-    /// (Re)starts the process on the same ports (no wait).
+    /// (Re)starts the process on its ports (no wait): after [`Sim::kill`]
+    /// or [`Sim::reserve`].
     pub fn spawn(&mut self) {
+        assert!(
+            self.http != 0,
+            "Sim::spawn needs known ports: use Sim::start or Sim::reserve"
+        );
+        self.launch();
+    }
+
+    /// Starts the process on `self`'s ports (0: it picks them).
+    fn launch(&mut self) {
         let bin = sim_bin();
         assert!(
             bin.exists(),
@@ -114,44 +340,83 @@ impl Sim {
         if !self.args.iter().any(|a| a == "--profile") {
             cmd.args(["--profile", "zero", "--time-scale", "0"]);
         }
-        let child = cmd
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn vllm-sim");
-        self.child = Some(child);
+        // The `vllm-sim ready` line (with the bound ports) is at info.
+        cmd.args(&self.args).env("RUST_LOG", "info");
+        self.proc.spawn(&mut cmd);
     }
 
-    /// Waits (bounded) for `/health`.
-    pub async fn wait_healthy(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
+    /// One start attempt: waits until `/health` answers, reading the ports
+    /// from the ready line first if they are not known. `Err` if the process
+    /// exits first; a panic (with its output) after [`START_TIMEOUT`].
+    async fn wait_up(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Ok(r) = self
-                .client
-                .get(format!("{}/health", self.url()))
-                .send()
-                .await
-            {
-                if r.status().is_success() {
-                    return;
+            if let Some(why) = self.proc.not_running() {
+                return Err(format!("{why} before it was healthy; {}", self.proc.tail()));
+            }
+            if self.http == 0 {
+                if let Some(l) = log_line(&self.proc.log_text(), "vllm-sim ready") {
+                    self.http = logged_port(&l, "http").expect("http= in the ready line");
+                    self.events = logged_port(&l, "kv_events").unwrap_or(0);
+                    self.replay = logged_port(&l, "kv_events_replay").unwrap_or(0);
+                }
+            }
+            if self.http != 0 {
+                let health = self
+                    .client
+                    .get(format!("{}/health", self.url()))
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await;
+                if health.is_ok_and(|r| r.status().is_success()) {
+                    return Ok(());
                 }
             }
             assert!(
                 Instant::now() < deadline,
-                "vllm-sim on {} did not become healthy",
-                self.http
+                "vllm-sim {:?} (pid {}, http port {}) did not become healthy within {START_TIMEOUT:?}; {}",
+                self.args,
+                self.proc.pid(),
+                self.http,
+                self.proc.tail()
             );
             tokio::time::sleep(Duration::from_millis(30)).await;
         }
     }
 
+    /// Waits (bounded) for `/health` after [`Sim::spawn`]. The ports are
+    /// fixed (the indexer knows them): a process that exits at once is
+    /// started again on the same ports, [`FIXED_PORT_ATTEMPTS`] in all.
+    pub async fn wait_healthy(&mut self) {
+        let mut failures = Vec::new();
+        for attempt in 1..=FIXED_PORT_ATTEMPTS {
+            if attempt > 1 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                self.launch();
+            }
+            match self.wait_up().await {
+                Ok(()) => return,
+                Err(e) => failures.push(format!("attempt {attempt}: {e}")),
+            }
+        }
+        panic!(
+            "vllm-sim {:?} would not start on its fixed ports (http {}, events {}, replay {}):\n{}",
+            self.args,
+            self.http,
+            self.events,
+            self.replay,
+            failures.join("\n")
+        );
+    }
+
     /// Kills the process.
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.proc.kill();
+    }
+
+    /// The simulator's output so far, for a panic message.
+    pub fn tail(&self) -> String {
+        self.proc.tail()
     }
 
     /// Base URL.
@@ -169,10 +434,22 @@ impl Sim {
         EndpointConfig {
             address: self.address(),
             events: Some(format!("tcp://127.0.0.1:{}", self.events)),
-            replay: Some(format!("tcp://127.0.0.1:{}", self.replay)),
+            replay: (self.replay != 0).then(|| format!("tcp://127.0.0.1:{}", self.replay)),
             metrics: None,
             topic: String::new(),
         }
+    }
+
+    /// POSTs `body` as JSON to `path`; returns the response, or panics with
+    /// the simulator's output if it does not answer.
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.url()))
+            .json(body)
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path} to vllm-sim: {e}; {}", self.tail()))
     }
 
     /// A non-streaming chat completion; returns the response JSON.
@@ -182,21 +459,107 @@ impl Sim {
             .map(|(r, c)| json!({"role": r, "content": c}))
             .collect();
         let r = self
-            .client
-            .post(format!("{}/v1/chat/completions", self.url()))
-            .json(&json!({"model": MODEL, "messages": msgs, "max_tokens": max_tokens}))
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await
-            .expect("chat request");
+            .post(
+                "/v1/chat/completions",
+                &json!({"model": MODEL, "messages": msgs, "max_tokens": max_tokens}),
+            )
+            .await;
         assert!(r.status().is_success(), "chat failed: {}", r.status());
         r.json().await.expect("chat json")
     }
 }
 
-impl Drop for Sim {
-    fn drop(&mut self) {
-        self.kill();
+/// The `cache-indexer` binary on ports it picks itself (read from its
+/// `cache-indexer started` line), output kept; killed on drop.
+pub struct IndexerBin {
+    /// The process.
+    pub proc: Proc,
+    /// gRPC address.
+    pub grpc: SocketAddr,
+    /// HTTP address.
+    pub http: SocketAddr,
+    /// HTTP client.
+    pub client: reqwest::Client,
+}
+
+impl IndexerBin {
+    /// Starts the binary with `args` plus `--grpc-addr`/`--http-addr` on
+    /// port 0 and waits (bounded) for it to listen. One that exits first is
+    /// started again ([`START_ATTEMPTS`] in all); the panic shows its
+    /// output.
+    pub async fn start<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> IndexerBin {
+        let args: Vec<OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        let mut proc = Proc::new("cache-indexer");
+        let mut failures = Vec::new();
+        for attempt in 1..=START_ATTEMPTS {
+            let mut cmd = Command::new(indexer_bin());
+            cmd.args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+                .args(&args)
+                // The `cache-indexer started` line (with the addresses) is at info.
+                .env("RUST_LOG", "info");
+            proc.spawn(&mut cmd);
+            let deadline = Instant::now() + START_TIMEOUT;
+            let started = loop {
+                if let Some(why) = proc.not_running() {
+                    break Err(format!("{why} before it listened; {}", proc.tail()));
+                }
+                if let Some(l) = log_line(&proc.log_text(), "cache-indexer started") {
+                    let port = |key| {
+                        let p =
+                            logged_port(&l, key).unwrap_or_else(|| panic!("no {key}= in `{l}`"));
+                        SocketAddr::from(([127, 0, 0, 1], p))
+                    };
+                    break Ok((port("grpc_addr"), port("http_addr")));
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "cache-indexer {args:?} (pid {}) did not log `cache-indexer started` within {START_TIMEOUT:?}; {}",
+                    proc.pid(),
+                    proc.tail()
+                );
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            };
+            match started {
+                Ok((grpc, http)) => {
+                    return IndexerBin {
+                        proc,
+                        grpc,
+                        http,
+                        client: http_client(),
+                    }
+                }
+                Err(e) => failures.push(format!("attempt {attempt}: {e}")),
+            }
+        }
+        panic!(
+            "cache-indexer {args:?} would not start:\n{}",
+            failures.join("\n")
+        );
+    }
+
+    /// Base URL of its HTTP side.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.http)
+    }
+
+    /// Waits until `/readyz` is 200.
+    pub async fn wait_ready(&self) {
+        let url = format!("{}/readyz", self.http_url());
+        wait_for("binary ready", Duration::from_secs(20), || {
+            let (c, u) = (self.client.clone(), url.clone());
+            async move { c.get(u).send().await.is_ok_and(|r| r.status().is_success()) }
+        })
+        .await;
+    }
+
+    /// The `/metrics` page.
+    pub async fn metrics(&self) -> String {
+        metrics_text(&self.client, &self.http_url()).await
+    }
+
+    /// A gRPC client.
+    pub async fn grpc_client(&self) -> IndexerClient<Channel> {
+        IndexerClient::new(connect(self.grpc).await)
     }
 }
 
@@ -238,6 +601,36 @@ pub fn config(sims: &[&Sim]) -> Config {
     }
 }
 
+/// A gRPC channel to `addr` (bounded connect).
+pub async fn connect(addr: SocketAddr) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("connect to indexer")
+}
+
+/// The `/metrics` page under `base_url`.
+pub async fn metrics_text(client: &reqwest::Client, base_url: &str) -> String {
+    client
+        .get(format!("{base_url}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("body")
+}
+
+/// The value of the first sample in `text` whose line starts with `prefix`.
+pub fn metric_value(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| parse_sample(l).ok())
+        .map(|s| s.value)
+}
+
 /// A running in-process indexer and a client to it.
 pub struct Running {
     /// The indexer.
@@ -252,6 +645,11 @@ impl Running {
     /// Base URL of its HTTP side.
     pub fn http_url(&self) -> String {
         format!("http://{}", self.indexer.http_addr)
+    }
+
+    /// The `/metrics` page.
+    pub async fn metrics(&self) -> String {
+        metrics_text(&self.http, &self.http_url()).await
     }
 
     /// `PoolState` of the test pool.
@@ -347,19 +745,11 @@ impl Running {
 pub async fn start_indexer(cfg: &Config) -> Running {
     cfg.validate().expect("test config is valid");
     let indexer = app::start(cfg).await.expect("indexer starts");
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", indexer.grpc_addr))
-        .expect("endpoint")
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .expect("connect to indexer");
+    let channel = connect(indexer.grpc_addr).await;
     Running {
         indexer,
         client: IndexerClient::new(channel),
-        http: reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .expect("client"),
+        http: http_client(),
     }
 }
 
@@ -397,6 +787,17 @@ pub fn chat_pick(request_id: &str, messages: &[(&str, String)]) -> pb::PickReque
                 })
                 .collect(),
         })),
+        ..Default::default()
+    }
+}
+
+/// A token-ids `PickRequest` for the test pool.
+pub fn ids_pick(request_id: &str, ids: Vec<u32>) -> pb::PickRequest {
+    pb::PickRequest {
+        pool: POOL.into(),
+        model: MODEL.into(),
+        request_id: request_id.into(),
+        prompt: Some(pb::pick_request::Prompt::TokenIds(pb::TokenIds { ids })),
         ..Default::default()
     }
 }
