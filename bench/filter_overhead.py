@@ -5,9 +5,11 @@ Envoy route without the filter (issue 4, part 7). Not a test.
 Starts three zero-latency vllm-sims, the cache-indexer and two Envoys on
 the same sims: one rendered from envoy/envoy.yaml with the filter, one with
 `--without-filter` (the identical bootstrap minus the wasm filter). For each
-rate it sends ~8k-token chat bodies open-loop (fixed inter-arrival times)
-through each Envoy in turn and records every request's wall latency; the
-added latency is the difference of the two distributions' percentiles.
+rate, `kvasir-bench overhead` sends ~8k-token chat bodies open-loop
+(fixed inter-arrival times) to both Envoys in alternating half-second
+blocks, from one client thread, and records every request's wall latency;
+the added latency is the difference of the two distributions' percentiles.
+Alternating blocks put the shared machine's drift on both paths alike.
 Also reports the .wasm size and Envoy's RSS with and without the filter.
 
     .tools/venv/bin/python bench/filter_overhead.py --seconds 10 --out bench/results/filter.json
@@ -17,17 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
 import random
+import subprocess
 import sys
-import threading
-import time
-from http.client import HTTPConnection
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 import stack as h  # noqa: E402  (tests/e2e/stack.py: processes, ports, bounded waits)
+
+BENCH_BIN = h.TARGET / "release" / "kvasir-bench"
 
 WORDS = "cache prefix token router engine latency batch queue tenant policy model request stream block".split()
 
@@ -47,63 +49,27 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def run_rate(port: int, rate: float, seconds: float, bodies: list[bytes], key: str) -> list[float]:
-    """Open loop: request i is due at t0 + i/rate; workers take due requests
-    off a queue, so a slow answer does not delay later arrivals."""
-    lat: list[float] = []
-    errors = [0]
-    lock = threading.Lock()
-    q: queue.Queue = queue.Queue()
-    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
-
-    def worker():
-        c = HTTPConnection("127.0.0.1", port, timeout=10)
-        while True:
-            item = q.get()
-            if item is None:
-                c.close()
-                return
-            due, b = item
-            try:
-                c.request("POST", "/v1/chat/completions", body=b, headers=headers)
-                r = c.getresponse()
-                r.read()
-                ok = r.status == 200
-            except OSError:
-                c.close()
-                c = HTTPConnection("127.0.0.1", port, timeout=10)
-                ok = False
-            # Latency from the scheduled arrival: queueing in the client counts.
-            dt = time.perf_counter() - due
-            with lock:
-                if ok:
-                    lat.append(dt)
-                else:
-                    errors[0] += 1
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(16)]
-    for t in threads:
-        t.start()
-    n = int(rate * seconds)
-    t0 = time.perf_counter() + 0.1
-    for i in range(n):
-        due = t0 + i / rate
-        d = due - time.perf_counter()
-        if d > 0:
-            time.sleep(d)
-        q.put((due, bodies[i % len(bodies)]))
-    for _ in threads:
-        q.put(None)
-    for t in threads:
-        t.join(timeout=30)
-    if errors[0]:
-        print(f"  {errors[0]} errors", file=sys.stderr)
-    return lat
+def where_time_goes(indexer: h.Indexer, envoy: h.Envoy) -> dict[str, float]:
+    """Running totals for the per-rate split: the indexer's own pick and
+    tokenization time, and the filter's pick round trip (Envoy's
+    `pick_us` histogram, its detailed buckets)."""
+    out = {}
+    for m in ("pick", "tokenize"):
+        out[f"{m}_sum"] = indexer.metric(f"kvasir_indexer_{m}_duration_seconds_sum")
+        out[f"{m}_count"] = indexer.metric(f"kvasir_indexer_{m}_duration_seconds_count")
+    _, _, b = h.request("GET", envoy.admin, "/stats?format=json&filter=pick_us&histogram_buckets=detailed")
+    out["pick_us_raw"] = json.loads(b)
+    return out
 
 
-def pct(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(p * (len(s) - 1)))] * 1e3 if s else float("nan")
+def time_split(before: dict, after: dict) -> dict:
+    d = {}
+    for m in ("pick", "tokenize"):
+        n = after[f"{m}_count"] - before[f"{m}_count"]
+        d[f"indexer_{m}_mean_ms"] = (after[f"{m}_sum"] - before[f"{m}_sum"]) / n * 1e3 if n else float("nan")
+    d["raw_before"] = before["pick_us_raw"]
+    d["raw_after"] = after["pick_us_raw"]
+    return d
 
 
 def main() -> int:
@@ -112,7 +78,7 @@ def main() -> int:
     ap.add_argument("--rates", default="100,500")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "filter.json"))
     a = ap.parse_args()
-    logdir = Path(__import__("tempfile").mkdtemp(prefix="kvasir-bench-filter-"))
+    logdir = Path(tempfile.mkdtemp(prefix="kvasir-bench-filter-"))
     procs: list[h.Proc] = []
     indexer = None
     try:
@@ -134,28 +100,43 @@ def main() -> int:
             h.wait_envoy(e, [s.address for s in sims])
         rng = random.Random(1)
         bodies = [body(rng, i) for i in range(200)]
-        key = h.KEYS["acme"]
-        # Warm-up: tokenizer caches, connections, the index holding the system prompt.
-        for e in envoys.values():
-            run_rate(e.port, 50, 2, bodies, key)
+        bodies_file = logdir / "bodies.jsonl"
+        bodies_file.write_bytes(b"\n".join(bodies) + b"\n")
+        names = list(envoys)
         results = {"rates": [], "body_bytes": len(bodies[0]),
                    "prompt_tokens": json.loads(h.request("POST", sims[0].port, "/tokenize",
                                                          json.dumps({"messages": json.loads(bodies[0])["messages"]}))[2])["count"]}
-        for rate in [float(r) for r in a.rates.split(",")]:
-            row = {"rate_rps": rate}
-            for name, e in envoys.items():
-                lat = run_rate(e.port, rate, a.seconds, bodies, key)
-                row[name] = {"n": len(lat), "p50_ms": pct(lat, 0.5), "p99_ms": pct(lat, 0.99)}
-                print(f"{rate:5.0f} rps {name:15} n={len(lat):5} p50 {row[name]['p50_ms']:.3f} ms  p99 {row[name]['p99_ms']:.3f} ms", file=sys.stderr)
+        for i, rate in enumerate(float(r) for r in a.rates.split(",")):
+            raw = logdir / f"overhead-{rate:.0f}.json"
+            cmd = [str(BENCH_BIN), "overhead", "--bodies", str(bodies_file),
+                   "--header", f"authorization: Bearer {h.KEYS['acme']}",
+                   "--rates", str(rate), "--seconds", str(a.seconds), "--out", str(raw),
+                   # Warm-up (tokenizer caches, connections, the index holding the system prompt) once.
+                   "--warmup-s", "2" if i == 0 else "0"]
+            for n in names:
+                cmd += ["--url", f"http://127.0.0.1:{envoys[n].port}/v1/chat/completions", "--name", n]
+            before = where_time_goes(indexer, envoys["with_filter"])
+            # Bounded: warm-up plus both paths, plus the timeouts.
+            subprocess.run(cmd, check=True, timeout=60 + 6 * a.seconds)
+            after = where_time_goes(indexer, envoys["with_filter"])
+            [r] = json.loads(raw.read_text())
+            paths = {p["name"]: p for p in r["paths"]}
+            row = {"rate_rps": r["rate_rps"]}
+            for n in names:
+                p = paths[n]
+                row[n] = {k: p[k] for k in ("n", "errors", "p50_ms", "p90_ms", "p99_ms", "mean_ms")}
             row["added_p50_ms"] = row["with_filter"]["p50_ms"] - row["without_filter"]["p50_ms"]
             row["added_p99_ms"] = row["with_filter"]["p99_ms"] - row["without_filter"]["p99_ms"]
+            row["client_send_lateness_p99_ms"] = r["send_lateness_p99_ms"]
+            row["where"] = time_split(before, after)
             results["rates"].append(row)
         results["wasm_bytes"] = h.WASM.stat().st_size
         results["envoy_rss_mib"] = {n: rss_kib(e.proc.p.pid) / 1024 for n, e in envoys.items()}
         # One worker (--concurrency 1) plus the main thread each hold a VM.
         results["filter_rss_per_vm_mib"] = (results["envoy_rss_mib"]["with_filter"] - results["envoy_rss_mib"]["without_filter"]) / 2
-        results["notes"] = ("Python open-loop client on the same 2-core machine; 1 Envoy worker; zero-latency "
-                            "simulators, max_tokens 1; latency measured from each request's scheduled arrival.")
+        results["notes"] = ("kvasir-bench overhead (one-thread Rust open-loop client, both Envoys in alternating "
+                            "0.5 s blocks) on the same 2-core machine; 1 Envoy worker; zero-latency simulators, "
+                            "max_tokens 1; latency from the send to the answer's last byte.")
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(results, indent=2) + "\n")
         print(json.dumps(results, indent=2))

@@ -44,6 +44,9 @@ enum Cmd {
     Bound(BoundArgs),
     /// Write the markdown report and the plots from a results directory.
     Report(ReportArgs),
+    /// The latency one proxy path adds over another: both driven
+    /// open-loop at the same rates in alternating blocks.
+    Overhead(OverheadArgs),
 }
 
 #[derive(Args, Clone)]
@@ -168,6 +171,110 @@ struct ReportArgs {
     /// The command line to quote in the report.
     #[arg(long, default_value = "make bench-full")]
     command: String,
+}
+
+#[derive(Args)]
+struct OverheadArgs {
+    /// Full URL of a path, repeatable (the first is the one measured, the
+    /// others its baselines), e.g. `http://127.0.0.1:10000/v1/chat/completions`.
+    #[arg(long = "url", required = true)]
+    urls: Vec<String>,
+    /// A label per URL, same order.
+    #[arg(long = "name", required = true)]
+    names: Vec<String>,
+    /// JSON-lines file of request bodies, cycled in order.
+    #[arg(long)]
+    bodies: PathBuf,
+    /// Extra header `name: value`, repeatable.
+    #[arg(long = "header")]
+    headers: Vec<String>,
+    /// Requests per second on each path, comma-separated for several runs.
+    #[arg(long, default_value = "100,500", value_delimiter = ',')]
+    rates: Vec<f64>,
+    /// Seconds of requests per path and rate.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Length of one block, seconds.
+    #[arg(long, default_value_t = 0.5)]
+    block_s: f64,
+    /// Seconds of warm-up per path at 50 req/s (caches, connections), not
+    /// measured.
+    #[arg(long, default_value_t = 2.0)]
+    warmup_s: f64,
+    /// Per-request timeout, seconds.
+    #[arg(long, default_value_t = 10.0)]
+    timeout_s: f64,
+    /// Output JSON file.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+fn overhead_cmd(a: &OverheadArgs) -> anyhow::Result<()> {
+    use kvasir_bench::overhead::{self, Setup};
+    anyhow::ensure!(
+        a.urls.len() == a.names.len(),
+        "--url and --name must be given the same number of times ({} vs {})",
+        a.urls.len(),
+        a.names.len()
+    );
+    anyhow::ensure!(
+        a.rates.iter().all(|r| *r > 0.0 && r.is_finite()),
+        "--rates must be positive"
+    );
+    let text = std::fs::read_to_string(&a.bodies)
+        .with_context(|| format!("reading {}", a.bodies.display()))?;
+    let bodies: Vec<bytes::Bytes> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| bytes::Bytes::from(l.to_string()))
+        .collect();
+    anyhow::ensure!(!bodies.is_empty(), "{} has no bodies", a.bodies.display());
+    let headers = a
+        .headers
+        .iter()
+        .map(|h| {
+            h.split_once(':')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .with_context(|| format!("--header `{h}`: expected `name: value`"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let setup = Arc::new(Setup {
+        urls: a.urls.clone(),
+        names: a.names.clone(),
+        bodies,
+        headers,
+        timeout: std::time::Duration::from_secs_f64(a.timeout_s),
+    });
+    // One thread: the client must take as little as possible of the CPU
+    // the paths under test share.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let results = rt.block_on(async {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(256)
+            .build()?;
+        let n = setup.bodies.len();
+        let warm = overhead::schedule(50.0, a.warmup_s, a.block_s, setup.urls.len(), n);
+        overhead::run(&client, &setup, &warm).await;
+        let mut out = Vec::new();
+        for &rate in &a.rates {
+            let slots = overhead::schedule(rate, a.seconds, a.block_s, setup.urls.len(), n);
+            let r = overhead::run(&client, &setup, &slots).await;
+            for p in &r.paths {
+                eprintln!(
+                    "{rate:5.0} rps {:15} n={:5} errors={} p50 {:.3} ms p99 {:.3} ms",
+                    p.name, p.n, p.errors, p.p50_ms, p.p99_ms
+                );
+            }
+            out.push(r);
+        }
+        anyhow::Ok(out)
+    })?;
+    std::fs::write(&a.out, serde_json::to_string_pretty(&results)?)?;
+    Ok(())
 }
 
 fn range_usize(s: &str) -> Result<(usize, usize), String> {
@@ -388,13 +495,19 @@ fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().cmd {
+        Cmd::Overhead(a) => overhead_cmd(&a),
+        cmd => tokio::runtime::Runtime::new()?.block_on(run_cmd(cmd)),
+    }
+}
+
+async fn run_cmd(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
         Cmd::Trace(a) => {
             let t = Arc::new(load_trace(&a.slice)?);
             let opts = options(&a.common)?;
@@ -436,5 +549,6 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Report(a) => report_cmd(&a),
+        Cmd::Overhead(_) => anyhow::bail!("overhead runs on its own one-thread runtime"),
     }
 }

@@ -98,6 +98,11 @@ impl Overlap {
     pub fn blocks_for(&self, endpoint: EndpointId) -> usize {
         self.matched.get(&endpoint).copied().unwrap_or(0)
     }
+
+    /// The most leading blocks any endpoint holds.
+    pub fn max_blocks(&self) -> usize {
+        self.matched.values().copied().max().unwrap_or(0)
+    }
 }
 
 /// What one [`PoolIndex::apply`] did, for the subscriber's counters.

@@ -350,7 +350,55 @@ pub enum Phase {
 #[derive(Debug, Default)]
 pub struct LoadTracker {
     cfg: LoadConfig,
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
+}
+
+/// A handle on the tracker's in-flight picks that outlives a borrow of it:
+/// a pick whose prompt was tokenized only as far as its cached prefix gets
+/// its whole block chain later, off the pick's path
+/// ([`PendingChains::complete`]).
+#[derive(Clone)]
+pub struct PendingChains {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl std::fmt::Debug for PendingChains {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingChains").finish_non_exhaustive()
+    }
+}
+
+impl PendingChains {
+    /// Gives `request_id`'s pick its whole chain, if the pick is still in
+    /// prefill (else there is nothing to match against any more). Returns
+    /// whether it did.
+    pub fn complete(&self, request_id: &str, chain: Arc<[u64]>) -> bool {
+        if chain.is_empty() {
+            return false;
+        }
+        let mut g = self.inner.lock();
+        let Inner {
+            endpoints,
+            in_flight,
+            ..
+        } = &mut *g;
+        let Some(f) = in_flight.get(request_id).filter(|f| f.prefill_pending) else {
+            return false;
+        };
+        let Some(e) = endpoints.get_mut(&f.endpoint) else {
+            return false;
+        };
+        match e.pending.iter_mut().find(|(s, _)| *s == f.seq) {
+            Some(entry) => entry.1 = chain,
+            None => {
+                if e.pending.len() >= MAX_PENDING_PREFIXES {
+                    e.pending.pop_front();
+                }
+                e.pending.push_back((f.seq, chain));
+            }
+        }
+        true
+    }
 }
 
 impl LoadTracker {
@@ -358,8 +406,30 @@ impl LoadTracker {
     pub fn new(cfg: LoadConfig) -> Self {
         LoadTracker {
             cfg,
-            inner: Mutex::new(Inner::default()),
+            inner: Arc::new(Mutex::new(Inner::default())),
         }
+    }
+
+    /// A handle for completing picks' chains later.
+    pub fn pending_chains(&self) -> PendingChains {
+        PendingChains {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// Whether some pick still in prefill has a prompt starting with the
+    /// whole of `chain` (chained hashes: equal last entries mean equal
+    /// prefixes).
+    pub fn pending_holds(&self, chain: &[u64]) -> bool {
+        let Some(last) = chain.last() else {
+            return true;
+        };
+        let i = chain.len() - 1;
+        self.inner.lock().endpoints.values().any(|e| {
+            e.pending
+                .iter()
+                .any(|(_, p)| p.get(i).is_some_and(|h| h == last))
+        })
     }
 
     /// The settings.
@@ -622,14 +692,16 @@ fn release(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &InFlight, whol
 pub fn block_chain(tokens: &[u32], block_size: u32) -> Vec<u64> {
     let bs = block_size.max(1) as usize;
     let mut h = 0u64;
+    // One-shot over the block's little-endian bytes: the same value as
+    // feeding the tokens to a streaming hasher one by one, at a fraction of
+    // the per-call cost.
+    let mut bytes = Vec::with_capacity(bs * 4);
     tokens
         .chunks_exact(bs)
         .map(|block| {
-            let mut x = xxhash_rust::xxh3::Xxh3::with_seed(h);
-            for t in block {
-                x.update(&t.to_le_bytes());
-            }
-            h = x.digest();
+            bytes.clear();
+            bytes.extend(block.iter().flat_map(|t| t.to_le_bytes()));
+            h = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, h);
             h
         })
         .collect()
@@ -886,6 +958,28 @@ vllm:cache_config_info{block_size="16",weird="a\"b,c}d"} 1 1700000000000
         assert!(!t.report("r1", Phase::Done).matched);
         t.record_pick("r3", a, 10, 0, None, now); // unknown endpoint: ignored
         assert_eq!(t.in_flight_total(), 1);
+    }
+
+    #[test]
+    fn block_chain_values_are_the_streaming_hash_of_each_block() {
+        // The values are part of nothing persisted, but replicas of
+        // different versions compare nothing either; this pins the
+        // one-shot form to the definition (a seeded xxh3 over the tokens'
+        // little-endian bytes, seeded with the previous block's hash).
+        let tokens: Vec<u32> = (0..40).map(|i| i * 7919).collect();
+        let mut h = 0u64;
+        let want: Vec<u64> = tokens
+            .chunks_exact(16)
+            .map(|b| {
+                let mut x = xxhash_rust::xxh3::Xxh3::with_seed(h);
+                for t in b {
+                    x.update(&t.to_le_bytes());
+                }
+                h = x.digest();
+                h
+            })
+            .collect();
+        assert_eq!(block_chain(&tokens, 16), want);
     }
 
     #[test]

@@ -114,6 +114,11 @@ pub struct PoolMetrics {
     /// Tokenizations that failed for a reason other than the request
     /// (render timeouts...): the pick went on by load.
     pub tokenize_failures: Counter,
+    /// Picks whose prompt was tokenized only up to where no engine (nor a
+    /// pick in prefill) holds its blocks: the rest cannot be a hit.
+    pub tokenize_stopped: Counter,
+    /// Estimated prompt tokens those picks did not tokenize.
+    pub tokens_not_tokenized: Counter,
     /// Reports that matched an in-flight pick.
     pub reports_matched: Counter,
     /// Reports for unknown request ids.
@@ -479,6 +484,30 @@ pub fn render(pools: &crate::service::Pools) -> String {
             "kvasir_indexer_tokenize_failures_total",
             &[("pool", &p.name)],
             p.metrics.tokenize_failures.get() as f64,
+        );
+    }
+    w.header(
+        "kvasir_indexer_tokenize_stopped_total",
+        "counter",
+        "Picks whose prompt was tokenized only as far as its cached prefix (no engine holds the rest).",
+    );
+    for p in &pool_list {
+        w.sample(
+            "kvasir_indexer_tokenize_stopped_total",
+            &[("pool", &p.name)],
+            p.metrics.tokenize_stopped.get() as f64,
+        );
+    }
+    w.header(
+        "kvasir_indexer_tokens_not_tokenized_total",
+        "counter",
+        "Estimated prompt tokens those picks left untokenized (counted in their prompt length as an estimate).",
+    );
+    for p in &pool_list {
+        w.sample(
+            "kvasir_indexer_tokens_not_tokenized_total",
+            &[("pool", &p.name)],
+            p.metrics.tokens_not_tokenized.get() as f64,
         );
     }
     w.header(

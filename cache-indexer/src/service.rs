@@ -16,16 +16,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvasir_proto::v1 as pb;
-use kvasir_tokenizer::ChatMessage;
+use kvasir_tokenizer::{ChatMessage, ChatTokenizer, PrefixIds};
 use parking_lot::RwLock;
 
 use crate::events::{DecodedBatch, EngineEvent, EngineHash, SubscriberHandle, SyncState};
 use crate::history::{PickHistory, DEFAULT_PICK_HISTORY_BLOCKS};
 use crate::index::PoolIndex;
-use crate::load::{block_chain, pool_saturation, LoadTracker, LoadView, Phase};
+use crate::load::{block_chain, pool_saturation, LoadTracker, LoadView, PendingChains, Phase};
 use crate::metrics::PoolMetrics;
 use crate::scoring::{self, Candidate, Decision, Weights};
-use crate::tokenize::{PromptInput, RequestTokenizer, TokenizeMode};
+use crate::tokenize::{
+    tokenize_local, PromptInput, RequestTokenizer, TokenizeError, TokenizeMode, Tokenized,
+};
 use crate::types::{EndpointId, EndpointSpec, IndexSource};
 
 /// A request the service refuses.
@@ -130,6 +132,45 @@ pub struct EndpointChanges {
     pub added: Vec<String>,
     /// Addresses removed.
     pub removed: Vec<String>,
+}
+
+/// A Pick's prompt, owned (moved out of the request).
+enum OwnedPrompt {
+    Chat(Vec<ChatMessage>),
+    Text(String),
+    TokenIds(Vec<u32>),
+}
+
+impl OwnedPrompt {
+    fn input(&self) -> PromptInput<'_> {
+        match self {
+            OwnedPrompt::Chat(m) => PromptInput::Chat(m),
+            OwnedPrompt::Text(t) => PromptInput::Text(t),
+            OwnedPrompt::TokenIds(ids) => PromptInput::TokenIds(ids),
+        }
+    }
+}
+
+/// Tokenizes `prompt` whole and hands its chain to the pick's pending
+/// entry, on the blocking pool (a long prompt is a millisecond of CPU).
+fn complete_chain_later(
+    tok: Arc<ChatTokenizer>,
+    prompt: OwnedPrompt,
+    block_size: u32,
+    request_id: String,
+    pending: PendingChains,
+) {
+    let work = move || {
+        let ids = match tokenize_local(&tok, prompt.input()) {
+            Ok(ids) => ids,
+            Err(_) => return, // it tokenized up to here; the template is at fault, nothing to add
+        };
+        pending.complete(&request_id, block_chain(&ids, block_size).into());
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => drop(h.spawn_blocking(work)),
+        Err(_) => work(),
+    }
 }
 
 impl Pool {
@@ -321,10 +362,7 @@ impl Pool {
             .ok_or_else(|| invalid("prompt", "one of chat, text or token_ids is required"))?;
         // Take the prompt by value: a 32k-token chat is ~128 KB of text,
         // not worth copying on the hot path.
-        let messages: Vec<ChatMessage>;
-        let text: String;
-        let token_ids: Vec<u32>;
-        let input = match prompt {
+        let owned = match prompt {
             pb::pick_request::Prompt::Chat(chat) => {
                 if chat.messages.is_empty() {
                     return Err(invalid("chat.messages", "must not be empty"));
@@ -337,28 +375,27 @@ impl Pool {
                 {
                     return Err(invalid("chat.messages", format!("message {i} has no role")));
                 }
-                messages = chat
-                    .messages
-                    .into_iter()
-                    .map(|m| ChatMessage::new(m.role, m.content))
-                    .collect();
-                PromptInput::Chat(&messages)
+                OwnedPrompt::Chat(
+                    chat.messages
+                        .into_iter()
+                        .map(|m| ChatMessage::new(m.role, m.content))
+                        .collect(),
+                )
             }
             pb::pick_request::Prompt::Text(t) => {
                 if t.is_empty() {
                     return Err(invalid("text", "must not be empty"));
                 }
-                text = t;
-                PromptInput::Text(&text)
+                OwnedPrompt::Text(t)
             }
             pb::pick_request::Prompt::TokenIds(ids) => {
                 if ids.ids.is_empty() {
                     return Err(invalid("token_ids.ids", "must not be empty"));
                 }
-                token_ids = ids.ids;
-                PromptInput::TokenIds(&token_ids)
+                OwnedPrompt::TokenIds(ids.ids)
             }
         };
+        let input = owned.input();
         let salted = hints.as_ref().is_some_and(|h| !h.cache_salt.is_empty());
 
         let endpoints = self.endpoints();
@@ -378,7 +415,31 @@ impl Pool {
             None
         };
         let t0 = Instant::now();
-        let tokenized = self.tokenizer.tokenize(input, render_via).await;
+        // In-process tokenization against the engines' events stops where
+        // no engine holds the prompt's blocks (see `tokenize_prefix`).
+        let local = match (&self.tokenizer, &input) {
+            (_, PromptInput::TokenIds(_)) => None,
+            (RequestTokenizer::Local(tok), _) if self.index_source == IndexSource::Events => {
+                Some(tok)
+            }
+            _ => None,
+        };
+        let (tokenized, estimated_len) = match local {
+            Some(tok) => match self.tokenize_prefix(tok, input, salted) {
+                Ok(p) => {
+                    let est = p.estimated_len();
+                    (
+                        Ok(Tokenized {
+                            ids: p.ids,
+                            mode: TokenizeMode::Tokenizer,
+                        }),
+                        p.stopped_at.map(|_| est),
+                    )
+                }
+                Err(e) => (Err(e), None),
+            },
+            None => (self.tokenizer.tokenize(input, render_via).await, None),
+        };
         let (ids, mode, tokenized_ok) = match tokenized {
             Ok(t) => {
                 self.metrics.observe_tokenize(t.mode, t0.elapsed());
@@ -391,7 +452,13 @@ impl Pool {
                 (Vec::new(), self.tokenizer.mode(), false)
             }
         };
-        let prompt_tokens = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+        if let Some(est) = estimated_len {
+            self.metrics.tokenize_stopped.inc();
+            self.metrics
+                .tokens_not_tokenized
+                .add(est.saturating_sub(ids.len()) as u64);
+        }
+        let prompt_tokens = u32::try_from(estimated_len.unwrap_or(ids.len())).unwrap_or(u32::MAX);
 
         // Match against the prefix index: the engines' events, or this
         // replica's own pick history (index `picks` whatever the ids, and
@@ -459,6 +526,22 @@ impl Pool {
             if let (Some(h), Some(c)) = (history, &chain) {
                 h.write().record(e.id, c);
             }
+            // A stopped tokenization left the pick's chain short: finish it
+            // off the pick's path, so that requests sharing this prompt's
+            // fresh part while it is in prefill see it there.
+            if let (Some(_), Some(RequestTokenizer::Local(tok)), false) = (
+                estimated_len,
+                Some(&self.tokenizer),
+                request_id.is_empty() || salted,
+            ) {
+                complete_chain_later(
+                    Arc::clone(tok),
+                    owned,
+                    self.block_size,
+                    request_id.clone(),
+                    self.load.pending_chains(),
+                );
+            }
         }
 
         tracing::debug!(
@@ -496,6 +579,41 @@ impl Pool {
             reason: ranking.decision.as_str().to_string(),
             tokenize_mode: mode.as_str().to_string(),
         })
+    }
+
+    /// Tokenizes in process only as far as the ids can matter: at block
+    /// boundaries inside text the tokenizer has not seen (its segment
+    /// cache), it asks whether some engine's blocks (the index) or a pick
+    /// still in prefill hold the prompt up to there, and stops at the
+    /// first no: nothing after a miss can be a hit. A salted request is
+    /// never matched, so it stops at the first new text. The length of
+    /// the rest is estimated (the scoring's prefill work uses it).
+    fn tokenize_prefix(
+        &self,
+        tok: &ChatTokenizer,
+        input: PromptInput<'_>,
+        salted: bool,
+    ) -> Result<PrefixIds, TokenizeError> {
+        let block = self.block_size.max(1) as usize;
+        let mut go_on = |ids: &[u32]| -> bool {
+            if salted {
+                return false;
+            }
+            let full = ids.len() / block;
+            self.index.overlap(ids).max_blocks() >= full
+                || self.load.pending_holds(&block_chain(ids, self.block_size))
+        };
+        match input {
+            PromptInput::Chat(messages) => tok
+                .encode_chat_prefix(messages, true, block, &mut go_on)
+                .map_err(|e| TokenizeError::Template(e.to_string())),
+            PromptInput::Text(text) => Ok(tok.encode_prefix(text, block, &mut go_on)),
+            PromptInput::TokenIds(ids) => Ok(PrefixIds {
+                ids: ids.to_vec(),
+                stopped_at: None,
+                text_len: 0,
+            }),
+        }
     }
 
     /// Accounts a report.

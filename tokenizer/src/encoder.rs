@@ -13,6 +13,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -95,6 +96,10 @@ struct Matcher {
     /// Candidates by first byte, longest first.
     by_first: Vec<Vec<(Box<[u8]>, u32)>>,
     first: [bool; 256],
+    /// The distinct first bytes, when few enough to search for with
+    /// `memchr` (one `<` for Qwen3): a 50 KB prompt is then scanned at
+    /// memory speed instead of a table lookup per byte.
+    firsts: Vec<u8>,
 }
 
 impl Matcher {
@@ -102,6 +107,7 @@ impl Matcher {
         let mut m = Matcher {
             by_first: vec![Vec::new(); 256],
             first: [false; 256],
+            firsts: Vec::new(),
         };
         for (bytes, id) in tokens {
             if let Some(&b) = bytes.first() {
@@ -113,7 +119,22 @@ impl Matcher {
             // Stable sort keeps file order among equal lengths.
             list.sort_by_key(|(b, _)| std::cmp::Reverse(b.len()));
         }
+        m.firsts = (0..=255u8).filter(|&b| m.first[b as usize]).collect();
         m
+    }
+
+    /// The first position at or after `from` whose byte starts some token.
+    #[inline]
+    fn next_candidate(&self, bytes: &[u8], from: usize) -> Option<usize> {
+        let hay = &bytes[from..];
+        let found = match self.firsts[..] {
+            [] => None,
+            [a] => memchr::memchr(a, hay),
+            [a, b] => memchr::memchr2(a, b, hay),
+            [a, b, c] => memchr::memchr3(a, b, c, hay),
+            _ => hay.iter().position(|&x| self.first[x as usize]),
+        };
+        found.map(|i| from + i)
     }
 
     fn is_empty(&self) -> bool {
@@ -123,39 +144,92 @@ impl Matcher {
     /// Calls `f` for each stretch between matches and for each match, in
     /// order.
     fn split<'t>(&self, text: &'t str, mut f: impl FnMut(Part<'t>)) {
+        let _ = self.try_split(text, |part, _| {
+            f(part);
+            ControlFlow::Continue(())
+        });
+    }
+
+    /// Like [`Matcher::split`], with each part's byte offset in `text`,
+    /// stopping when `f` breaks.
+    fn try_split<'t>(
+        &self,
+        text: &'t str,
+        mut f: impl FnMut(Part<'t>, usize) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
         let bytes = text.as_bytes();
         let mut start = 0;
-        let mut i = 0;
-        while i < bytes.len() {
-            if self.first[bytes[i] as usize] {
-                let rest = &bytes[i..];
-                if let Some((len, id)) = self.by_first[bytes[i] as usize]
-                    .iter()
-                    .find(|(t, _)| rest.starts_with(t))
-                    .map(|(t, id)| (t.len(), *id))
-                {
-                    // Tokens are whole UTF-8 strings and `i` is at a byte
-                    // that starts one, so both ends are char boundaries.
-                    if start < i {
-                        f(Part::Text(&text[start..i]));
-                    }
-                    f(Part::Token(id));
-                    i += len;
-                    start = i;
-                    continue;
+        let mut from = 0;
+        while let Some(i) = self.next_candidate(bytes, from) {
+            let rest = &bytes[i..];
+            if let Some((len, id)) = self.by_first[bytes[i] as usize]
+                .iter()
+                .find(|(t, _)| rest.starts_with(t))
+                .map(|(t, id)| (t.len(), *id))
+            {
+                // Tokens are whole UTF-8 strings and `i` is at a byte that
+                // starts one, so both ends are char boundaries.
+                if start < i {
+                    f(Part::Text(&text[start..i]), start)?;
                 }
+                f(Part::Token(id), i)?;
+                start = i + len;
+                from = start;
+            } else {
+                from = i + 1;
             }
-            i += 1;
         }
         if start < bytes.len() {
-            f(Part::Text(&text[start..]));
+            f(Part::Text(&text[start..]), start)?;
         }
+        ControlFlow::Continue(())
     }
 }
 
 enum Part<'t> {
     Text(&'t str),
     Token(u32),
+}
+
+/// When [`Encoder::encode_prefix`] asks whether to go on: at the first
+/// full block that holds uncached text, then 2, 4, 8... blocks further, so
+/// a long prompt that does keep matching costs O(log n) checks.
+pub(crate) struct Probe<'a> {
+    block: usize,
+    /// Token count of the next checkpoint; `None` until uncached text.
+    next: Option<usize>,
+    step_blocks: usize,
+    go_on: &'a mut dyn FnMut(&[u32]) -> bool,
+}
+
+impl<'a> Probe<'a> {
+    pub(crate) fn new(block: usize, go_on: &'a mut dyn FnMut(&[u32]) -> bool) -> Self {
+        Probe {
+            block: block.max(1),
+            next: None,
+            step_blocks: 1,
+            go_on,
+        }
+    }
+
+    /// Uncached text starts at token `len`: the first checkpoint is the end
+    /// of the block it falls in (kept if one is already set).
+    fn arm(&mut self, len: usize) {
+        if self.next.is_none() {
+            self.next = Some((len / self.block + 1) * self.block);
+        }
+    }
+
+    fn check(&mut self, out: &[u32]) -> ControlFlow<()> {
+        while let Some(next) = self.next.filter(|&n| out.len() >= n) {
+            if !(self.go_on)(&out[..next]) {
+                return ControlFlow::Break(());
+            }
+            self.step_blocks = self.step_blocks.saturating_mul(2);
+            self.next = Some(next + self.step_blocks * self.block);
+        }
+        ControlFlow::Continue(())
+    }
 }
 
 /// The fast, exact encoder.
@@ -372,6 +446,120 @@ impl Encoder {
             Part::Token(id) => out.push(id),
         });
         out
+    }
+
+    /// [`Encoder::encode`] that may stop early: see
+    /// [`crate::ChatTokenizer::encode_prefix`]. Returns the ids (a prefix of
+    /// `encode(text)`'s) and, when it stopped, the byte offset in `text`
+    /// that was encoded up to (approximate inside NFC-normalized text).
+    pub(crate) fn encode_prefix(
+        &self,
+        text: &str,
+        probe: &mut Probe<'_>,
+    ) -> (Vec<u32>, Option<usize>) {
+        let mut out = Vec::with_capacity(text.len() / 4 + 8);
+        let mut scratch = Scratch::default();
+        let mut stopped = None;
+        let _ = self.raw_added.try_split(text, |part, at| match part {
+            Part::Token(id) => {
+                out.push(id);
+                ControlFlow::Continue(())
+            }
+            Part::Text(seg) => {
+                let cached = self
+                    .cache
+                    .as_deref()
+                    .filter(|_| seg.len() >= MIN_SEGMENT_BYTES)
+                    .and_then(|c| c.get(seg));
+                if let Some(ids) = cached {
+                    out.extend_from_slice(&ids);
+                    return ControlFlow::Continue(());
+                }
+                let start = out.len();
+                match self.encode_segment_probed(seg, &mut scratch, &mut out, probe) {
+                    ControlFlow::Continue(()) => {
+                        if let Some(c) = self
+                            .cache
+                            .as_deref()
+                            .filter(|_| seg.len() >= MIN_SEGMENT_BYTES)
+                        {
+                            c.insert(seg, &out[start..]);
+                        }
+                        ControlFlow::Continue(())
+                    }
+                    ControlFlow::Break(done) => {
+                        stopped = Some(at + done);
+                        ControlFlow::Break(())
+                    }
+                }
+            }
+        });
+        (out, stopped)
+    }
+
+    /// Encodes an uncached segment piece by piece, asking `probe` at its
+    /// checkpoints; breaks with the bytes of `seg` encoded when told to
+    /// stop.
+    fn encode_segment_probed(
+        &self,
+        seg: &str,
+        scratch: &mut Scratch,
+        out: &mut Vec<u32>,
+        probe: &mut Probe<'_>,
+    ) -> ControlFlow<usize> {
+        probe.arm(out.len());
+        let needs_nfc =
+            self.nfc && !seg.is_ascii() && is_nfc_quick(seg.chars()) != IsNormalized::Yes;
+        let normalized: Cow<'_, str> = if needs_nfc {
+            Cow::Owned(seg.nfc().map(|(c, _)| c).collect())
+        } else {
+            Cow::Borrowed(seg)
+        };
+        // Offsets in the normalized text, scaled back to `seg` (exact when
+        // nothing was normalized).
+        let scale = |n: usize| n * seg.len() / normalized.len().max(1);
+        if self.normalized_added.is_empty() {
+            return match self.pieces_probed(&normalized, scratch, out, probe) {
+                ControlFlow::Break(n) => ControlFlow::Break(scale(n)),
+                ControlFlow::Continue(()) => ControlFlow::Continue(()),
+            };
+        }
+        let mut stopped = None;
+        let _ = self
+            .normalized_added
+            .try_split(&normalized, |part, at| match part {
+                Part::Token(id) => {
+                    out.push(id);
+                    match probe.check(out) {
+                        ControlFlow::Break(()) => {
+                            stopped = Some(scale(at));
+                            ControlFlow::Break(())
+                        }
+                        c => c,
+                    }
+                }
+                Part::Text(s) => match self.pieces_probed(s, scratch, out, probe) {
+                    ControlFlow::Break(n) => {
+                        stopped = Some(scale(at + n));
+                        ControlFlow::Break(())
+                    }
+                    ControlFlow::Continue(()) => ControlFlow::Continue(()),
+                },
+            });
+        stopped.map_or(ControlFlow::Continue(()), ControlFlow::Break)
+    }
+
+    fn pieces_probed(
+        &self,
+        text: &str,
+        scratch: &mut Scratch,
+        out: &mut Vec<u32>,
+        probe: &mut Probe<'_>,
+    ) -> ControlFlow<usize> {
+        pretok::try_for_each_piece(self.classes, text, |piece| {
+            self.bpe.encode_piece(piece.as_bytes(), scratch, out);
+            probe.check(out)
+        })
     }
 
     fn encode_segment(&self, seg: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {

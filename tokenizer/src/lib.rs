@@ -107,6 +107,43 @@ pub fn flatten_content(content: &Value) -> Result<String, TokenizerError> {
     }
 }
 
+/// What [`ChatTokenizer::encode_prefix`] encoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixIds {
+    /// The ids: a prefix of the whole text's ids.
+    pub ids: Vec<u32>,
+    /// Where encoding stopped, a byte offset in the text (approximate
+    /// inside NFC-normalized text); `None` when the text was encoded to its
+    /// end and `ids` are all of them.
+    pub stopped_at: Option<usize>,
+    /// The text's length in bytes.
+    pub text_len: usize,
+}
+
+impl PrefixIds {
+    /// Whether `ids` are the whole text's.
+    pub fn complete(&self) -> bool {
+        self.stopped_at.is_none()
+    }
+
+    /// The whole text's token count: exact when complete, else the ids so
+    /// far plus the rest of the text at the encoded part's bytes per token.
+    pub fn estimated_len(&self) -> usize {
+        match self.stopped_at {
+            None => self.ids.len(),
+            Some(at) => {
+                let rest = self.text_len.saturating_sub(at);
+                let per_byte = if at > 0 {
+                    self.ids.len() as f64 / at as f64
+                } else {
+                    0.25
+                };
+                self.ids.len() + (rest as f64 * per_byte).ceil() as usize
+            }
+        }
+    }
+}
+
 /// A model's tokenizer and chat template.
 ///
 /// Cheap to share: all methods take `&self` and it is `Send + Sync`; wrap it
@@ -233,6 +270,47 @@ impl ChatTokenizer {
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
         Ok(self.encode(&self.render_chat(messages, add_generation_prompt)?))
+    }
+
+    /// Encodes `text` like [`encode`](Self::encode), but only as far as the
+    /// ids can matter to the caller: before and while encoding text that is
+    /// not in the segment cache, it asks `go_on` with the ids up to a block
+    /// boundary (multiples of `block` tokens: first the block the new text
+    /// starts in, then 2, 4, 8... blocks on), and stops when the answer is
+    /// no. A prefix router stops where no engine holds the prompt's blocks:
+    /// nothing after that point can be a cache hit, so the usually fresh
+    /// tail of a prompt is never encoded.
+    ///
+    /// The ids are always a prefix of `encode(text)` (segments between
+    /// added tokens, and the pre-tokenizer's pieces within them, encode
+    /// independently), and whole when `go_on` never said no. Text that was
+    /// encoded to its end is cached as usual.
+    pub fn encode_prefix(
+        &self,
+        text: &str,
+        block: usize,
+        go_on: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> PrefixIds {
+        let mut probe = encoder::Probe::new(block, go_on);
+        let (ids, stopped_at) = self.encoder.encode_prefix(text, &mut probe);
+        PrefixIds {
+            ids,
+            stopped_at,
+            text_len: text.len(),
+        }
+    }
+
+    /// [`render_chat`](Self::render_chat) then
+    /// [`encode_prefix`](Self::encode_prefix).
+    pub fn encode_chat_prefix(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        block: usize,
+        go_on: &mut dyn FnMut(&[u32]) -> bool,
+    ) -> Result<PrefixIds, TokenizerError> {
+        let text = self.render_chat(messages, add_generation_prompt)?;
+        Ok(self.encode_prefix(&text, block, go_on))
     }
 
     /// Text of `ids`, special tokens included; unknown ids are skipped and

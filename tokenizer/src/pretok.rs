@@ -15,6 +15,7 @@
 //! Oniguruma bundled with `tokenizers`, so that characters assigned later
 //! are classed as "other" there and here alike.
 
+use std::ops::ControlFlow;
 use std::sync::OnceLock;
 
 use crate::TokenizerError;
@@ -106,14 +107,30 @@ impl Classes {
 /// Splits `text` into the regex's pieces, calling `f` with each, in order.
 /// The pieces cover `text` exactly (every character matches some branch).
 pub(crate) fn for_each_piece<'t>(classes: &Classes, text: &'t str, mut f: impl FnMut(&'t str)) {
+    let _ = try_for_each_piece(classes, text, |p| {
+        f(p);
+        ControlFlow::Continue(())
+    });
+}
+
+/// Like [`for_each_piece`], stopping when `f` breaks; the break carries the
+/// byte offset just past the piece `f` broke on.
+pub(crate) fn try_for_each_piece<'t>(
+    classes: &Classes,
+    text: &'t str,
+    mut f: impl FnMut(&'t str) -> ControlFlow<()>,
+) -> ControlFlow<usize> {
     let s = Scanner { classes, text };
     let mut i = 0;
     while i < text.len() {
         let end = s.piece_end(i);
         debug_assert!(end > i && text.is_char_boundary(end));
-        f(&text[i..end]);
+        if f(&text[i..end]).is_break() {
+            return ControlFlow::Break(end);
+        }
         i = end;
     }
+    ControlFlow::Continue(())
 }
 
 struct Scanner<'a> {
