@@ -480,6 +480,18 @@ impl PoolIndex {
                 ..Default::default()
             },
         );
+        self.overlap_of(&hashes)
+    }
+
+    /// The index's per-block hashes of the full blocks of `tokens` (no
+    /// LoRA adapter). Each depends on its block alone, so the hashes of a
+    /// longer prompt extend those of its prefix.
+    pub fn block_hashes(&self, tokens: &[u32]) -> Vec<LocalBlockHash> {
+        compute_block_hash_for_seq(tokens, self.block_size, BlockHashOptions::default())
+    }
+
+    /// [`PoolIndex::overlap`] of already computed [`PoolIndex::block_hashes`].
+    pub fn overlap_of(&self, hashes: &[LocalBlockHash]) -> Overlap {
         let mut overlap = Overlap {
             request_blocks: hashes.len(),
             matched: HashMap::new(),
@@ -487,7 +499,7 @@ impl PoolIndex {
         if hashes.is_empty() {
             return overlap;
         }
-        let scores = self.tree.backend().find_matches(&hashes, false);
+        let scores = self.tree.backend().find_matches(hashes, false);
         for (worker, score) in scores.scores {
             let entry = overlap
                 .matched

@@ -690,21 +690,30 @@ fn release(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &InFlight, whol
 /// common prefix. (Private to the indexer; the engines' hashes are never
 /// reproduced.)
 pub fn block_chain(tokens: &[u32], block_size: u32) -> Vec<u64> {
+    let mut chain = Vec::with_capacity(tokens.len() / block_size.max(1) as usize);
+    extend_block_chain(&mut chain, tokens, block_size);
+    chain
+}
+
+/// Extends `chain`, the [`block_chain`] of a prefix of `tokens`, to the
+/// full blocks of `tokens`: only the new blocks are hashed.
+pub fn extend_block_chain(chain: &mut Vec<u64>, tokens: &[u32], block_size: u32) {
     let bs = block_size.max(1) as usize;
-    let mut h = 0u64;
+    let mut h = chain.last().copied().unwrap_or(0);
     // One-shot over the block's little-endian bytes: the same value as
     // feeding the tokens to a streaming hasher one by one, at a fraction of
     // the per-call cost.
     let mut bytes = Vec::with_capacity(bs * 4);
-    tokens
-        .chunks_exact(bs)
-        .map(|block| {
-            bytes.clear();
-            bytes.extend(block.iter().flat_map(|t| t.to_le_bytes()));
-            h = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, h);
-            h
-        })
-        .collect()
+    let done = chain.len() * bs;
+    let Some(rest) = tokens.get(done..) else {
+        return;
+    };
+    chain.extend(rest.chunks_exact(bs).map(|block| {
+        bytes.clear();
+        bytes.extend(block.iter().flat_map(|t| t.to_le_bytes()));
+        h = xxhash_rust::xxh3::xxh3_64_with_seed(&bytes, h);
+        h
+    }));
 }
 
 /// Length of the common prefix of two block chains. Chains agree on a
@@ -980,6 +989,12 @@ vllm:cache_config_info{block_size="16",weird="a\"b,c}d"} 1 1700000000000
             })
             .collect();
         assert_eq!(block_chain(&tokens, 16), want);
+        // Extending a prefix's chain gives the whole chain.
+        let mut c = block_chain(&tokens[..20], 16);
+        extend_block_chain(&mut c, &tokens, 16);
+        assert_eq!(c, want);
+        extend_block_chain(&mut c, &tokens[..8], 16);
+        assert_eq!(c, want, "a shorter prompt changes nothing");
     }
 
     #[test]

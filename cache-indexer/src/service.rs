@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use dynamo_kv_router::protocols::LocalBlockHash;
 use kvasir_proto::v1 as pb;
 use kvasir_tokenizer::{ChatMessage, ChatTokenizer, PrefixIds};
 use parking_lot::RwLock;
@@ -22,7 +23,9 @@ use parking_lot::RwLock;
 use crate::events::{DecodedBatch, EngineEvent, EngineHash, SubscriberHandle, SyncState};
 use crate::history::{PickHistory, DEFAULT_PICK_HISTORY_BLOCKS};
 use crate::index::PoolIndex;
-use crate::load::{block_chain, pool_saturation, LoadTracker, LoadView, PendingChains, Phase};
+use crate::load::{
+    block_chain, extend_block_chain, pool_saturation, LoadTracker, LoadView, PendingChains, Phase,
+};
 use crate::metrics::PoolMetrics;
 use crate::scoring::{self, Candidate, Decision, Weights};
 use crate::tokenize::{
@@ -148,6 +151,26 @@ impl OwnedPrompt {
             OwnedPrompt::Text(t) => PromptInput::Text(t),
             OwnedPrompt::TokenIds(ids) => PromptInput::TokenIds(ids),
         }
+    }
+}
+
+/// A prompt's block hashes, grown with its ids: the index's per-block
+/// hashes and the chained ones picks in prefill are matched by.
+#[derive(Default)]
+struct PrefixHashes {
+    local: Vec<LocalBlockHash>,
+    chain: Vec<u64>,
+}
+
+impl PrefixHashes {
+    /// Hashes the full blocks of `ids` (which extend the ids hashed so
+    /// far) not hashed yet.
+    fn extend(&mut self, index: &PoolIndex, ids: &[u32], block_size: u32) {
+        let bs = block_size.max(1) as usize;
+        if let Some(new) = ids.get(self.local.len() * bs..) {
+            self.local.extend(index.block_hashes(new));
+        }
+        extend_block_chain(&mut self.chain, ids, block_size);
     }
 }
 
@@ -424,8 +447,9 @@ impl Pool {
             }
             _ => None,
         };
+        let mut hashes = PrefixHashes::default();
         let (tokenized, estimated_len) = match local {
-            Some(tok) => match self.tokenize_prefix(tok, input, salted) {
+            Some(tok) => match self.tokenize_prefix(tok, input, salted, &mut hashes) {
                 Ok(p) => {
                     let est = p.estimated_len();
                     (
@@ -475,10 +499,15 @@ impl Pool {
         // (A pool that matches from its history always has one: `new`,
         // `with_index`.)
         let indexed = tokenized_ok && !salted && (history.is_some() || !from_history);
-        let chain: Option<Arc<[u64]>> = indexed.then(|| block_chain(&ids, self.block_size).into());
+        // (Hashes the prefix tokenizer's checks computed are extended, not
+        // recomputed.)
+        if indexed {
+            hashes.extend(&self.index, &ids, self.block_size);
+        }
+        let chain: Option<Arc<[u64]>> = indexed.then(|| std::mem::take(&mut hashes.chain).into());
         let overlap = match (&chain, history) {
             (Some(c), Some(h)) => Some(h.read().overlap(c)),
-            (Some(_), None) => Some(self.index.overlap(&ids)),
+            (Some(_), None) => Some(self.index.overlap_of(&hashes.local)),
             (None, _) => None,
         };
 
@@ -593,15 +622,17 @@ impl Pool {
         tok: &ChatTokenizer,
         input: PromptInput<'_>,
         salted: bool,
+        hashes: &mut PrefixHashes,
     ) -> Result<PrefixIds, TokenizeError> {
         let block = self.block_size.max(1) as usize;
         let mut go_on = |ids: &[u32]| -> bool {
             if salted {
                 return false;
             }
+            hashes.extend(&self.index, ids, self.block_size);
             let full = ids.len() / block;
-            self.index.overlap(ids).max_blocks() >= full
-                || self.load.pending_holds(&block_chain(ids, self.block_size))
+            self.index.overlap_of(&hashes.local).max_blocks() >= full
+                || self.load.pending_holds(&hashes.chain)
         };
         match input {
             PromptInput::Chat(messages) => tok

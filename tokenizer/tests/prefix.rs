@@ -43,7 +43,7 @@ fn never_stopping_gives_all_ids() {
         assert_eq!(p.estimated_len(), p.ids.len());
         // Doubling distances: a handful of checks, not one per block.
         assert!(
-            asked >= 1 && asked <= 12,
+            (1..=12).contains(&asked),
             "seed {seed}: asked {asked} times"
         );
     }
