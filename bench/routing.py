@@ -21,7 +21,9 @@ time-scaled), the mode's proxy, and replays the workload through Envoy with
 Load 1.0 is calibrated first: a round-robin run at a guessed rate measures
 prefill utilisation, and the rate is scaled to where round-robin runs at
 about 70%. The report (markdown, SVG plots, per-request CSV) goes to
-`--out`; `kvasir-bench report` writes it.
+`--out` (default `bench/results/routing` for `--preset full`,
+`bench/results/routing-short` for `short`); `kvasir-bench report` writes
+it.
 
     .tools/venv/bin/python bench/routing.py --preset short   # make bench
     .tools/venv/bin/python bench/routing.py --preset full    # make bench-full
@@ -254,7 +256,9 @@ def calibrate(workload: str, guess: float, p: dict, scratch: Path, logroot: Path
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="short")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "routing"))
+    ap.add_argument("--out", help="results directory (default: bench/results/routing for the full preset, "
+                                  "bench/results/routing-short for the short one, so `make bench` never "
+                                  "overwrites the full run the README quotes)")
     ap.add_argument("--workloads", default="trace,chat")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--loads", help="comma-separated load factors for every workload (default: the preset's)")
@@ -278,7 +282,8 @@ def main(argv: list[str]) -> int:
         if not b.exists():
             raise SystemExit(f"{b} missing: run `make build` first")
 
-    out = Path(a.out)
+    default_dir = "routing" if a.preset == "full" else f"routing-{a.preset}"
+    out = Path(a.out) if a.out else REPO / "bench" / "results" / default_dir
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)

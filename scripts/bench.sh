@@ -16,7 +16,8 @@ echo "== cache-indexer: Pick latency (in process and over gRPC), cold tokenizati
 target/release/examples/pick_bench > bench/results/indexer_pick.json
 
 echo "== Envoy data path: latency the filter + pick adds over the same route without it"
-.tools/venv/bin/python bench/filter_overhead.py --seconds "$SECONDS_PER" --out bench/results/filter.json >/dev/null
+# 3 interleaved rounds of 5 s per path and rate; the added latency is their median.
+.tools/venv/bin/python bench/filter_overhead.py --rounds 3 --seconds 5 --out bench/results/filter.json >/dev/null
 
 echo "== routing: the Mooncake trace and a multi-tenant chat through Envoy, four routing modes (short version)"
 .tools/venv/bin/python bench/routing.py --preset "${ROUTING_PRESET:-short}" --no-progress

@@ -109,7 +109,7 @@ def fmt_ms(v):
     return f"{v / 1000:.2f} s" if v >= 10000 else f"{v:.0f} ms"
 
 
-def routing_table(r):
+def routing_table(r, subdir="routing"):
     """Load 1.0 (and 2.0) of each workload, every mode, and the targets."""
     runs = r["runs"]
     base = {(x["workload"], x["load"]): x for x in runs if x["mode"] == "round-robin"}
@@ -140,7 +140,7 @@ def routing_table(r):
         why = t.get("why", "") if t["met"] is False else ""
         rows.append(f"| {t['target']} | {t['measured']} | {met} | {why} |")
     rows += ["", f"Produced by `{r['command']}`; the full report with ITL, throughput, per-run facts and plots is "
-             "[bench/results/routing/report.md](bench/results/routing/report.md)."]
+             f"[bench/results/{subdir}/report.md](bench/results/{subdir}/report.md)."]
     return "\n".join(rows)
 
 
@@ -173,6 +173,9 @@ def main():
     if rt.exists():
         # The report writes Infinity for requests that never answered.
         readme = put(readme, "routing", routing_table(json.loads(rt.read_text())))
+    short = RESULTS / "routing-short" / "summary.json"
+    if short.exists():
+        readme = put(readme, "routing-short", routing_table(json.loads(short.read_text()), "routing-short"))
     readme_path.write_text(readme)
 
 

@@ -46,7 +46,15 @@ pub struct TargetCheck {
 }
 
 /// Facts behind a kvasir-against-round-robin comparison at one load.
-fn context(k: &RunMeta, b: &RunMeta, about_e2e: bool, bound: Option<&PooledBound>) -> String {
+/// Why a target was missed: the runs' facts that bear on it. `goal_ms` is
+/// the TTFT the target asked of kvasir, for TTFT targets.
+fn context(
+    k: &RunMeta,
+    b: &RunMeta,
+    about_e2e: bool,
+    goal_ms: Option<f64>,
+    bound: Option<&PooledBound>,
+) -> String {
     let mut v = format!(
         "round-robin ran at {} prefill use ({} busy); hit rate {} against round-robin's {}",
         pct(b.engines.prefill_utilisation),
@@ -72,6 +80,15 @@ fn context(k: &RunMeta, b: &RunMeta, about_e2e: bool, bound: Option<&PooledBound
                 pct(b.hit_rate)
             ));
         }
+    }
+    let fastest = k.summary.fastest_ttft_ms;
+    if let Some(goal) = goal_ms.filter(|g| fastest.is_finite() && *g < fastest) {
+        v.push_str(&format!(
+            "; the target is {}, below the fastest TTFT of any of kvasir's requests ({}, about an engine's \
+             fixed cost of one prefill step), so no routing reaches it at this round-robin latency",
+            ms(goal),
+            ms(fastest)
+        ));
     }
     let (be, bt) = (b.summary.e2e.p50, b.summary.ttft.p50);
     if about_e2e && be.is_finite() && bt.is_finite() && (be - bt) > 0.5 * be {
@@ -159,7 +176,9 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
                         if met {
                             String::new()
                         } else {
-                            context(k, b, target.contains("e2e"), bound)
+                            let about_e2e = target.contains("e2e");
+                            let goal = (!about_e2e).then(|| f(b) * max);
+                            context(k, b, about_e2e, goal, bound)
                         },
                     )
                 }
@@ -467,6 +486,7 @@ mod tests {
                 goodput_rps: 1.0,
                 goodput_share: 1.0,
                 per_endpoint: vec![],
+                fastest_ttft_ms: p50 / 4.0,
             },
             ttft_growth: 1.0,
             notes: Default::default(),
@@ -503,6 +523,40 @@ mod tests {
         let miss = get("trace @1.0: p90 TTFT below");
         assert!(miss.why.contains("hit rate 60.0%"), "{}", miss.why);
         assert!(md.contains("40.0%"));
+    }
+
+    #[test]
+    fn a_ttft_target_below_the_fastest_request_says_so() {
+        // Round-robin's median 100 ms: 5% is 5 ms, and kvasir's fastest
+        // request took 80 / 4 = 20 ms.
+        let inp = Inputs {
+            runs: vec![
+                run("chat", BASELINE, 1.0, 100.0, 400.0, 0.6),
+                run("chat", KVASIR, 1.0, 80.0, 300.0, 0.8),
+            ],
+            ..Default::default()
+        };
+        let c = check_targets(&inp);
+        let median = c
+            .iter()
+            .find(|c| c.target.starts_with("chat @1.0: median TTFT"))
+            .unwrap();
+        assert_eq!(median.met, Some(false));
+        assert!(
+            median
+                .why
+                .contains("the target is 5.0 ms, below the fastest TTFT"),
+            "{}",
+            median.why
+        );
+        assert!(median.why.contains("(20.0 ms"), "{}", median.why);
+        // p99: 20% of 400 ms = 80 ms is above the floor: no such claim.
+        let p99 = c
+            .iter()
+            .find(|c| c.target.starts_with("chat @1.0: p99 TTFT"))
+            .unwrap();
+        assert_eq!(p99.met, Some(false));
+        assert!(!p99.why.contains("fastest"), "{}", p99.why);
     }
 
     #[test]

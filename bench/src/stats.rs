@@ -139,6 +139,15 @@ pub struct Summary {
     pub goodput_share: f64,
     /// Requests served per endpoint, by address (sorted).
     pub per_endpoint: Vec<(String, usize)>,
+    /// The fastest TTFT of the run, ms: about an engine's fixed cost of
+    /// one prefill step, the floor no routing goes below (NaN in results
+    /// written before it was recorded).
+    #[serde(default = "nan", with = "nonfinite")]
+    pub fastest_ttft_ms: f64,
+}
+
+fn nan() -> f64 {
+    f64::NAN
 }
 
 /// Summarises a run's records.
@@ -195,6 +204,11 @@ pub fn summarize(records: &[Record]) -> Summary {
             .iter()
             .filter(|r| r.outcome == Outcome::Timeout)
             .count(),
+        fastest_ttft_ms: ttft
+            .first()
+            .copied()
+            .filter(|v| v.is_finite())
+            .unwrap_or(f64::NAN),
         ttft: Dist::of_sorted(&ttft),
         itl: Dist::of_sorted(&itl),
         e2e: Dist::of_sorted(&e2e),

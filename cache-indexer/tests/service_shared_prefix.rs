@@ -1,9 +1,8 @@
 //! What the picker needs from the index when engines share a prefix under
 //! different engine hashes (real vLLM seeds its hashes per process): the
-//! endpoint with the longer chain must match all of it. Ignored until the
-//! index fix lands (API_REQUESTS.md, "shared prefixes lose their tails");
-//! run with `cargo test --release -p kvasir-cache-indexer --test
-//! service_shared_prefix -- --ignored`.
+//! endpoint with the longer chain must match all of it (the index fix for
+//! API_REQUESTS.md's "shared prefixes lose their tails"; these run in
+//! every `make test`).
 
 use kvasir_cache_indexer::events::EngineHash;
 use kvasir_cache_indexer::index::PoolIndex;

@@ -67,6 +67,11 @@ pub trait Host {
     fn defer_detached(&mut self, call: DeferredCall) -> Result<(), DeferredCall> {
         Err(call)
     }
+    /// Takes the calls [`Host::defer_detached`] queued and the root has not
+    /// dispatched yet (none where the host does not defer).
+    fn take_deferred(&mut self) -> Vec<DeferredCall> {
+        Vec::new()
+    }
     /// The body of the gRPC answer being delivered.
     fn grpc_response(&self, size: usize) -> Option<Vec<u8>>;
     /// Resumes a request paused in its body callback.
@@ -302,6 +307,10 @@ impl Flow {
             return Verdict::Continue;
         }
         self.start_ns = host.now_ns();
+        // Reports still queued for the root's tick go out before this
+        // request is picked for, so the indexer has them first (they are
+        // sent here, at the headers, to overlap with the body's arrival).
+        self.send_queued(host);
         let settings = &self.shared.config.settings;
         let mut headers = host.request_headers();
         // A client must never steer: the endpoint list and the route's
@@ -773,6 +782,15 @@ impl Flow {
         self.report(host, ReportPhase::Done, outcome, usage, now);
     }
 
+    /// Dispatches the calls still queued for the root's tick (this VM's,
+    /// any request's), in order.
+    fn send_queued(&self, host: &mut dyn Host) {
+        for call in host.take_deferred() {
+            let sent = host.call_detached(&call.cluster, call.method, &call.msg, call.timeout_ms);
+            self.shared.count_report(&call.pool_name, sent);
+        }
+    }
+
     fn report(
         &self,
         host: &mut dyn Host,
@@ -809,8 +827,22 @@ impl Flow {
             timeout_ms: s.report_timeout_ms,
             pool_name: r.pool_name.clone(),
         };
-        let Err(call) = host.defer_detached(call) else {
-            return; // counted when the root dispatches it
+        // The first-token report waits for the root's tick: dispatching it
+        // here would hold back the first token by the dispatch's ~0.1 ms.
+        // The done report goes at once, after whatever is still queued (in
+        // order): until it arrives the request counts as load on its
+        // endpoint, and a follow-up sent the moment this response ends
+        // (an agent's next turn) would be picked against that stale load,
+        // i.e. away from its own prefix. That costs the response's end
+        // ~0.1 ms, against a full prefill for a mis-routed turn.
+        let call = if phase == ReportPhase::Done {
+            self.send_queued(host);
+            call
+        } else {
+            match host.defer_detached(call) {
+                Ok(()) => return, // counted when the root dispatches it
+                Err(call) => call,
+            }
         };
         let sent = host.call_detached(&call.cluster, call.method, &call.msg, call.timeout_ms);
         self.shared.count_report(&r.pool_name, sent);

@@ -175,6 +175,9 @@ impl Host for Fake {
         self.deferred.push(call);
         Ok(())
     }
+    fn take_deferred(&mut self) -> Vec<DeferredCall> {
+        std::mem::take(&mut self.deferred)
+    }
     fn grpc_response(&self, _size: usize) -> Option<Vec<u8>> {
         assert_eq!(self.cb, Cb::Grpc);
         self.grpc_body.clone()
@@ -912,7 +915,7 @@ fn a_response_ending_in_trailers_is_complete() {
 }
 
 #[test]
-fn reports_are_deferred_to_the_root_when_the_host_can() {
+fn first_token_reports_wait_for_the_root_and_the_done_report_goes_at_once() {
     let (shared, stats) = config(api_key(), json!({"reportFirstToken": true}));
     let mut flow = Flow::new(shared.clone());
     let mut h = Fake::new(
@@ -930,28 +933,44 @@ fn reports_are_deferred_to_the_root_when_the_host_can() {
         0,
         Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
     );
-    respond(
-        &mut flow,
-        &mut h,
-        200,
-        "application/json",
-        &["{\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":2}}"],
+    h.resp_headers = vec![
+        (":status".into(), "200".into()),
+        ("content-type".into(), "application/json".into()),
+    ];
+    h.cb = Cb::RespHeaders;
+    assert_eq!(flow.on_response_headers(&mut h, false), Verdict::Continue);
+    let first = "{\"usage\":{\"prompt_tokens\":20,";
+    h.cb = Cb::RespBody;
+    h.resp_chunk = first.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut h, first.len(), false),
+        Verdict::Continue
     );
-    // Nothing dispatched or counted from the response's callbacks ...
+    // The first byte's report is queued for the root, not dispatched ...
     assert!(h.detached.is_empty());
-    assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 0);
-    // ... the first-token and the done report wait, in order, for the root.
-    let phases: Vec<i32> = h
-        .deferred
-        .iter()
-        .map(|c| {
-            assert_eq!(
-                (c.cluster.as_str(), c.method, c.pool_name.as_str()),
-                ("indexer", "Report", "main")
-            );
-            ReportRequest::decode(c.msg.as_slice()).unwrap().phase
-        })
-        .collect();
+    assert_eq!(h.deferred.len(), 1);
+    let phase = |m: &[u8]| ReportRequest::decode(m).unwrap().phase;
+    assert_eq!(
+        phase(&h.deferred[0].msg),
+        kvasir_proto::v1::ReportPhase::FirstToken as i32
+    );
+    assert_eq!(
+        (
+            h.deferred[0].cluster.as_str(),
+            h.deferred[0].method,
+            h.deferred[0].pool_name.as_str()
+        ),
+        ("indexer", "Report", "main")
+    );
+    // ... and the end of the response sends it, then the done report.
+    let rest = "\"completion_tokens\":2}}";
+    h.resp_chunk = rest.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut h, rest.len(), true),
+        Verdict::Continue
+    );
+    assert!(h.deferred.is_empty());
+    let phases: Vec<i32> = h.detached.iter().map(|(_, _, m)| phase(m)).collect();
     assert_eq!(
         phases,
         vec![
@@ -959,15 +978,66 @@ fn reports_are_deferred_to_the_root_when_the_host_can() {
             kvasir_proto::v1::ReportPhase::Done as i32
         ]
     );
-    let done = ReportRequest::decode(h.deferred[1].msg.as_slice()).unwrap();
+    let done = ReportRequest::decode(h.detached[1].2.as_slice()).unwrap();
     assert_eq!(
         (done.request_id.as_str(), done.endpoint.as_str()),
         ("req-1", "127.0.0.1:9001")
     );
     assert_eq!(done.outcome, kvasir_proto::v1::Outcome::Success as i32);
-    // The root counts what it dispatched.
-    shared.count_report("main", true);
-    shared.count_report("main", false);
+    assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 2);
+}
+
+#[test]
+fn a_new_request_sends_the_reports_still_queued_before_it_is_picked() {
+    let (shared, stats) = config(api_key(), json!({"reportFirstToken": true}));
+    let mut flow = Flow::new(shared.clone());
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("qwen", false),
+    );
+    h.defers = true;
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    grpc(
+        &mut flow,
+        &mut h,
+        7,
+        0,
+        Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
+    );
+    h.resp_headers = vec![
+        (":status".into(), "200".into()),
+        ("content-type".into(), "application/json".into()),
+    ];
+    h.cb = Cb::RespHeaders;
+    assert_eq!(flow.on_response_headers(&mut h, false), Verdict::Continue);
+    let first = "{\"usage\":";
+    h.cb = Cb::RespBody;
+    h.resp_chunk = first.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut h, first.len(), false),
+        Verdict::Continue
+    );
+    assert_eq!(
+        h.deferred.len(),
+        1,
+        "the first-token report waits for the tick"
+    );
+    // Another request on this VM arrives before the tick (its host shares
+    // the VM's queue): its headers send the queued report first.
+    let mut next = Flow::new(shared.clone());
+    let mut h2 = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("qwen", false),
+    );
+    h2.defers = true;
+    h2.deferred = std::mem::take(&mut h.deferred);
+    headers(&mut next, &mut h2);
+    assert!(h2.deferred.is_empty());
+    assert_eq!(h2.detached.len(), 1);
+    assert_eq!(h2.detached[0].1, "Report");
+    assert!(h2.calls.is_empty(), "the pick comes after, with the body");
     assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 1);
-    assert_eq!(stats.counter("kvasir.pool.main.report.dispatch_failed"), 1);
 }

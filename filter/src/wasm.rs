@@ -101,10 +101,12 @@ impl Stats for EnvoyStats {
 }
 
 /// Fire-and-forget calls the HTTP contexts left for the root to dispatch
-/// on its next tick ([`Host::defer_detached`]): a `Report` dispatched from
-/// the response's last callback would run before Envoy writes the
-/// response to the client (the write happens on the next event-loop turn),
-/// adding the dispatch's ~0.1 ms to every response.
+/// on its next tick ([`Host::defer_detached`]): a first-token `Report`
+/// dispatched from the response's first body callback would hold back the
+/// first token by the dispatch's ~0.1 ms. Whatever is still queued goes
+/// out earlier when a request of this VM starts or a response ends
+/// ([`Host::take_deferred`]), so reports keep their order and never trail
+/// the next pick.
 struct Deferred {
     calls: RefCell<Vec<DeferredCall>>,
     /// The root's timer is free for this: no `PoolState` polls use it.
@@ -422,6 +424,11 @@ impl Host for EnvoyHost {
         .is_ok();
         let _ = hostcalls::set_effective_context(self.id);
         sent
+    }
+
+    fn take_deferred(&mut self) -> Vec<DeferredCall> {
+        // The armed tick stays set: it fires, finds nothing and disarms.
+        std::mem::take(&mut *self.deferred.calls.borrow_mut())
     }
 
     fn defer_detached(&mut self, call: DeferredCall) -> Result<(), DeferredCall> {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -201,13 +202,42 @@ def request(method: str, port: int, path: str, body: bytes | str | None = None, 
         c.close()
 
 
-@dataclass
+_READY_PORT = re.compile(r' (http|kv_events|kv_events_replay)=(?:Some\(")?(?:tcp://)?[0-9.]+:(\d+)')
+
+
 class Sim:
-    proc: Proc
-    port: int
-    events: int
-    replay: int
-    model: str
+    """A vllm-sim started on port 0 (HTTP and both KV-event sockets): it
+    binds what the kernel gives it and logs the ports in its `vllm-sim
+    ready` line, read on first use. (Choosing free ports first and passing
+    them in races: anything else binding or connecting in between, an
+    outgoing connection included, can take one.)"""
+
+    def __init__(self, proc: Proc, model: str):
+        self.proc = proc
+        self.model = model
+        self._ports: dict[str, int] | None = None
+
+    def ports(self) -> dict[str, int]:
+        if self._ports is None:
+            def ready():
+                if not self.proc.alive():
+                    raise RuntimeError(f"{self.proc.name} exited: {self.proc.log()[-2000:]}")
+                line = next((l for l in self.proc.log().splitlines() if "vllm-sim ready" in l), None)
+                return dict((k, int(v)) for k, v in _READY_PORT.findall(line)) if line else None
+            self._ports = wait_until(f"{self.proc.name}'s ready line", ready)
+        return self._ports
+
+    @property
+    def port(self) -> int:
+        return self.ports()["http"]
+
+    @property
+    def events(self) -> int:
+        return self.ports()["kv_events"]
+
+    @property
+    def replay(self) -> int:
+        return self.ports()["kv_events_replay"]
 
     @property
     def address(self) -> str:
@@ -224,15 +254,15 @@ class Sim:
 
 def start_sim(logdir: Path, name: str, model: str = MODEL, profile: str = "zero", time_scale: float = 0,
               extra: list[str] | None = None) -> Sim:
-    """A vllm-sim on free ports; the tests' default costs no time at all.
-    `extra`: more vllm-sim flags."""
-    port, ev, rp = free_port(), free_port(), free_port()
+    """A vllm-sim on ports of its own (see `Sim`); the tests' default costs
+    no time at all. `extra`: more vllm-sim flags."""
     argv = [
-        str(SIM_BIN), "--port", str(port), "--model", model, "--profile", profile, "--time-scale", str(time_scale),
-        "--enable-prompt-tokens-details", "--kv-events-port", str(ev), "--kv-events-replay-port", str(rp),
+        str(SIM_BIN), "--port", "0", "--model", model, "--profile", profile, "--time-scale", str(time_scale),
+        "--enable-prompt-tokens-details", "--kv-events-port", "0", "--kv-events-replay-port", "0",
         "--tokenizer", str(TOKENIZER), *(extra or []),
     ]
-    return Sim(Proc(name, argv, logdir), port, ev, rp, model)
+    # The ready line (with the bound ports) is logged at info.
+    return Sim(Proc(name, argv, logdir, env={"RUST_LOG": "info"}), model)
 
 
 def wait_sim(s: Sim) -> None:
