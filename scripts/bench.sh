@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p bench/results
-SECONDS_PER=${BENCH_SECONDS:-10}
+SECONDS_PER=${BENCH_SECONDS:-8}
 
 echo "== vllm-sim: throughput at time scale 0, memory at 25k cached blocks"
 target/release/vllm-sim-bench --seconds "$SECONDS_PER" --out bench/results/sim.json >/dev/null

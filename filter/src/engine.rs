@@ -736,6 +736,9 @@ impl Flow {
             let completed = false;
             self.finish(host, completed);
         }
+        // The stream is complete: its done report (queued at the
+        // response's end) and anything else still queued go now.
+        self.send_queued(host);
     }
 
     fn finish(&mut self, host: &mut dyn Host, completed: bool) {
@@ -827,22 +830,17 @@ impl Flow {
             timeout_ms: s.report_timeout_ms,
             pool_name: r.pool_name.clone(),
         };
-        // The first-token report waits for the root's tick: dispatching it
-        // here would hold back the first token by the dispatch's ~0.1 ms.
-        // The done report goes at once, after whatever is still queued (in
-        // order): until it arrives the request counts as load on its
-        // endpoint, and a follow-up sent the moment this response ends
-        // (an agent's next turn) would be picked against that stale load,
-        // i.e. away from its own prefix. That costs the response's end
-        // ~0.1 ms, against a full prefill for a mis-routed turn.
-        let call = if phase == ReportPhase::Done {
-            self.send_queued(host);
-            call
-        } else {
-            match host.defer_detached(call) {
-                Ok(()) => return, // counted when the root dispatches it
-                Err(call) => call,
-            }
+        // Reports are queued, not dispatched, from the response's
+        // callbacks: a dispatch there (~0.1 ms) runs before Envoy writes the
+        // bytes, holding back the first token or the response's end. The
+        // first-token report goes on the root's next tick; the done report
+        // when the stream is logged (`on_log`), which is also what a
+        // follow-up needs: until it arrives the request counts as load on
+        // its endpoint, and an agent's next turn sent the moment this
+        // response ends would be picked against that stale load, away
+        // from its own prefix.
+        let Err(call) = host.defer_detached(call) else {
+            return; // counted when it is dispatched
         };
         let sent = host.call_detached(&call.cluster, call.method, &call.msg, call.timeout_ms);
         self.shared.count_report(&r.pool_name, sent);

@@ -915,7 +915,7 @@ fn a_response_ending_in_trailers_is_complete() {
 }
 
 #[test]
-fn first_token_reports_wait_for_the_root_and_the_done_report_goes_at_once() {
+fn reports_wait_for_the_tick_or_the_streams_log_callback() {
     let (shared, stats) = config(api_key(), json!({"reportFirstToken": true}));
     let mut flow = Flow::new(shared.clone());
     let mut h = Fake::new(
@@ -962,13 +962,19 @@ fn first_token_reports_wait_for_the_root_and_the_done_report_goes_at_once() {
         ),
         ("indexer", "Report", "main")
     );
-    // ... and the end of the response sends it, then the done report.
+    // ... the end of the response queues the done report behind it ...
     let rest = "\"completion_tokens\":2}}";
     h.resp_chunk = rest.as_bytes().to_vec();
     assert_eq!(
         flow.on_response_body(&mut h, rest.len(), true),
         Verdict::Continue
     );
+    assert!(h.detached.is_empty());
+    assert_eq!(h.deferred.len(), 2);
+    // ... and the stream's log callback (after the response was written)
+    // sends both, in order.
+    h.cb = Cb::Log;
+    flow.on_log(&mut h);
     assert!(h.deferred.is_empty());
     let phases: Vec<i32> = h.detached.iter().map(|(_, _, m)| phase(m)).collect();
     assert_eq!(

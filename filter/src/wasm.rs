@@ -104,9 +104,9 @@ impl Stats for EnvoyStats {
 /// on its next tick ([`Host::defer_detached`]): a first-token `Report`
 /// dispatched from the response's first body callback would hold back the
 /// first token by the dispatch's ~0.1 ms. Whatever is still queued goes
-/// out earlier when a request of this VM starts or a response ends
-/// ([`Host::take_deferred`]), so reports keep their order and never trail
-/// the next pick.
+/// out earlier when a stream is logged or a request of this VM starts
+/// ([`Host::take_deferred`]), so reports keep their order and a done
+/// report never trails the next pick.
 struct Deferred {
     calls: RefCell<Vec<DeferredCall>>,
     /// The root's timer is free for this: no `PoolState` polls use it.
