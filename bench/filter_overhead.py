@@ -131,19 +131,19 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "filter.json"))
     a = ap.parse_args()
     logdir = Path(tempfile.mkdtemp(prefix="kvasir-bench-filter-"))
-    procs: list[h.Proc] = []
-    indexer = None
+    procs = h.Processes()
     try:
         sims = [h.start_sim(logdir, f"sim{i}") for i in range(3)]
         provider = h.start_sim(logdir, "provider", model=h.PROVIDER_MODEL)
-        procs += [s.proc for s in sims] + [provider.proc]
-        indexer = h.indexer_for(sims, logdir, scrape_interval_ms=250)
+        for x in sims + [provider]:
+            procs.add(x)
+        indexer = procs.add(h.indexer_for(sims, logdir, scrape_interval_ms=250))
         plugin = h.compile_plugin(h.POLICY, {"bodyLimitBytes": 1048575})
         envoys = {}
         for name, without in (("with_filter", False), ("without_filter", True)):
             e = h.start_envoy(logdir, plugin, [s.address for s in sims], indexer.address, provider.address,
                               name=name, without_filter=without, concurrency=1, log_level="warning")
-            procs.append(e.proc)
+            procs.add(e)
             envoys[name] = e
         for s in sims + [provider]:
             h.wait_sim(s)
@@ -193,10 +193,7 @@ def main() -> int:
         print(json.dumps(results, indent=2))
         return 0
     finally:
-        if indexer is not None:
-            indexer.stop()
-        for p in reversed(procs):
-            p.stop()
+        procs.stop_all()
 
 
 if __name__ == "__main__":

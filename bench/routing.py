@@ -127,6 +127,7 @@ class Cluster:
         self.sims: list[h.Sim] = []
         self.indexer: h.Indexer | None = None
         self.envoy: h.Envoy | None = None
+        self.procs = h.Processes()
 
     def __enter__(self) -> "Cluster":
         try:
@@ -138,15 +139,16 @@ class Cluster:
 
     def _start(self) -> None:
         extra = ["--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN)]
-        self.sims = [h.start_sim(self.logdir, f"sim{i}", profile="h100-8b", time_scale=self.time_scale, extra=extra)
+        self.sims = [self.procs.add(h.start_sim(self.logdir, f"sim{i}", profile="h100-8b", time_scale=self.time_scale,
+                                                extra=extra))
                      for i in range(ENGINES)]
         for s in self.sims:
             h.wait_sim(s)
         pool = [s.address for s in self.sims]
         if self.mode in ("round-robin", "least-request"):
             lb = self.mode.replace("-", "_")
-            self.envoy = h.start_envoy(self.logdir, "{}", pool, "127.0.0.1:9", "127.0.0.1:9", without_filter=True,
-                                       pool_lb=lb, log_level="warning")
+            self.envoy = self.procs.add(h.start_envoy(self.logdir, "{}", pool, "127.0.0.1:9", "127.0.0.1:9",
+                                                      without_filter=True, pool_lb=lb, log_level="warning"))
         else:
             extra_ix = ["--index", "picks"] if self.mode == "approx-prefix" else []
             weights = VARIANTS.get(self.mode)
@@ -156,21 +158,17 @@ class Cluster:
                 cfg.write_text(json.dumps({"pools": [{"name": "main", "model": h.MODEL, "tokenizer": str(h.TOKENIZER),
                                                       "scoring": weights}]}))
                 extra_ix += ["--config", str(cfg)]
-            self.indexer = h.indexer_for(self.sims, self.logdir, scrape_interval_ms=100, extra=extra_ix)
+            self.indexer = self.procs.add(h.indexer_for(self.sims, self.logdir, scrape_interval_ms=100, extra=extra_ix))
             self.indexer.start()
             plugin = h.compile_plugin(POLICY, SETTINGS)
-            self.envoy = h.start_envoy(self.logdir, plugin, pool, self.indexer.address, "127.0.0.1:9",
-                                       log_level="warning")
+            self.envoy = self.procs.add(h.start_envoy(self.logdir, plugin, pool, self.indexer.address, "127.0.0.1:9",
+                                                      log_level="warning"))
         h.wait_envoy(self.envoy, pool)
         if self.indexer:
             h.wait_until("indexer cluster healthy in envoy", lambda: self.envoy.healthy("kvasir_indexer", [self.indexer.address]))
 
     def __exit__(self, *exc) -> None:
-        for p in ([self.envoy.proc] if self.envoy else []) + ([self.indexer.proc] if self.indexer and self.indexer.proc else []) + [s.proc for s in self.sims]:
-            try:
-                p.stop()
-            except Exception as e:  # keep stopping the others
-                log(f"stopping {p.name}: {e}")
+        self.procs.__exit__(*exc)
 
     def metrics_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{s.port}/metrics" for s in self.sims]

@@ -60,8 +60,7 @@ def main() -> int:
             print(f"missing {p}: run `make build`", file=sys.stderr)
             return 1
     logdir = Path(tempfile.mkdtemp(prefix="kvasir-demo-"))
-    procs: list[h.Proc] = []
-    indexer = None
+    procs = h.Processes()
 
     def stop(*_):
         raise KeyboardInterrupt
@@ -70,13 +69,14 @@ def main() -> int:
     try:
         sims = [h.start_sim(logdir, f"vllm-{i}", profile="h100-8b", time_scale=TIME_SCALE) for i in range(3)]
         provider = h.start_sim(logdir, "provider", model="provider-model", profile="h100-8b", time_scale=TIME_SCALE)
-        procs += [s.proc for s in sims] + [provider.proc]
-        indexer = h.indexer_for(sims, logdir)
+        for x in sims + [provider]:
+            procs.add(x)
+        indexer = procs.add(h.indexer_for(sims, logdir))
         grpc_port, http_port = indexer.grpc_port, indexer.http_port
         policy = json.loads((REPO / "envoy" / "policy.json").read_text())
         plugin = h.compile_plugin(policy, {"exposeServedEndpoint": True, "bodyLimitBytes": 1048575})
         envoy = h.start_envoy(logdir, plugin, [s.address for s in sims], indexer.address, provider.address)
-        procs.append(envoy.proc)
+        procs.add(envoy)
         for s in sims + [provider]:
             h.wait_sim(s)
         indexer.start()
@@ -132,10 +132,7 @@ def main() -> int:
         print("\ninterrupted; stopping the stack")
         return 130
     finally:
-        if indexer is not None:
-            indexer.stop()
-        for p in reversed(procs):
-            p.stop()
+        procs.stop_all()
 
 
 if __name__ == "__main__":

@@ -189,6 +189,34 @@ class Proc:
         self._log.close()
 
 
+class Processes:
+    """Owns a stack's processes (anything with a `proc`, or a `stop()`):
+    on exit, also on an exception or Ctrl-C, stops them all, the last
+    started first, each stop's failure reported and the others still
+    stopped."""
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+
+    def add(self, item: Any) -> Any:
+        self._items.append(item)
+        return item
+
+    def __enter__(self) -> "Processes":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop_all()
+
+    def stop_all(self) -> None:
+        while self._items:
+            item = self._items.pop()
+            try:
+                item.stop() if hasattr(item, "stop") else item.proc.stop()
+            except Exception as e:  # noqa: BLE001 - keep stopping the others
+                print(f"stopping {item!r}: {e}", file=sys.stderr)
+
+
 def request(method: str, port: int, path: str, body: bytes | str | None = None, headers: dict[str, str] | None = None,
          timeout: float = HTTP_TIMEOUT_S) -> tuple[int, dict[str, str], bytes]:
     if isinstance(body, str):

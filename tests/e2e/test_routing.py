@@ -56,7 +56,14 @@ def test_a_shared_system_prompt_still_spreads_across_endpoints(stack: Stack):
     still reused where it is cached."""
     stack.need_indexer()
     system = long_system(f"shared-{uuid.uuid4().hex[:6]}", words=600)
-    status, _, b = stack.envoy.post("/v1/chat/completions", chat(content="warm up", system=system), key="beta")
+    status, h, b = stack.envoy.post("/v1/chat/completions", chat(content="warm up", system=system), key="beta")
+    assert status == 200, b
+    # The zero-latency sims finish a request before the next is picked, so
+    # nothing would ever be in flight: stall the engine holding the prompt
+    # for the burst, as a busy engine would be, and let the load terms act.
+    holder = stack.by_address()[h[SERVED]]
+    status, _, b = request("POST", holder.port, "/sim/faults", json.dumps({"stall_ms": 300}),
+                           {"content-type": "application/json"})
     assert status == 200, b
 
     def one(i: int) -> tuple[str, int]:
