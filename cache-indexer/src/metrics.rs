@@ -207,6 +207,21 @@ fn escape_into(out: &mut String, v: &str) {
     }
 }
 
+/// One metric with a sample per pool, labelled `pool`.
+fn per_pool(
+    w: &mut TextWriter,
+    pools: &[&std::sync::Arc<crate::service::Pool>],
+    name: &str,
+    kind: &str,
+    help: &str,
+    value: impl Fn(&crate::service::Pool) -> f64,
+) {
+    w.header(name, kind, help);
+    for p in pools {
+        w.sample(name, &[("pool", &p.name)], value(p));
+    }
+}
+
 /// Everything `/metrics` shows, rendered from the pools' current state.
 pub fn render(pools: &crate::service::Pools) -> String {
     use crate::events::SyncState;
@@ -474,42 +489,30 @@ pub fn render(pools: &crate::service::Pools) -> String {
             }
         }
     }
-    w.header(
+    per_pool(
+        &mut w,
+        &pool_list,
         "kvasir_indexer_tokenize_failures_total",
         "counter",
         "Tokenizations that failed (e.g. render timeouts); those picks went by load alone.",
+        |p| p.metrics.tokenize_failures.get() as f64,
     );
-    for p in &pool_list {
-        w.sample(
-            "kvasir_indexer_tokenize_failures_total",
-            &[("pool", &p.name)],
-            p.metrics.tokenize_failures.get() as f64,
-        );
-    }
-    w.header(
+    per_pool(
+        &mut w,
+        &pool_list,
         "kvasir_indexer_tokenize_stopped_total",
         "counter",
         "Picks whose prompt was tokenized only as far as its cached prefix (no engine holds the rest).",
+        |p| p.metrics.tokenize_stopped.get() as f64,
     );
-    for p in &pool_list {
-        w.sample(
-            "kvasir_indexer_tokenize_stopped_total",
-            &[("pool", &p.name)],
-            p.metrics.tokenize_stopped.get() as f64,
-        );
-    }
-    w.header(
+    per_pool(
+        &mut w,
+        &pool_list,
         "kvasir_indexer_tokens_not_tokenized_total",
         "counter",
         "Estimated prompt tokens those picks left untokenized (counted in their prompt length as an estimate).",
+        |p| p.metrics.tokens_not_tokenized.get() as f64,
     );
-    for p in &pool_list {
-        w.sample(
-            "kvasir_indexer_tokens_not_tokenized_total",
-            &[("pool", &p.name)],
-            p.metrics.tokens_not_tokenized.get() as f64,
-        );
-    }
     w.header(
         "kvasir_indexer_pick_duration_seconds",
         "histogram",
@@ -536,18 +539,14 @@ pub fn render(pools: &crate::service::Pools) -> String {
             );
         }
     }
-    w.header(
+    per_pool(
+        &mut w,
+        &pool_list,
         "kvasir_indexer_pick_invalid_total",
         "counter",
         "Picks refused with INVALID_ARGUMENT.",
+        |p| p.metrics.pick_invalid.get() as f64,
     );
-    for p in &pool_list {
-        w.sample(
-            "kvasir_indexer_pick_invalid_total",
-            &[("pool", &p.name)],
-            p.metrics.pick_invalid.get() as f64,
-        );
-    }
     w.header(
         "kvasir_indexer_reports_total",
         "counter",
@@ -582,18 +581,14 @@ pub fn render(pools: &crate::service::Pools) -> String {
             );
         }
     }
-    w.header(
+    per_pool(
+        &mut w,
+        &pool_list,
         "kvasir_indexer_in_flight_expired_total",
         "counter",
         "In-flight picks dropped after the lost-report timeout.",
+        |p| p.metrics.in_flight_expired.get() as f64,
     );
-    for p in &pool_list {
-        w.sample(
-            "kvasir_indexer_in_flight_expired_total",
-            &[("pool", &p.name)],
-            p.metrics.in_flight_expired.get() as f64,
-        );
-    }
     w.header("kvasir_indexer_cached_tokens_total", "counter", "Cached prompt tokens of successful requests served by the picked endpoint: as predicted at pick time and as the engine reported (their ratio is the prediction accuracy).");
     for p in &pool_list {
         w.sample(

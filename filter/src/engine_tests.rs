@@ -914,9 +914,9 @@ fn a_response_ending_in_trailers_is_complete() {
     assert_eq!(stats.counter(&format!("{P}.completion_tokens")), 1);
 }
 
-#[test]
-fn reports_wait_for_the_tick_or_the_streams_log_callback() {
-    let (shared, stats) = config(api_key(), json!({"reportFirstToken": true}));
+/// A request on a host that defers detached calls, picked (to
+/// 127.0.0.1:9001) and with its 200 response headers seen.
+fn picked_and_answering(shared: &Rc<Shared>) -> (Flow, Fake) {
     let mut flow = Flow::new(shared.clone());
     let mut h = Fake::new(
         "/v1/chat/completions",
@@ -939,6 +939,13 @@ fn reports_wait_for_the_tick_or_the_streams_log_callback() {
     ];
     h.cb = Cb::RespHeaders;
     assert_eq!(flow.on_response_headers(&mut h, false), Verdict::Continue);
+    (flow, h)
+}
+
+#[test]
+fn reports_wait_for_the_tick_or_the_streams_log_callback() {
+    let (shared, stats) = config(api_key(), json!({"reportFirstToken": true}));
+    let (mut flow, mut h) = picked_and_answering(&shared);
     let first = "{\"usage\":{\"prompt_tokens\":20,";
     h.cb = Cb::RespBody;
     h.resp_chunk = first.as_bytes().to_vec();
@@ -996,28 +1003,7 @@ fn reports_wait_for_the_tick_or_the_streams_log_callback() {
 #[test]
 fn a_new_request_sends_the_reports_still_queued_before_it_is_picked() {
     let (shared, stats) = config(api_key(), json!({"reportFirstToken": true}));
-    let mut flow = Flow::new(shared.clone());
-    let mut h = Fake::new(
-        "/v1/chat/completions",
-        &[("authorization", "Bearer key-acme")],
-        &chat("qwen", false),
-    );
-    h.defers = true;
-    headers(&mut flow, &mut h);
-    body(&mut flow, &mut h);
-    grpc(
-        &mut flow,
-        &mut h,
-        7,
-        0,
-        Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
-    );
-    h.resp_headers = vec![
-        (":status".into(), "200".into()),
-        ("content-type".into(), "application/json".into()),
-    ];
-    h.cb = Cb::RespHeaders;
-    assert_eq!(flow.on_response_headers(&mut h, false), Verdict::Continue);
+    let (mut flow, mut h) = picked_and_answering(&shared);
     let first = "{\"usage\":";
     h.cb = Cb::RespBody;
     h.resp_chunk = first.as_bytes().to_vec();

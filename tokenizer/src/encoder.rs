@@ -508,13 +508,7 @@ impl Encoder {
         probe: &mut Probe<'_>,
     ) -> ControlFlow<usize> {
         probe.arm(out.len());
-        let needs_nfc =
-            self.nfc && !seg.is_ascii() && is_nfc_quick(seg.chars()) != IsNormalized::Yes;
-        let normalized: Cow<'_, str> = if needs_nfc {
-            Cow::Owned(seg.nfc().map(|(c, _)| c).collect())
-        } else {
-            Cow::Borrowed(seg)
-        };
+        let normalized = self.normalize(seg);
         // Offsets in the normalized text, scaled back to `seg` (exact when
         // nothing was normalized).
         let scale = |n: usize| n * seg.len() / normalized.len().max(1);
@@ -580,13 +574,7 @@ impl Encoder {
     }
 
     fn encode_segment_uncached(&self, seg: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {
-        let needs_nfc =
-            self.nfc && !seg.is_ascii() && is_nfc_quick(seg.chars()) != IsNormalized::Yes;
-        let normalized: Cow<'_, str> = if needs_nfc {
-            Cow::Owned(seg.nfc().map(|(c, _)| c).collect())
-        } else {
-            Cow::Borrowed(seg)
-        };
+        let normalized = self.normalize(seg);
         if self.normalized_added.is_empty() {
             self.encode_pieces(&normalized, scratch, out);
         } else {
@@ -594,6 +582,18 @@ impl Encoder {
                 Part::Text(s) => self.encode_pieces(s, scratch, out),
                 Part::Token(id) => out.push(id),
             });
+        }
+    }
+
+    /// The segment NFC-normalized when the tokenizer says so (borrowed when
+    /// that changes nothing, the usual case).
+    fn normalize<'a>(&self, seg: &'a str) -> Cow<'a, str> {
+        let needs_nfc =
+            self.nfc && !seg.is_ascii() && is_nfc_quick(seg.chars()) != IsNormalized::Yes;
+        if needs_nfc {
+            Cow::Owned(seg.nfc().map(|(c, _)| c).collect())
+        } else {
+            Cow::Borrowed(seg)
         }
     }
 
