@@ -119,6 +119,9 @@ pub struct PoolMetrics {
     pub tokenize_stopped: Counter,
     /// Estimated prompt tokens those picks did not tokenize.
     pub tokens_not_tokenized: Counter,
+    /// Stopped picks whose whole chain was not computed afterwards because
+    /// enough completions were already running.
+    pub chain_completions_skipped: Counter,
     /// Reports that matched an in-flight pick.
     pub reports_matched: Counter,
     /// Reports for unknown request ids.
@@ -512,6 +515,14 @@ pub fn render(pools: &crate::service::Pools) -> String {
         "counter",
         "Estimated prompt tokens those picks left untokenized (counted in their prompt length as an estimate).",
         |p| p.metrics.tokens_not_tokenized.get() as f64,
+    );
+    per_pool(
+        &mut w,
+        &pool_list,
+        "kvasir_indexer_chain_completions_skipped_total",
+        "counter",
+        "Stopped picks whose whole block chain was not computed afterwards (too many completions running); requests sharing their fresh part do not see it while they are in prefill.",
+        |p| p.metrics.chain_completions_skipped.get() as f64,
     );
     w.header(
         "kvasir_indexer_pick_duration_seconds",

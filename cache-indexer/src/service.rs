@@ -12,6 +12,7 @@
 //! decision `no_endpoints`.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -115,6 +116,8 @@ pub struct Pool {
     /// Hot-path metrics.
     pub metrics: PoolMetrics,
     endpoints: RwLock<Arc<Vec<Arc<Endpoint>>>>,
+    /// Chain completions in progress (see `complete_chain_later`).
+    completions: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -174,26 +177,40 @@ impl PrefixHashes {
     }
 }
 
+/// Most chain completions running at once per pool. Each is CPU work (a
+/// long prompt is a millisecond); past this, a burst of fresh prompts
+/// would only queue threads, so further picks keep their short chain
+/// (counted in `kvasir_indexer_chain_completions_skipped_total`).
+const MAX_COMPLETIONS: usize = 4;
+
 /// Tokenizes `prompt` whole and hands its chain to the pick's pending
-/// entry, on the blocking pool (a long prompt is a millisecond of CPU).
+/// entry, on the blocking pool; `running` counts the pool's completions
+/// in progress (at most [`MAX_COMPLETIONS`]). False when skipped.
 fn complete_chain_later(
     tok: Arc<ChatTokenizer>,
     prompt: OwnedPrompt,
     block_size: u32,
     request_id: String,
     pending: PendingChains,
-) {
+    running: &Arc<AtomicUsize>,
+) -> bool {
+    if running.fetch_add(1, Ordering::AcqRel) >= MAX_COMPLETIONS {
+        running.fetch_sub(1, Ordering::AcqRel);
+        return false;
+    }
+    let running = Arc::clone(running);
     let work = move || {
-        let ids = match tokenize_local(&tok, prompt.input()) {
-            Ok(ids) => ids,
-            Err(_) => return, // it tokenized up to here; the template is at fault, nothing to add
-        };
-        pending.complete(&request_id, block_chain(&ids, block_size).into());
+        // It tokenized up to here, so an error is the template's: nothing to add.
+        if let Ok(ids) = tokenize_local(&tok, prompt.input()) {
+            pending.complete(&request_id, block_chain(&ids, block_size).into());
+        }
+        running.fetch_sub(1, Ordering::AcqRel);
     };
     match tokio::runtime::Handle::try_current() {
         Ok(h) => drop(h.spawn_blocking(work)),
         Err(_) => work(),
     }
+    true
 }
 
 impl Pool {
@@ -221,6 +238,7 @@ impl Pool {
             weights,
             metrics: PoolMetrics::default(),
             endpoints: RwLock::new(Arc::new(Vec::new())),
+            completions: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -563,13 +581,17 @@ impl Pool {
                 Some(&self.tokenizer),
                 request_id.is_empty() || salted,
             ) {
-                complete_chain_later(
+                let started = complete_chain_later(
                     Arc::clone(tok),
                     owned,
                     self.block_size,
                     request_id.clone(),
                     self.load.pending_chains(),
+                    &self.completions,
                 );
+                if !started {
+                    self.metrics.chain_completions_skipped.inc();
+                }
             }
         }
 
