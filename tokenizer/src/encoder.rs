@@ -142,16 +142,7 @@ impl Matcher {
     }
 
     /// Calls `f` for each stretch between matches and for each match, in
-    /// order.
-    fn split<'t>(&self, text: &'t str, mut f: impl FnMut(Part<'t>)) {
-        let _ = self.try_split(text, |part, _| {
-            f(part);
-            ControlFlow::Continue(())
-        });
-    }
-
-    /// Like [`Matcher::split`], with each part's byte offset in `text`,
-    /// stopping when `f` breaks.
+    /// order, with its byte offset in `text`; stops when `f` breaks.
     fn try_split<'t>(
         &self,
         text: &'t str,
@@ -191,38 +182,55 @@ enum Part<'t> {
     Token(u32),
 }
 
+/// The caller's answer to "go on past these ids?".
+pub(crate) type GoOn<'a> = &'a mut dyn FnMut(&[u32]) -> bool;
+
 /// When [`Encoder::encode_prefix`] asks whether to go on: at the first
 /// full block that holds uncached text, then 2, 4, 8... blocks further, so
 /// a long prompt that does keep matching costs O(log n) checks.
 pub(crate) struct Probe<'a> {
     block: usize,
-    /// Token count of the next checkpoint; `None` until uncached text.
+    /// Token count of the next checkpoint; `None` until uncached text (and
+    /// always for a probe that never asks).
     next: Option<usize>,
     step_blocks: usize,
-    go_on: &'a mut dyn FnMut(&[u32]) -> bool,
+    go_on: Option<GoOn<'a>>,
 }
 
 impl<'a> Probe<'a> {
-    pub(crate) fn new(block: usize, go_on: &'a mut dyn FnMut(&[u32]) -> bool) -> Self {
+    pub(crate) fn new(block: usize, go_on: GoOn<'a>) -> Self {
         Probe {
             block: block.max(1),
             next: None,
             step_blocks: 1,
-            go_on,
+            go_on: Some(go_on),
+        }
+    }
+
+    /// A probe that never asks: the whole text is encoded.
+    fn never() -> Probe<'static> {
+        Probe {
+            block: 1,
+            next: None,
+            step_blocks: 1,
+            go_on: None,
         }
     }
 
     /// Uncached text starts at token `len`: the first checkpoint is the end
     /// of the block it falls in (kept if one is already set).
     fn arm(&mut self, len: usize) {
-        if self.next.is_none() {
+        if self.next.is_none() && self.go_on.is_some() {
             self.next = Some((len / self.block + 1) * self.block);
         }
     }
 
     fn check(&mut self, out: &[u32]) -> ControlFlow<()> {
         while let Some(next) = self.next.filter(|&n| out.len() >= n) {
-            if !(self.go_on)(&out[..next]) {
+            let Some(go_on) = self.go_on.as_mut() else {
+                break;
+            };
+            if !go_on(&out[..next]) {
                 return ControlFlow::Break(());
             }
             self.step_blocks = self.step_blocks.saturating_mul(2);
@@ -438,14 +446,7 @@ impl Encoder {
     }
 
     pub(crate) fn encode(&self, text: &str) -> Vec<u32> {
-        // About 4 bytes a token for English; reserving avoids regrowth.
-        let mut out = Vec::with_capacity(text.len() / 4 + 8);
-        let mut scratch = Scratch::default();
-        self.raw_added.split(text, |part| match part {
-            Part::Text(seg) => self.encode_segment(seg, &mut scratch, &mut out),
-            Part::Token(id) => out.push(id),
-        });
-        out
+        self.encode_prefix(text, &mut Probe::never()).0
     }
 
     /// [`Encoder::encode`] that may stop early: see
@@ -457,6 +458,7 @@ impl Encoder {
         text: &str,
         probe: &mut Probe<'_>,
     ) -> (Vec<u32>, Option<usize>) {
+        // About 4 bytes a token for English; reserving avoids regrowth.
         let mut out = Vec::with_capacity(text.len() / 4 + 8);
         let mut scratch = Scratch::default();
         let mut stopped = None;
@@ -476,7 +478,7 @@ impl Encoder {
                     return ControlFlow::Continue(());
                 }
                 let start = out.len();
-                match self.encode_segment_probed(seg, &mut scratch, &mut out, probe) {
+                match self.encode_segment(seg, &mut scratch, &mut out, probe) {
                     ControlFlow::Continue(()) => {
                         if let Some(c) = self
                             .cache
@@ -500,7 +502,7 @@ impl Encoder {
     /// Encodes an uncached segment piece by piece, asking `probe` at its
     /// checkpoints; breaks with the bytes of `seg` encoded when told to
     /// stop.
-    fn encode_segment_probed(
+    fn encode_segment(
         &self,
         seg: &str,
         scratch: &mut Scratch,
@@ -513,7 +515,7 @@ impl Encoder {
         // nothing was normalized).
         let scale = |n: usize| n * seg.len() / normalized.len().max(1);
         if self.normalized_added.is_empty() {
-            return match self.pieces_probed(&normalized, scratch, out, probe) {
+            return match self.encode_pieces(&normalized, scratch, out, probe) {
                 ControlFlow::Break(n) => ControlFlow::Break(scale(n)),
                 ControlFlow::Continue(()) => ControlFlow::Continue(()),
             };
@@ -532,7 +534,7 @@ impl Encoder {
                         c => c,
                     }
                 }
-                Part::Text(s) => match self.pieces_probed(s, scratch, out, probe) {
+                Part::Text(s) => match self.encode_pieces(s, scratch, out, probe) {
                     ControlFlow::Break(n) => {
                         stopped = Some(scale(at + n));
                         ControlFlow::Break(())
@@ -543,7 +545,10 @@ impl Encoder {
         stopped.map_or(ControlFlow::Continue(()), ControlFlow::Break)
     }
 
-    fn pieces_probed(
+    /// Pre-tokenizes and BPE-encodes normalized text holding no added
+    /// token, asking `probe` after each piece; breaks with the bytes of
+    /// `text` encoded when told to stop.
+    fn encode_pieces(
         &self,
         text: &str,
         scratch: &mut Scratch,
@@ -556,35 +561,6 @@ impl Encoder {
         })
     }
 
-    fn encode_segment(&self, seg: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {
-        let Some(cache) = self
-            .cache
-            .as_deref()
-            .filter(|_| seg.len() >= MIN_SEGMENT_BYTES)
-        else {
-            return self.encode_segment_uncached(seg, scratch, out);
-        };
-        if let Some(ids) = cache.get(seg) {
-            out.extend_from_slice(&ids);
-            return;
-        }
-        let start = out.len();
-        self.encode_segment_uncached(seg, scratch, out);
-        cache.insert(seg, &out[start..]);
-    }
-
-    fn encode_segment_uncached(&self, seg: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {
-        let normalized = self.normalize(seg);
-        if self.normalized_added.is_empty() {
-            self.encode_pieces(&normalized, scratch, out);
-        } else {
-            self.normalized_added.split(&normalized, |part| match part {
-                Part::Text(s) => self.encode_pieces(s, scratch, out),
-                Part::Token(id) => out.push(id),
-            });
-        }
-    }
-
     /// The segment NFC-normalized when the tokenizer says so (borrowed when
     /// that changes nothing, the usual case).
     fn normalize<'a>(&self, seg: &'a str) -> Cow<'a, str> {
@@ -595,13 +571,6 @@ impl Encoder {
         } else {
             Cow::Borrowed(seg)
         }
-    }
-
-    /// Pre-tokenizes and BPE-encodes normalized text holding no added token.
-    fn encode_pieces(&self, text: &str, scratch: &mut Scratch, out: &mut Vec<u32>) {
-        pretok::for_each_piece(self.classes, text, |piece| {
-            self.bpe.encode_piece(piece.as_bytes(), scratch, out)
-        });
     }
 
     pub(crate) fn vocab_size(&self) -> usize {

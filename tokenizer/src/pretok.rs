@@ -106,15 +106,8 @@ impl Classes {
 
 /// Splits `text` into the regex's pieces, calling `f` with each, in order.
 /// The pieces cover `text` exactly (every character matches some branch).
-pub(crate) fn for_each_piece<'t>(classes: &Classes, text: &'t str, mut f: impl FnMut(&'t str)) {
-    let _ = try_for_each_piece(classes, text, |p| {
-        f(p);
-        ControlFlow::Continue(())
-    });
-}
-
-/// Like [`for_each_piece`], stopping when `f` breaks; the break carries the
-/// byte offset just past the piece `f` broke on.
+/// Stops when `f` breaks; the break carries the byte offset just past the
+/// piece `f` broke on.
 pub(crate) fn try_for_each_piece<'t>(
     classes: &Classes,
     text: &'t str,
@@ -271,7 +264,10 @@ mod tests {
     fn pieces(text: &str) -> Vec<&str> {
         let classes = Classes::get().expect("classes");
         let mut out = Vec::new();
-        for_each_piece(classes, text, |p| out.push(p));
+        let _ = try_for_each_piece(classes, text, |p| {
+            out.push(p);
+            ControlFlow::Continue(())
+        });
         out
     }
 
