@@ -308,6 +308,17 @@ struct EndpointLoad {
     pending: std::collections::VecDeque<(u64, Arc<[u64]>)>,
 }
 
+impl EndpointLoad {
+    /// Remembers pick `seq`'s chain while it is in prefill, forgetting the
+    /// oldest past [`MAX_PENDING_PREFIXES`].
+    fn remember_pending(&mut self, seq: u64, chain: Arc<[u64]>) {
+        if self.pending.len() >= MAX_PENDING_PREFIXES {
+            self.pending.pop_front();
+        }
+        self.pending.push_back((seq, chain));
+    }
+}
+
 #[derive(Debug, Clone)]
 struct InFlight {
     seq: u64,
@@ -390,12 +401,7 @@ impl PendingChains {
         };
         match e.pending.iter_mut().find(|(s, _)| *s == f.seq) {
             Some(entry) => entry.1 = chain,
-            None => {
-                if e.pending.len() >= MAX_PENDING_PREFIXES {
-                    e.pending.pop_front();
-                }
-                e.pending.push_back((f.seq, chain));
-            }
+            None => e.remember_pending(f.seq, chain),
         }
         true
     }
@@ -508,10 +514,7 @@ impl LoadTracker {
         e.in_flight += 1;
         e.queued_prefill += prefill_tokens;
         if let Some(chain) = chain.filter(|c| !c.is_empty()) {
-            if e.pending.len() >= MAX_PENDING_PREFIXES {
-                e.pending.pop_front();
-            }
-            e.pending.push_back((seq, chain));
+            e.remember_pending(seq, chain);
         }
         in_flight.insert(
             request_id.to_string(),

@@ -30,7 +30,8 @@ use crate::load::{
 use crate::metrics::PoolMetrics;
 use crate::scoring::{self, Candidate, Decision, Weights};
 use crate::tokenize::{
-    tokenize_local, PromptInput, RequestTokenizer, TokenizeError, TokenizeMode, Tokenized,
+    tokenize_local, tokenize_local_prefix, PromptInput, RequestTokenizer, TokenizeError,
+    TokenizeMode, Tokenized,
 };
 use crate::types::{EndpointId, EndpointSpec, IndexSource};
 
@@ -656,17 +657,7 @@ impl Pool {
             self.index.overlap_of(&hashes.local).max_blocks() >= full
                 || self.load.pending_holds(&hashes.chain)
         };
-        match input {
-            PromptInput::Chat(messages) => tok
-                .encode_chat_prefix(messages, true, block, &mut go_on)
-                .map_err(|e| TokenizeError::Template(e.to_string())),
-            PromptInput::Text(text) => Ok(tok.encode_prefix(text, block, &mut go_on)),
-            PromptInput::TokenIds(ids) => Ok(PrefixIds {
-                ids: ids.to_vec(),
-                stopped_at: None,
-                text_len: 0,
-            }),
-        }
+        tokenize_local_prefix(tok, input, block, &mut go_on)
     }
 
     /// Accounts a report.

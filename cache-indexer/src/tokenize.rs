@@ -32,7 +32,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvasir_tokenizer::{ChatMessage, ChatTokenizer};
+use kvasir_tokenizer::{ChatMessage, ChatTokenizer, PrefixIds};
 use serde_json::Value;
 
 /// The request's prompt.
@@ -220,6 +220,27 @@ pub fn tokenize_local(
             .map_err(|e| TokenizeError::Template(e.to_string())),
         PromptInput::Text(text) => Ok(tok.encode(text)),
         PromptInput::TokenIds(ids) => Ok(ids.to_vec()),
+    }
+}
+
+/// [`tokenize_local`] that stops where `go_on` says no (see
+/// [`ChatTokenizer::encode_prefix`]); token ids are taken whole.
+pub fn tokenize_local_prefix(
+    tok: &ChatTokenizer,
+    prompt: PromptInput<'_>,
+    block: usize,
+    go_on: &mut dyn FnMut(&[u32]) -> bool,
+) -> Result<PrefixIds, TokenizeError> {
+    match prompt {
+        PromptInput::Chat(messages) => tok
+            .encode_chat_prefix(messages, true, block, go_on)
+            .map_err(|e| TokenizeError::Template(e.to_string())),
+        PromptInput::Text(text) => Ok(tok.encode_prefix(text, block, go_on)),
+        PromptInput::TokenIds(ids) => Ok(PrefixIds {
+            ids: ids.to_vec(),
+            stopped_at: None,
+            text_len: 0,
+        }),
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 
 use crate::engine::{DeferredCall, Flow, Host, Shared, Verdict};
 use crate::pick;
@@ -100,6 +100,18 @@ impl Stats for EnvoyStats {
     }
 }
 
+/// Starts a call of the indexer's service (no initial metadata); its token.
+fn dispatch(cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> Result<u32, Status> {
+    hostcalls::dispatch_grpc_call(
+        cluster,
+        pick::SERVICE,
+        method,
+        Vec::new(),
+        Some(msg),
+        Duration::from_millis(u64::from(timeout_ms)),
+    )
+}
+
 /// Fire-and-forget calls the HTTP contexts left for the root to dispatch
 /// on its next tick ([`Host::defer_detached`]): a first-token `Report`
 /// dispatched from the response's first body callback would hold back the
@@ -148,15 +160,7 @@ impl Root {
         }
         let calls = std::mem::take(&mut *self.deferred.calls.borrow_mut());
         for c in calls {
-            let sent = hostcalls::dispatch_grpc_call(
-                &c.cluster,
-                pick::SERVICE,
-                c.method,
-                Vec::new(),
-                Some(&c.msg),
-                Duration::from_millis(u64::from(c.timeout_ms)),
-            )
-            .is_ok();
+            let sent = dispatch(&c.cluster, c.method, &c.msg, c.timeout_ms).is_ok();
             if let Some(shared) = &self.shared {
                 shared.count_report(&c.pool_name, sent);
             }
@@ -236,14 +240,7 @@ impl RootContext for Root {
             if self.polls.values().any(|&p| p == pool) {
                 continue; // the last poll of this pool is still out
             }
-            if let Ok(token) = hostcalls::dispatch_grpc_call(
-                &cluster,
-                pick::SERVICE,
-                pick::POOL_STATE,
-                Vec::new(),
-                Some(&msg),
-                Duration::from_millis(u64::from(timeout_ms)),
-            ) {
+            if let Ok(token) = dispatch(&cluster, pick::POOL_STATE, &msg, timeout_ms) {
                 self.polls.insert(token, pool);
             }
         }
@@ -394,15 +391,7 @@ impl Host for EnvoyHost {
     }
 
     fn call(&mut self, cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> Option<u32> {
-        hostcalls::dispatch_grpc_call(
-            cluster,
-            pick::SERVICE,
-            method,
-            Vec::new(),
-            Some(msg),
-            Duration::from_millis(u64::from(timeout_ms)),
-        )
-        .ok()
+        dispatch(cluster, method, msg, timeout_ms).ok()
     }
 
     fn call_detached(&mut self, cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> bool {
@@ -413,15 +402,7 @@ impl Host for EnvoyHost {
         if hostcalls::set_effective_context(self.root_id).is_err() {
             return false;
         }
-        let sent = hostcalls::dispatch_grpc_call(
-            cluster,
-            pick::SERVICE,
-            method,
-            Vec::new(),
-            Some(msg),
-            Duration::from_millis(u64::from(timeout_ms)),
-        )
-        .is_ok();
+        let sent = dispatch(cluster, method, msg, timeout_ms).is_ok();
         let _ = hostcalls::set_effective_context(self.id);
         sent
     }
