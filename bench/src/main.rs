@@ -209,6 +209,9 @@ struct OverheadArgs {
     out: PathBuf,
 }
 
+/// The overhead warm-up's rate per path (the `--warmup-s` help says 50).
+const WARMUP_RPS: f64 = 50.0;
+
 fn overhead_cmd(a: &OverheadArgs) -> anyhow::Result<()> {
     use kvasir_bench::overhead::{self, Setup};
     anyhow::ensure!(
@@ -257,12 +260,12 @@ fn overhead_cmd(a: &OverheadArgs) -> anyhow::Result<()> {
             .pool_max_idle_per_host(256)
             .build()?;
         let n = setup.bodies.len();
-        let warm = overhead::schedule(50.0, a.warmup_s, a.block_s, setup.urls.len(), n);
-        overhead::run(&client, &setup, &warm).await;
+        let warm = overhead::schedule(WARMUP_RPS, a.warmup_s, a.block_s, setup.urls.len(), n);
+        overhead::run(&client, &setup, WARMUP_RPS, &warm).await;
         let mut out = Vec::new();
         for &rate in &a.rates {
             let slots = overhead::schedule(rate, a.seconds, a.block_s, setup.urls.len(), n);
-            let r = overhead::run(&client, &setup, &slots).await;
+            let r = overhead::run(&client, &setup, rate, &slots).await;
             for p in &r.paths {
                 eprintln!(
                     "{rate:5.0} rps {:15} n={:5} errors={} p50 {:.3} ms p99 {:.3} ms",
