@@ -168,7 +168,7 @@ class Cluster:
             h.wait_until("indexer cluster healthy in envoy", lambda: self.envoy.healthy("kvasir_indexer", [self.indexer.address]))
 
     def __exit__(self, *exc) -> None:
-        self.procs.__exit__(*exc)
+        self.procs.stop_all()
 
     def metrics_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{s.port}/metrics" for s in self.sims]
