@@ -14,5 +14,6 @@ pub mod load;
 pub mod metrics;
 pub mod scoring;
 pub mod service;
+pub mod session;
 pub mod tokenize;
 pub mod types;

@@ -148,6 +148,36 @@ impl PoolMetrics {
     }
 }
 
+/// `Session` stream metrics of one indexer (all pools).
+#[derive(Debug, Default)]
+pub struct SessionMetrics {
+    opened: Counter,
+    closed: Counter,
+    /// Picks received on sessions.
+    pub picks: Counter,
+    /// Reports received on sessions.
+    pub reports: Counter,
+    /// Of those reports, the ones refused (unknown pool, no request id).
+    pub failed_reports: Counter,
+    /// Session requests with no call in them.
+    pub invalid: Counter,
+}
+
+impl SessionMetrics {
+    /// A stream opened.
+    pub fn opened(&self) {
+        self.opened.inc();
+    }
+    /// A stream's caller side ended.
+    pub fn closed(&self) {
+        self.closed.inc();
+    }
+    /// Streams open now.
+    pub fn open(&self) -> u64 {
+        self.opened.get().saturating_sub(self.closed.get())
+    }
+}
+
 /// Builds Prometheus text exposition (format 0.0.4).
 #[derive(Debug, Default)]
 pub struct TextWriter {
@@ -626,6 +656,36 @@ pub fn render(pools: &crate::service::Pools) -> String {
                 n as f64,
             );
         }
+    }
+    let m = pools.session_metrics();
+    w.header(
+        "kvasir_indexer_sessions_open",
+        "gauge",
+        "Session streams open (the filter keeps one per Envoy VM and indexer cluster).",
+    );
+    w.sample("kvasir_indexer_sessions_open", &[], m.open() as f64);
+    w.header(
+        "kvasir_indexer_sessions_total",
+        "counter",
+        "Session streams ever opened.",
+    );
+    w.sample("kvasir_indexer_sessions_total", &[], m.opened.get() as f64);
+    w.header(
+        "kvasir_indexer_session_calls_total",
+        "counter",
+        "Calls received on session streams, by kind (pick, report, report_refused, invalid).",
+    );
+    for (call, c) in [
+        ("pick", &m.picks),
+        ("report", &m.reports),
+        ("report_refused", &m.failed_reports),
+        ("invalid", &m.invalid),
+    ] {
+        w.sample(
+            "kvasir_indexer_session_calls_total",
+            &[("call", call)],
+            c.get() as f64,
+        );
     }
     w.finish()
 }

@@ -27,7 +27,7 @@ use crate::index::PoolIndex;
 use crate::load::{
     block_chain, extend_block_chain, pool_saturation, LoadTracker, LoadView, PendingChains, Phase,
 };
-use crate::metrics::PoolMetrics;
+use crate::metrics::{PoolMetrics, SessionMetrics};
 use crate::scoring::{self, Candidate, Decision, Weights};
 use crate::tokenize::{
     tokenize_local, tokenize_local_prefix, PromptInput, RequestTokenizer, TokenizeError,
@@ -810,6 +810,7 @@ pub fn sync_to_pb(s: Option<SyncState>) -> pb::SyncState {
 pub struct Pools {
     by_name: HashMap<String, Arc<Pool>>,
     ordered: Vec<Arc<Pool>>,
+    sessions: Arc<SessionMetrics>,
 }
 
 impl Pools {
@@ -822,7 +823,16 @@ impl Pools {
                 ordered.push(p);
             }
         }
-        Pools { by_name, ordered }
+        Pools {
+            by_name,
+            ordered,
+            sessions: Arc::default(),
+        }
+    }
+
+    /// Metrics of the `Session` streams served over these pools.
+    pub fn session_metrics(&self) -> &Arc<SessionMetrics> {
+        &self.sessions
     }
 
     /// A pool by name.
@@ -903,6 +913,18 @@ impl pb::indexer_server::Indexer for IndexerService {
         let req = request.into_inner();
         let pool = self.pools.get(&req.pool)?;
         Ok(tonic::Response::new(pool.state()))
+    }
+
+    type SessionStream = crate::session::SessionStream;
+
+    async fn session(
+        &self,
+        request: tonic::Request<tonic::Streaming<pb::SessionRequest>>,
+    ) -> Result<tonic::Response<Self::SessionStream>, tonic::Status> {
+        Ok(tonic::Response::new(crate::session::serve(
+            Arc::clone(&self.pools),
+            request.into_inner(),
+        )))
     }
 }
 

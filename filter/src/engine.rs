@@ -18,7 +18,7 @@ use kvasir_policy::{
 };
 use kvasir_proto::v1::{Outcome, ReportPhase};
 
-use crate::pick::{self, FailOpen, PickInput, Picked, ReportInput};
+use crate::pick::{self, FailOpen, PickInput, PickOutcome, Picked, ReportInput};
 use crate::reply::{error_reply, shed_reply, LocalReply, Shape};
 use crate::request::{api_for_path, parse_body, ParsedRequest};
 use crate::response::ResponseTracker;
@@ -55,9 +55,16 @@ pub trait Host {
     /// Dispatches a gRPC call whose answer comes back to this request
     /// (`Flow::on_grpc_response`); `None` when it could not be dispatched.
     fn call(&mut self, cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> Option<u32>;
+    /// Starts a `Pick` whose outcome comes back to this request, through
+    /// [`Flow::on_grpc_response`] or [`Flow::on_pick_outcome`] with the
+    /// returned token; `None` when it could not be started. By default a
+    /// unary call.
+    fn pick(&mut self, cluster: &str, msg: &[u8], timeout_ms: u32) -> Option<u32> {
+        self.call(cluster, pick::PICK, msg, timeout_ms)
+    }
     /// Dispatches a fire-and-forget gRPC call that must outlive the
     /// request (it is owned by the root context); false when it could not.
-    fn call_detached(&mut self, cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> bool;
+    fn call_detached(&mut self, call: &DeferredCall) -> bool;
     /// Queues a fire-and-forget call to be dispatched on a later turn of
     /// Envoy's event loop (by the root context), i.e. after the response's
     /// last bytes were written to the client, not before: a dispatch costs
@@ -514,12 +521,7 @@ impl Flow {
                     self.fail_open(FailOpen::Unsupported);
                     return Verdict::Continue;
                 };
-                match host.call(
-                    &pool.indexer_cluster,
-                    pick::PICK,
-                    &msg,
-                    pool.indexer_timeout_ms,
-                ) {
+                match host.pick(&pool.indexer_cluster, &msg, pool.indexer_timeout_ms) {
                     Some(token) => {
                         self.phase = Phase::Picking(token);
                         self.pick_started_ns = host.now_ns();
@@ -605,7 +607,20 @@ impl Flow {
         } else {
             None
         };
-        let outcome = pick::pick_outcome(status, body.as_deref());
+        self.on_pick_outcome(host, token, pick::pick_outcome(status, body.as_deref()));
+    }
+
+    /// Whether this request waits for the pick with this token.
+    pub fn is_picking(&self, token: u32) -> bool {
+        self.phase == Phase::Picking(token)
+    }
+
+    /// The pick's outcome, however it came ([`Host::pick`]'s token): sets
+    /// the endpoint header or fails open, then resumes the request.
+    pub fn on_pick_outcome(&mut self, host: &mut dyn Host, token: u32, outcome: PickOutcome) {
+        if self.phase != Phase::Picking(token) {
+            return;
+        }
         let now = host.now_ns();
         if let Some(r) = &self.routed {
             // The pick's round trip as Envoy saw it (indexer + network).
@@ -789,7 +804,7 @@ impl Flow {
     /// any request's), in order.
     fn send_queued(&self, host: &mut dyn Host) {
         for call in host.take_deferred() {
-            let sent = host.call_detached(&call.cluster, call.method, &call.msg, call.timeout_ms);
+            let sent = host.call_detached(&call);
             self.shared.count_report(&call.pool_name, sent);
         }
     }
@@ -842,7 +857,7 @@ impl Flow {
         let Err(call) = host.defer_detached(call) else {
             return; // counted when it is dispatched
         };
-        let sent = host.call_detached(&call.cluster, call.method, &call.msg, call.timeout_ms);
+        let sent = host.call_detached(&call);
         self.shared.count_report(&r.pool_name, sent);
     }
 }

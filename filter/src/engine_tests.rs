@@ -163,9 +163,9 @@ impl Host for Fake {
             .push((cluster.into(), method.into(), msg.to_vec(), timeout_ms));
         Some(7)
     }
-    fn call_detached(&mut self, cluster: &str, method: &str, msg: &[u8], _timeout_ms: u32) -> bool {
+    fn call_detached(&mut self, call: &DeferredCall) -> bool {
         self.detached
-            .push((cluster.into(), method.into(), msg.to_vec()));
+            .push((call.cluster.clone(), call.method.into(), call.msg.clone()));
         true
     }
     fn defer_detached(&mut self, call: DeferredCall) -> Result<(), DeferredCall> {

@@ -18,6 +18,7 @@
 //! - [`rewrite`]: model rewrite and `include_usage` injection by splicing;
 //! - [`reply`]: local replies in OpenAI's or Anthropic's error shape;
 //! - [`pick`]: `Pick` / `Report` messages and the fail-open rules;
+//! - [`session`]: the per-VM `Session` stream's bookkeeping;
 //! - [`response`]: TTFT / ITL / e2e and `usage` from JSON or SSE;
 //! - [`stats`]: stat names (Prometheus labels via stats tags);
 //! - [`engine`]: the per-request state machine over a [`engine::Host`].
@@ -33,6 +34,7 @@ pub mod reply;
 pub mod request;
 pub mod response;
 pub mod rewrite;
+pub mod session;
 pub mod settings;
 pub mod stats;
 

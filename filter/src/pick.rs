@@ -163,6 +163,11 @@ pub fn pick_outcome(status: u32, body: Option<&[u8]>) -> PickOutcome {
             saturation: None,
         };
     };
+    pick_outcome_of(resp)
+}
+
+/// Interprets a decoded `Pick` answer (unary or from a `Session` stream).
+pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
     let saturation = resp
         .pool_saturation
         .is_finite()

@@ -58,6 +58,11 @@ pub struct FilterSettings {
     pub report_first_token: bool,
     /// Timeout of `Report` calls (ms); reports are fire and forget.
     pub report_timeout_ms: u32,
+    /// Whether picks and reports go over one `Session` stream per VM and
+    /// indexer cluster (a message on an open stream instead of a new gRPC
+    /// call: less Envoy CPU and latency per request). Unary calls serve
+    /// while the stream is not open, and always when this is off.
+    pub indexer_session: bool,
     /// Period of the root context's timer (ms): polls `PoolState` for pools
     /// that saturation policies test, and refreshes the saturation gauges.
     /// 0 turns the timer off (saturation is then learned from picks only).
@@ -84,6 +89,7 @@ impl Default for FilterSettings {
             report: true,
             report_first_token: false,
             report_timeout_ms: 1000,
+            indexer_session: true,
             pool_state_poll_ms: 1000,
             response_body_limit_bytes: 256 * 1024,
             max_stats: 4096,

@@ -11,7 +11,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
 use proxy_wasm::hostcalls;
@@ -19,8 +19,9 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 
 use crate::engine::{DeferredCall, Flow, Host, Shared, Verdict};
-use crate::pick;
+use crate::pick::{self, FailOpen, PickOutcome};
 use crate::reply::{error_reply, LocalReply, Shape};
+use crate::session::{self, Session};
 use crate::settings::PluginConfig;
 use crate::stats::Stats;
 
@@ -112,19 +113,92 @@ fn dispatch(cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> Result<
     )
 }
 
-/// Fire-and-forget calls the HTTP contexts left for the root to dispatch
-/// on its next tick ([`Host::defer_detached`]): a first-token `Report`
-/// dispatched from the response's first body callback would hold back the
-/// first token by the dispatch's ~0.1 ms. Whatever is still queued goes
-/// out earlier when a stream is logged or a request of this VM starts
-/// ([`Host::take_deferred`]), so reports keep their order and a done
-/// report never trails the next pick.
-struct Deferred {
+/// Session-stream pick tokens have this bit set (Envoy's call tokens are
+/// small counters); a request matches only its own one pick, so the two
+/// spaces never meet anyway.
+const SESSION_TOKEN: u32 = 0x8000_0000;
+
+fn session_token(id: u64) -> u32 {
+    SESSION_TOKEN | (id as u32 & !SESSION_TOKEN)
+}
+
+/// How often the root's timer runs while session picks wait (their
+/// deadlines are checked on it), ms.
+const DEADLINE_CHECK_MS: u64 = 5;
+
+/// Who waits for a session pick: the request's context and its flow.
+struct Waiter {
+    context_id: u32,
+    flow: Weak<RefCell<Flow>>,
+}
+
+/// What the root context and this VM's requests share: fire-and-forget
+/// calls queued for the root's timer, the `Session` streams, and the
+/// timer's period.
+///
+/// Queued calls: a first-token `Report` dispatched from the response's
+/// first body callback would hold back the first token by the dispatch's
+/// ~0.1 ms. Whatever is still queued goes out earlier when a stream is
+/// logged or a request of this VM starts ([`Host::take_deferred`]), so
+/// reports keep their order and a done report never trails the next pick.
+struct RootShared {
+    root_id: u32,
     calls: RefCell<Vec<DeferredCall>>,
-    /// The root's timer is free for this: no `PoolState` polls use it.
-    enabled: Cell<bool>,
-    /// A 1 ms tick is set and has not fired yet.
-    armed: Cell<bool>,
+    /// Whether picks and reports use `Session` streams.
+    sessions_enabled: Cell<bool>,
+    /// By indexer cluster.
+    sessions: RefCell<HashMap<String, Session<Waiter>>>,
+    /// Open stream token -> its cluster.
+    stream_clusters: RefCell<HashMap<u32, String>>,
+    /// The timer's period now (ms, 0 = off).
+    tick_ms: Cell<u64>,
+}
+
+impl RootShared {
+    /// Makes the timer run at least every `ms`.
+    fn tick_within(&self, ms: u64) {
+        let now = self.tick_ms.get();
+        if (now == 0 || ms < now) && hostcalls::set_tick_period(Duration::from_millis(ms)).is_ok() {
+            self.tick_ms.set(ms);
+        }
+    }
+
+    /// Sends `frame` on the cluster's open stream (as the root, which owns
+    /// it); false when there is none or the send failed, which also ends
+    /// the stream for good (its waiters then time out).
+    fn send(&self, cluster: &str, frame: impl FnOnce(&mut Session<Waiter>) -> Vec<u8>) -> bool {
+        let mut sessions = self.sessions.borrow_mut();
+        let Some(s) = sessions.get_mut(cluster) else {
+            return false;
+        };
+        let Some(token) = s.token() else { return false };
+        let bytes = frame(s);
+        let current = hostcalls::set_effective_context(self.root_id).is_ok();
+        let sent =
+            current && hostcalls::send_grpc_stream_message(token, Some(&bytes), false).is_ok();
+        if !sent {
+            s.open_failed(now_ns());
+            self.stream_clusters.borrow_mut().remove(&token);
+            let _ = hostcalls::cancel_grpc_stream(token);
+        }
+        sent
+    }
+
+    /// Sends a fire-and-forget call on its cluster's stream when one is
+    /// open (reports only), else dispatches it as a unary call owned by
+    /// the root.
+    fn send_detached(&self, c: &DeferredCall) -> bool {
+        if c.method == pick::REPORT
+            && self.sessions_enabled.get()
+            && self.send(&c.cluster, |s| s.report(&c.msg))
+        {
+            return true;
+        }
+        if hostcalls::set_effective_context(self.root_id).is_err() {
+            return false;
+        }
+        dispatch(&c.cluster, c.method, &c.msg, c.timeout_ms).is_ok()
+    }
 }
 
 struct Root {
@@ -133,9 +207,10 @@ struct Root {
     stats: Rc<EnvoyStats>,
     /// In-flight `PoolState` polls: token -> pool index.
     polls: HashMap<u32, usize>,
-    /// Whether the timer polls `PoolState` (else it only flushes deferred calls).
-    polling: bool,
-    deferred: Rc<Deferred>,
+    /// The `PoolState` poll period (ms, 0 = no polls) and the next one due.
+    poll_ms: u64,
+    next_poll_ns: u64,
+    state: Rc<RootShared>,
 }
 
 impl Root {
@@ -145,25 +220,135 @@ impl Root {
             shared: None,
             stats: Rc::new(EnvoyStats::new()),
             polls: HashMap::new(),
-            polling: false,
-            deferred: Rc::new(Deferred {
+            poll_ms: 0,
+            next_poll_ns: 0,
+            state: Rc::new(RootShared {
+                root_id: id,
                 calls: RefCell::new(Vec::new()),
-                enabled: Cell::new(false),
-                armed: Cell::new(false),
+                sessions_enabled: Cell::new(true),
+                sessions: RefCell::new(HashMap::new()),
+                stream_clusters: RefCell::new(HashMap::new()),
+                tick_ms: Cell::new(0),
             }),
         }
     }
 
     fn flush_deferred(&mut self) {
-        if self.deferred.armed.replace(false) {
-            let _ = hostcalls::set_tick_period(Duration::ZERO);
-        }
-        let calls = std::mem::take(&mut *self.deferred.calls.borrow_mut());
+        let calls = std::mem::take(&mut *self.state.calls.borrow_mut());
         for c in calls {
-            let sent = dispatch(&c.cluster, c.method, &c.msg, c.timeout_ms).is_ok();
+            let sent = self.state.send_detached(&c);
             if let Some(shared) = &self.shared {
                 shared.count_report(&c.pool_name, sent);
             }
+        }
+    }
+
+    fn count(&self, name: &str) {
+        self.stats.count(name, 1);
+    }
+
+    /// Hands a session pick's outcome to its request, as that request's
+    /// context (header set, request resumed).
+    fn deliver(&self, id: u64, w: &Waiter, outcome: PickOutcome) {
+        let Some(flow) = w.flow.upgrade() else {
+            return; // the request went away meanwhile
+        };
+        if hostcalls::set_effective_context(w.context_id).is_err() {
+            return;
+        }
+        let mut host = EnvoyHost {
+            id: w.context_id,
+            root: Rc::clone(&self.state),
+            me: Weak::clone(&w.flow),
+        };
+        // Not re-entered: Envoy runs the resumed filter chain after this
+        // callback returns.
+        if let Ok(mut f) = flow.try_borrow_mut() {
+            f.on_pick_outcome(&mut host, session_token(id), outcome);
+        }
+        let _ = hostcalls::set_effective_context(self.id);
+    }
+
+    /// Session upkeep on the timer: picks past their deadline fail open,
+    /// a stalled stream is given up, wanted streams are opened.
+    fn sessions_tick(&mut self) {
+        let now = now_ns();
+        let mut expired = Vec::new();
+        let mut open = Vec::new();
+        {
+            let mut sessions = self.state.sessions.borrow_mut();
+            for (cluster, s) in sessions.iter_mut() {
+                let token = s.token();
+                let (gone, give_up) = s.expire(now);
+                expired.extend(gone);
+                if let (true, Some(t)) = (give_up, token) {
+                    self.state.stream_clusters.borrow_mut().remove(&t);
+                    let _ = hostcalls::cancel_grpc_stream(t);
+                    self.stats.count("kvasir.session.stalled", 1);
+                }
+                if s.should_open(now) {
+                    open.push(cluster.clone());
+                }
+            }
+        }
+        for (id, w) in expired {
+            let timeout = PickOutcome {
+                result: Err(FailOpen::Timeout),
+                saturation: None,
+            };
+            self.deliver(id, &w, timeout);
+        }
+        for cluster in open {
+            // Opened here, in a root callback, so the stream's callbacks
+            // come to the root.
+            let r =
+                hostcalls::open_grpc_stream(&cluster, pick::SERVICE, session::METHOD, Vec::new());
+            let mut sessions = self.state.sessions.borrow_mut();
+            let Some(s) = sessions.get_mut(&cluster) else {
+                continue;
+            };
+            match r {
+                Ok(token) => {
+                    s.opened(token);
+                    self.state
+                        .stream_clusters
+                        .borrow_mut()
+                        .insert(token, cluster);
+                    self.stats.count("kvasir.session.opened", 1);
+                }
+                Err(_) => {
+                    s.open_failed(now);
+                    self.stats.count("kvasir.session.open_failed", 1);
+                }
+            }
+        }
+    }
+
+    /// The timer's period from what is pending: 1 ms for queued calls and
+    /// streams to open, the deadline check while picks wait, else the
+    /// poll period (or off).
+    fn retime(&self) {
+        let st = &self.state;
+        let now = now_ns();
+        let sessions = st.sessions.borrow();
+        let needs = [
+            (!st.calls.borrow().is_empty()).then_some(1),
+            sessions
+                .values()
+                .filter_map(|s| s.open_due_in_ms(now))
+                .min()
+                .map(|ms| ms.max(1)),
+            sessions
+                .values()
+                .any(|s| s.waiting() > 0)
+                .then_some(DEADLINE_CHECK_MS),
+            (self.poll_ms > 0).then_some(self.poll_ms),
+        ];
+        let want = needs.into_iter().flatten().min().unwrap_or(0);
+        if want != st.tick_ms.get()
+            && hostcalls::set_tick_period(Duration::from_millis(want)).is_ok()
+        {
+            st.tick_ms.set(want);
         }
     }
 }
@@ -183,6 +368,50 @@ impl Context for Root {
             None
         };
         shared.on_pool_state(pool, status_code, body.as_deref(), now_ns());
+    }
+
+    fn on_grpc_stream_message(&mut self, token_id: u32, message_size: usize) {
+        let Some(cluster) = self.state.stream_clusters.borrow().get(&token_id).cloned() else {
+            return;
+        };
+        let Some(bytes) = hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, message_size)
+            .ok()
+            .flatten()
+        else {
+            return;
+        };
+        let answer = self
+            .state
+            .sessions
+            .borrow_mut()
+            .get_mut(&cluster)
+            .and_then(|s| s.answer(&bytes));
+        match answer {
+            Some((id, w, outcome)) => self.deliver(id, &w, outcome),
+            None => self.count("kvasir.session.unmatched"),
+        }
+    }
+
+    fn on_grpc_stream_close(&mut self, token_id: u32, status_code: u32) {
+        let Some(cluster) = self.state.stream_clusters.borrow_mut().remove(&token_id) else {
+            return; // given up already
+        };
+        let ended = self
+            .state
+            .sessions
+            .borrow_mut()
+            .get_mut(&cluster)
+            .map(|s| s.closed(status_code, now_ns()));
+        self.count("kvasir.session.closed");
+        log::info!("kvasir: session stream to {cluster} ended (gRPC status {status_code}); picks use unary calls until it reopens");
+        for (id, w, why) in ended.unwrap_or_default() {
+            let outcome = PickOutcome {
+                result: Err(why),
+                saturation: None,
+            };
+            self.deliver(id, &w, outcome);
+        }
+        self.retime();
     }
 }
 
@@ -218,44 +447,51 @@ impl RootContext for Root {
         );
         let poll_ms = cfg.settings.pool_state_poll_ms;
         let needs_polls = cfg.policy.pools_needing_state().next().is_some();
+        self.state
+            .sessions_enabled
+            .set(cfg.settings.indexer_session);
         let stats: Rc<dyn Stats> = self.stats.clone();
         self.shared = Some(Rc::new(Shared::new(cfg, stats)));
-        self.polling = poll_ms > 0 && needs_polls;
+        self.poll_ms = if needs_polls { u64::from(poll_ms) } else { 0 };
         // A reconfiguration never leaves queued calls behind.
         self.flush_deferred();
-        self.deferred.enabled.set(!self.polling);
-        if self.polling {
-            let _ = hostcalls::set_tick_period(Duration::from_millis(u64::from(poll_ms)));
-        }
+        self.retime();
         true
     }
 
     fn on_tick(&mut self) {
         self.flush_deferred();
-        if !self.polling {
-            return;
-        }
-        let Some(shared) = &self.shared else { return };
-        for (cluster, pool, msg, timeout_ms) in shared.pool_state_polls() {
-            if self.polls.values().any(|&p| p == pool) {
-                continue; // the last poll of this pool is still out
+        self.sessions_tick();
+        if self.poll_ms > 0 && now_ns() >= self.next_poll_ns {
+            self.next_poll_ns = now_ns() + self.poll_ms * 1_000_000;
+            if let Some(shared) = self.shared.clone() {
+                for (cluster, pool, msg, timeout_ms) in shared.pool_state_polls() {
+                    if self.polls.values().any(|&p| p == pool) {
+                        continue; // the last poll of this pool is still out
+                    }
+                    if let Ok(token) = dispatch(&cluster, pick::POOL_STATE, &msg, timeout_ms) {
+                        self.polls.insert(token, pool);
+                    }
+                }
             }
-            if let Ok(token) = dispatch(&cluster, pick::POOL_STATE, &msg, timeout_ms) {
-                self.polls.insert(token, pool);
-            }
         }
+        self.retime();
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // Never None: the SDK panics on it. Without a configuration the
         // context answers 503 (fail closed: tenants are not checked).
+        let flow = self
+            .shared
+            .as_ref()
+            .map(|s| Rc::new(RefCell::new(Flow::new(Rc::clone(s)))));
         Some(Box::new(Http {
             host: EnvoyHost {
                 id: context_id,
-                root_id: self.id,
-                deferred: Rc::clone(&self.deferred),
+                root: Rc::clone(&self.state),
+                me: flow.as_ref().map(Rc::downgrade).unwrap_or_default(),
             },
-            flow: self.shared.as_ref().map(|s| Flow::new(Rc::clone(s))),
+            flow,
         }))
     }
 
@@ -266,82 +502,78 @@ impl RootContext for Root {
 
 struct Http {
     host: EnvoyHost,
-    flow: Option<Flow>,
+    /// Shared with the root, which hands it session picks' outcomes.
+    flow: Option<Rc<RefCell<Flow>>>,
+}
+
+impl Http {
+    /// Runs `f` on the flow; `None` without one (or, never expected,
+    /// while the root holds it).
+    fn with<T>(&mut self, f: impl FnOnce(&mut Flow, &mut EnvoyHost) -> T) -> Option<T> {
+        let flow = self.flow.as_ref()?;
+        let mut flow = flow.try_borrow_mut().ok()?;
+        Some(f(&mut flow, &mut self.host))
+    }
 }
 
 impl Context for Http {
     fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, response_size: usize) {
-        if let Some(f) = &mut self.flow {
-            f.on_grpc_response(&mut self.host, token_id, status_code, response_size);
-        }
+        self.with(|f, h| f.on_grpc_response(h, token_id, status_code, response_size));
     }
 }
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        match &mut self.flow {
-            Some(f) => verdict(f.on_request_headers(&mut self.host, end_of_stream)),
-            None => {
-                let r = error_reply(
-                    Shape::OpenAi,
-                    503,
-                    "not_configured",
-                    None,
-                    "the gateway filter is not configured",
-                );
-                self.host.send_reply(&r);
-                Action::Pause
-            }
+        if let Some(v) = self.with(|f, h| f.on_request_headers(h, end_of_stream)) {
+            return verdict(v);
         }
+        let r = error_reply(
+            Shape::OpenAi,
+            503,
+            "not_configured",
+            None,
+            "the gateway filter is not configured",
+        );
+        self.host.send_reply(&r);
+        Action::Pause
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        match &mut self.flow {
-            Some(f) => verdict(f.on_request_body(&mut self.host, body_size, end_of_stream)),
-            None => Action::Pause,
-        }
+        self.with(|f, h| verdict(f.on_request_body(h, body_size, end_of_stream)))
+            .unwrap_or(Action::Pause)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        match &mut self.flow {
-            Some(f) => verdict(f.on_request_trailers(&mut self.host)),
-            None => Action::Pause,
-        }
+        self.with(|f, h| verdict(f.on_request_trailers(h)))
+            .unwrap_or(Action::Pause)
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        match &mut self.flow {
-            Some(f) => verdict(f.on_response_trailers(&mut self.host)),
-            None => Action::Continue,
-        }
+        self.with(|f, h| verdict(f.on_response_trailers(h)))
+            .unwrap_or(Action::Continue)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        match &mut self.flow {
-            Some(f) => verdict(f.on_response_headers(&mut self.host, end_of_stream)),
-            None => Action::Continue,
-        }
+        self.with(|f, h| verdict(f.on_response_headers(h, end_of_stream)))
+            .unwrap_or(Action::Continue)
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        match &mut self.flow {
-            Some(f) => verdict(f.on_response_body(&mut self.host, body_size, end_of_stream)),
-            None => Action::Continue,
-        }
+        self.with(|f, h| verdict(f.on_response_body(h, body_size, end_of_stream)))
+            .unwrap_or(Action::Continue)
     }
 
     fn on_log(&mut self) {
-        if let Some(f) = &mut self.flow {
-            f.on_log(&mut self.host);
-        }
+        self.with(|f, h| f.on_log(h));
     }
 }
 
 /// [`Host`] over Envoy's host calls for one HTTP context.
 struct EnvoyHost {
     id: u32,
-    root_id: u32,
-    deferred: Rc<Deferred>,
+    root: Rc<RootShared>,
+    /// This context's flow, for the root to hand a session pick back.
+    me: Weak<RefCell<Flow>>,
 }
 
 fn lossy(b: Vec<u8>) -> String {
@@ -394,37 +626,65 @@ impl Host for EnvoyHost {
         dispatch(cluster, method, msg, timeout_ms).ok()
     }
 
-    fn call_detached(&mut self, cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> bool {
-        // A call owned by this HTTP context is cancelled when the stream is
-        // destroyed, which is right after the response ends: make the root
-        // context own it instead. Its answer is dropped by the SDK (the
-        // token maps to this context, which is gone or ignores it).
-        if hostcalls::set_effective_context(self.root_id).is_err() {
-            return false;
+    fn pick(&mut self, cluster: &str, msg: &[u8], timeout_ms: u32) -> Option<u32> {
+        let root = Rc::clone(&self.root);
+        if root.sessions_enabled.get() {
+            let deadline = now_ns() + u64::from(timeout_ms) * 1_000_000;
+            let mut id = None;
+            let sent = root.send(cluster, |s| {
+                let waiter = Waiter {
+                    context_id: self.id,
+                    flow: Weak::clone(&self.me),
+                };
+                let (i, frame) = s.pick(msg, deadline, waiter);
+                id = Some(i);
+                frame
+            });
+            let _ = hostcalls::set_effective_context(self.id);
+            match (sent, id) {
+                (true, Some(i)) => {
+                    root.tick_within(DEADLINE_CHECK_MS);
+                    return Some(session_token(i));
+                }
+                (false, Some(i)) => {
+                    if let Some(s) = root.sessions.borrow_mut().get_mut(cluster) {
+                        s.forget(i);
+                    }
+                }
+                (_, None) => {
+                    // No stream (yet, or again after a failure): this pick
+                    // is a unary call, and the root opens one on a tick.
+                    let mut sessions = root.sessions.borrow_mut();
+                    let s = sessions.entry(cluster.to_string()).or_default();
+                    if s.open_due_in_ms(now_ns()).is_none() {
+                        s.want();
+                        let due = s.open_due_in_ms(now_ns()).unwrap_or(0);
+                        drop(sessions);
+                        root.tick_within(due.max(1));
+                    }
+                }
+            }
         }
-        let sent = dispatch(cluster, method, msg, timeout_ms).is_ok();
+        self.call(cluster, pick::PICK, msg, timeout_ms)
+    }
+
+    fn call_detached(&mut self, call: &DeferredCall) -> bool {
+        // A unary call owned by this HTTP context is cancelled when the
+        // stream is destroyed, which is right after the response ends: the
+        // root owns it instead (its answer is dropped by the SDK: the
+        // token maps to this context, which is gone or ignores it).
+        let sent = self.root.send_detached(call);
         let _ = hostcalls::set_effective_context(self.id);
         sent
     }
 
     fn take_deferred(&mut self) -> Vec<DeferredCall> {
-        // The armed tick stays set: it fires, finds nothing and disarms.
-        std::mem::take(&mut *self.deferred.calls.borrow_mut())
+        std::mem::take(&mut *self.root.calls.borrow_mut())
     }
 
     fn defer_detached(&mut self, call: DeferredCall) -> Result<(), DeferredCall> {
-        let d = &self.deferred;
-        if !d.enabled.get() {
-            return Err(call);
-        }
-        if !d.armed.get() {
-            // The HTTP context's tick period is its root's.
-            if hostcalls::set_tick_period(Duration::from_millis(1)).is_err() {
-                return Err(call);
-            }
-            d.armed.set(true);
-        }
-        d.calls.borrow_mut().push(call);
+        self.root.tick_within(1);
+        self.root.calls.borrow_mut().push(call);
         Ok(())
     }
 

@@ -7,6 +7,8 @@ sims' own metrics and `usage.prompt_tokens_details.cached_tokens`."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import uuid
 from collections import Counter
@@ -129,3 +131,54 @@ def test_fail_open_without_any_indexer_is_fast(stack: Stack):
     status, _, b = stack.envoy.post("/v1/chat/completions", chat(content="timing"))
     assert status == 200, b
     assert time.monotonic() - t0 < 2.0
+
+
+def test_picks_and_reports_ride_a_session_stream(stack: Stack):
+    """After a VM's first pick (a unary call, while it opens its stream),
+    picks and reports go as messages on one `Session` stream per VM."""
+    stack.need_indexer()
+    ix = stack.indexer
+    picks = 'kvasir_indexer_session_calls_total'
+    before_picks, before_reports = ix.metric(picks, call="pick"), ix.metric(picks, call="report")
+    for i in range(12):
+        status, _, b = stack.envoy.post("/v1/chat/completions", chat(content=f"session {i}"))
+        assert status == 200, b
+    # Envoy runs 2 workers: at most one unary pick each opens a stream.
+    assert ix.metric(picks, call="pick") - before_picks >= 10
+    wait_until("done reports ride the stream", lambda: ix.metric(picks, call="report") - before_reports >= 10, timeout=10)
+    assert 1 <= ix.metric("kvasir_indexer_sessions_open") <= 3  # workers + the main thread's VM at most
+
+
+def test_a_stalled_indexer_times_out_picks_and_gives_the_stream_up(stack: Stack):
+    """A stopped indexer keeps its TCP connection: the stream looks open
+    but answers nothing. Each pick fails open at its own deadline (the
+    filter times session picks itself), and after a run of timeouts the
+    stream is given up for unary calls, whose Envoy timeout applies."""
+    stack.need_indexer()
+    e = stack.envoy
+    for i in range(4):  # every VM has its stream open
+        assert e.post("/v1/chat/completions", chat(content=f"before the stall {i}"))[0] == 200
+    fo = "wasmcustom.kvasir.pool.main.failopen"
+    before_fo, before_stalled = e.stat(fo), e.stat("wasmcustom.kvasir.session.stalled")
+    pid = stack.indexer.proc.p.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # 2 workers: one of them gets at least 10 of these 20.
+        for i in range(20):
+            t0 = time.monotonic()
+            status, _, b = e.post("/v1/chat/completions", chat(content=f"while the indexer is stopped {i}"))
+            assert status == 200, b
+            assert time.monotonic() - t0 < 1.5, "a pick waits at most its timeout (200 ms here)"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert e.stat(fo) - before_fo >= 20
+    assert e.stat("wasmcustom.kvasir.session.stalled") - before_stalled >= 1
+    # Picks come back once the indexer runs again.
+    ok = "wasmcustom.kvasir.pool.main.pick.ok"
+
+    def picks_again() -> bool:
+        before = e.stat(ok)
+        e.post("/v1/chat/completions", chat(content="after the stall"))
+        return e.stat(ok) > before
+
+    wait_until("picks resume after the stall", picks_again, timeout=20)

@@ -1,0 +1,230 @@
+//! `Session`: picks and reports over one long-lived gRPC stream (the Envoy
+//! filter keeps one per VM, so a pick costs a message on an open HTTP/2
+//! stream rather than a new call).
+//!
+//! Messages are taken in order: a report is applied before the next
+//! message is read, so a pick sent after it is scored with it; a pick runs
+//! as its own task (up to [`MAX_CONCURRENT_PICKS`] per stream) and is
+//! answered with its id whenever it is done. Errors are per call (the
+//! stream goes on), in the codes the unary RPCs would have used.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{SinkExt, Stream, StreamExt};
+use kvasir_proto::v1 as pb;
+use tokio::sync::Semaphore;
+
+use crate::service::{Pools, ServiceError};
+
+/// Picks of one stream computed at once; the next message waits (and,
+/// through HTTP/2 flow control, so does the caller) while this many run.
+pub const MAX_CONCURRENT_PICKS: usize = 256;
+
+/// Answers buffered for a caller that reads slowly.
+const ANSWER_BUFFER: usize = 1024;
+
+/// The answer stream's type.
+pub type SessionStream =
+    Pin<Box<dyn Stream<Item = Result<pb::SessionResponse, tonic::Status>> + Send>>;
+
+fn error_answer(id: u64, code: tonic::Code, message: String) -> pb::SessionResponse {
+    pb::SessionResponse {
+        id,
+        result: Some(pb::session_response::Result::Error(pb::CallError {
+            code: code as u32,
+            message,
+        })),
+    }
+}
+
+fn service_error(id: u64, e: &ServiceError) -> pb::SessionResponse {
+    error_answer(id, tonic::Code::InvalidArgument, e.to_string())
+}
+
+/// Serves one stream: reads `inbound` until it ends or fails, and returns
+/// the answers. The answer stream ends once the caller's side has ended
+/// and every pick it sent is answered.
+pub fn serve<S>(pools: Arc<Pools>, mut inbound: S) -> SessionStream
+where
+    S: Stream<Item = Result<pb::SessionRequest, tonic::Status>> + Send + Unpin + 'static,
+{
+    let (mut tx, rx) = futures::channel::mpsc::channel(ANSWER_BUFFER);
+    let metrics = Arc::clone(pools.session_metrics());
+    metrics.opened();
+    tokio::spawn(async move {
+        let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_PICKS));
+        while let Some(msg) = inbound.next().await {
+            let Ok(msg) = msg else {
+                break; // the caller reset the stream: nothing to answer
+            };
+            match msg.call {
+                Some(pb::session_request::Call::Report(r)) => {
+                    metrics.reports.inc();
+                    if let Err(e) = pools.get(&r.pool).and_then(|p| p.report(&r)) {
+                        metrics.failed_reports.inc();
+                        tracing::debug!(error = %e, "session: report refused");
+                    }
+                }
+                Some(pb::session_request::Call::Pick(req)) => {
+                    metrics.picks.inc();
+                    let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+                        break;
+                    };
+                    let pools = Arc::clone(&pools);
+                    let mut tx = tx.clone();
+                    let id = msg.id;
+                    tokio::spawn(async move {
+                        let answer = match pools.get(&req.pool) {
+                            Ok(pool) => match pool.pick(req).await {
+                                Ok(r) => pb::SessionResponse {
+                                    id,
+                                    result: Some(pb::session_response::Result::Pick(r)),
+                                },
+                                Err(e) => service_error(id, &e),
+                            },
+                            Err(e) => service_error(id, &e),
+                        };
+                        drop(permit);
+                        // A caller that went away is not an error here.
+                        let _ = tx.send(Ok(answer)).await;
+                    });
+                }
+                None => {
+                    metrics.invalid.inc();
+                    let a = error_answer(
+                        msg.id,
+                        tonic::Code::InvalidArgument,
+                        "call: one of pick or report is required".into(),
+                    );
+                    if tx.send(Ok(a)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        metrics.closed();
+        // Dropping `tx` (not closing the channel: running picks hold
+        // clones) ends the answer stream after the last pick's answer.
+        drop(tx);
+    });
+    Box::pin(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::{EngineLoad, LoadConfig, LoadTracker};
+    use crate::scoring::Weights;
+    use crate::service::Pool;
+    use crate::tokenize::RequestTokenizer;
+    use crate::types::EndpointSpec;
+    use std::time::{Duration, Instant};
+
+    fn pools() -> Arc<Pools> {
+        let pool = Pool::new(
+            "p",
+            "m",
+            4,
+            RequestTokenizer::Approx,
+            LoadTracker::new(LoadConfig::default()),
+            Weights::default(),
+        );
+        pool.set_endpoints(
+            vec![EndpointSpec {
+                address: "127.0.0.1:8000".into(),
+                kv_events: "tcp://127.0.0.1:9000".into(),
+                replay: None,
+                metrics_url: None,
+                topic: String::new(),
+            }],
+            |_| None,
+        );
+        for e in pool.endpoints().iter() {
+            pool.load
+                .record_scrape(e.id, Some(EngineLoad::default()), Instant::now());
+        }
+        Arc::new(Pools::new(vec![Arc::new(pool)]))
+    }
+
+    fn pick(id: u64, pool: &str, request_id: &str) -> pb::SessionRequest {
+        pb::SessionRequest {
+            id,
+            call: Some(pb::session_request::Call::Pick(pb::PickRequest {
+                pool: pool.into(),
+                request_id: request_id.into(),
+                prompt: Some(pb::pick_request::Prompt::TokenIds(pb::TokenIds {
+                    ids: (0..64).collect(),
+                })),
+                ..Default::default()
+            })),
+        }
+    }
+
+    async fn answers(pools: Arc<Pools>, msgs: Vec<pb::SessionRequest>) -> Vec<pb::SessionResponse> {
+        let inbound = futures::stream::iter(msgs.into_iter().map(Ok));
+        let out = serve(pools, inbound);
+        tokio::time::timeout(Duration::from_secs(10), out.map(|r| r.unwrap()).collect())
+            .await
+            .expect("the answer stream ends once the caller's side has")
+    }
+
+    #[tokio::test]
+    async fn picks_are_answered_by_id_and_errors_stay_per_call() {
+        let pools = pools();
+        let msgs = vec![
+            pick(7, "p", "r7"),
+            pick(8, "nope", "r8"),
+            pb::SessionRequest { id: 9, call: None },
+            pick(10, "p", "r10"),
+        ];
+        let mut got = answers(Arc::clone(&pools), msgs).await;
+        got.sort_by_key(|a| a.id);
+        assert_eq!(got.iter().map(|a| a.id).collect::<Vec<_>>(), [7, 8, 9, 10]);
+        for a in [&got[0], &got[3]] {
+            let Some(pb::session_response::Result::Pick(r)) = &a.result else {
+                panic!("{a:?}")
+            };
+            assert_eq!(r.endpoints[0].address, "127.0.0.1:8000");
+        }
+        let Some(pb::session_response::Result::Error(e)) = &got[1].result else {
+            panic!("{:?}", got[1])
+        };
+        assert_eq!(e.code, tonic::Code::InvalidArgument as u32);
+        assert!(e.message.contains("nope"), "{}", e.message);
+        let Some(pb::session_response::Result::Error(e)) = &got[2].result else {
+            panic!("{:?}", got[2])
+        };
+        assert!(e.message.starts_with("call:"), "{}", e.message);
+        let m = pools.session_metrics();
+        assert_eq!((m.picks.get(), m.invalid.get()), (3, 1));
+        assert_eq!(m.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_report_before_a_pick_is_applied_first() {
+        let pools = pools();
+        let report = |id: u64, request_id: &str| pb::SessionRequest {
+            id,
+            call: Some(pb::session_request::Call::Report(pb::ReportRequest {
+                pool: "p".into(),
+                request_id: request_id.into(),
+                phase: pb::ReportPhase::Done as i32,
+                ..Default::default()
+            })),
+        };
+        // Only pick 1 is in flight when the report comes; it matches.
+        let got = answers(Arc::clone(&pools), vec![pick(1, "p", "a")]).await;
+        assert_eq!(got.len(), 1);
+        let pool = pools.get("p").unwrap();
+        let got = answers(
+            Arc::clone(&pools),
+            vec![report(2, "a"), report(3, "unknown"), pick(4, "p", "b")],
+        )
+        .await;
+        assert_eq!(got.len(), 1, "reports are not answered: {got:?}");
+        assert_eq!(pool.metrics.reports_matched.get(), 1);
+        assert_eq!(pool.metrics.reports_unmatched.get(), 1);
+        assert_eq!(pools.session_metrics().reports.get(), 2);
+    }
+}
