@@ -4,7 +4,8 @@
 //! The SDK's wrappers panic on any host status they do not expect, and a
 //! panic kills the VM. So this module calls only the wrappers whose every
 //! Envoy answer is handled (`get_buffer`, `get_map_bytes`, `get_property`,
-//! `dispatch_grpc_call`, `call_foreign_function`, `set_effective_context`,
+//! `dispatch_grpc_call`, `open_grpc_stream`, `send_grpc_stream_message`,
+//! `cancel_grpc_stream`, `call_foreign_function`, `set_effective_context`,
 //! `increment_metric`, ...), reads headers as bytes (the string readers
 //! unwrap UTF-8), and leaves the "only in the right state" rule to the
 //! engine, whose tests check it.
