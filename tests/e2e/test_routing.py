@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import MODEL, Stack, chat, request, wait_until
+from conftest import MODEL, POLICY, SETTINGS, Stack, chat, compile_plugin, request, start_envoy, wait_envoy, wait_until
 
 SERVED = "x-gateway-destination-endpoint-served"
 
@@ -194,3 +194,28 @@ def test_a_stalled_indexer_times_out_picks_and_gives_the_stream_up(stack: Stack)
         return e.stat(ok) > before
 
     wait_until("picks resume after the stall", picks_again, timeout=20)
+
+
+def test_with_the_session_off_picks_are_unary_calls(stack: Stack):
+    """`indexerSession: false`: every pick and report is its own gRPC call
+    (an Envoy beside the main one, on the same sims and indexer)."""
+    stack.need_indexer()
+    pool = [s.address for s in stack.sims]
+    plugin = compile_plugin(POLICY, {**SETTINGS, "indexerSession": False})
+    e = start_envoy(stack.logdir, plugin, pool, stack.indexer.address, stack.provider.address, name="envoy-unary")
+    try:
+        wait_envoy(e, pool)
+        wait_until("indexer healthy in the unary envoy", lambda: e.healthy("kvasir_indexer", [stack.indexer.address]))
+        ix = stack.indexer
+        calls = "kvasir_indexer_session_calls_total"
+        before_stream, before_reports = ix.metric(calls, call="pick"), ix.metric("kvasir_indexer_reports_total", matched="true")
+        for i in range(6):
+            status, _, b = e.post("/v1/chat/completions", chat(content=f"unary {i}"))
+            assert status == 200, b
+        assert e.stat("wasmcustom.kvasir.pool.main.pick.ok") >= 6
+        wait_until("unary reports reach the indexer",
+                   lambda: ix.metric("kvasir_indexer_reports_total", matched="true") - before_reports >= 6, timeout=10)
+        assert ix.metric(calls, call="pick") == before_stream, "no pick went on a stream"
+        assert e.stat("wasmcustom.kvasir.session.opened") == 0
+    finally:
+        e.proc.stop()
