@@ -885,6 +885,11 @@ impl IndexerService {
         let pool = self.pools.get(&req.pool)?;
         pool.pick(req).await
     }
+
+    /// `Report` without gRPC (the unary RPC and `Session` streams).
+    pub fn report(&self, req: &pb::ReportRequest) -> Result<pb::ReportResponse, ServiceError> {
+        self.pools.get(&req.pool)?.report(req)
+    }
 }
 
 #[tonic::async_trait]
@@ -902,8 +907,7 @@ impl pb::indexer_server::Indexer for IndexerService {
         request: tonic::Request<pb::ReportRequest>,
     ) -> Result<tonic::Response<pb::ReportResponse>, tonic::Status> {
         let req = request.into_inner();
-        let pool = self.pools.get(&req.pool)?;
-        Ok(tonic::Response::new(pool.report(&req)?))
+        Ok(tonic::Response::new(IndexerService::report(self, &req)?))
     }
 
     async fn pool_state(
@@ -922,7 +926,7 @@ impl pb::indexer_server::Indexer for IndexerService {
         request: tonic::Request<tonic::Streaming<pb::SessionRequest>>,
     ) -> Result<tonic::Response<Self::SessionStream>, tonic::Status> {
         Ok(tonic::Response::new(crate::session::serve(
-            Arc::clone(&self.pools),
+            self.clone(),
             request.into_inner(),
         )))
     }

@@ -610,11 +610,6 @@ impl Flow {
         self.on_pick_outcome(host, token, pick::pick_outcome(status, body.as_deref()));
     }
 
-    /// Whether this request waits for the pick with this token.
-    pub fn is_picking(&self, token: u32) -> bool {
-        self.phase == Phase::Picking(token)
-    }
-
     /// The pick's outcome, however it came ([`Host::pick`]'s token): sets
     /// the endpoint header or fails open, then resumes the request.
     pub fn on_pick_outcome(&mut self, host: &mut dyn Host, token: u32, outcome: PickOutcome) {

@@ -144,6 +144,16 @@ pub struct PickOutcome {
     pub saturation: Option<f64>,
 }
 
+impl PickOutcome {
+    /// A pick that produced no answer to learn from: fail open, no saturation.
+    pub fn failed(why: FailOpen) -> PickOutcome {
+        PickOutcome {
+            result: Err(why),
+            saturation: None,
+        }
+    }
+}
+
 /// Whether `s` is an `ip:port` (IPv4, or bracketed IPv6) and nothing else.
 pub fn is_endpoint_address(s: &str) -> bool {
     s.parse::<std::net::SocketAddr>().is_ok()
@@ -152,16 +162,10 @@ pub fn is_endpoint_address(s: &str) -> bool {
 /// Interprets a `Pick` answer: gRPC status and the response bytes.
 pub fn pick_outcome(status: u32, body: Option<&[u8]>) -> PickOutcome {
     if status != 0 {
-        return PickOutcome {
-            result: Err(FailOpen::of_status(status)),
-            saturation: None,
-        };
+        return PickOutcome::failed(FailOpen::of_status(status));
     }
     let Some(resp) = body.and_then(|b| PickResponse::decode(b).ok()) else {
-        return PickOutcome {
-            result: Err(FailOpen::BadResponse),
-            saturation: None,
-        };
+        return PickOutcome::failed(FailOpen::BadResponse);
     };
     pick_outcome_of(resp)
 }

@@ -137,10 +137,9 @@ impl<W> Session<W> {
         frame(id, 3, report_request)
     }
 
-    /// Forgets a pick (its request went away, or its message could not be
-    /// sent).
-    pub fn forget(&mut self, id: u64) -> Option<W> {
-        self.waiting.remove(&id).map(|(_, w)| w)
+    /// Forgets a pick whose message could not be sent.
+    pub fn forget(&mut self, id: u64) {
+        self.waiting.remove(&id);
     }
 
     /// Picks waiting for an answer.
@@ -157,14 +156,10 @@ impl<W> Session<W> {
         self.timeouts_in_a_row = 0;
         let outcome = match a.result {
             Some(session_response::Result::Pick(r)) => pick_outcome_of(r),
-            Some(session_response::Result::Error(e)) => PickOutcome {
-                result: Err(FailOpen::of_status(e.code)),
-                saturation: None,
-            },
-            None => PickOutcome {
-                result: Err(FailOpen::BadResponse),
-                saturation: None,
-            },
+            Some(session_response::Result::Error(e)) => {
+                PickOutcome::failed(FailOpen::of_status(e.code))
+            }
+            None => PickOutcome::failed(FailOpen::BadResponse),
         };
         Some((a.id, w, outcome))
     }
@@ -194,11 +189,6 @@ impl<W> Session<W> {
             self.timeouts_in_a_row = 0;
         }
         (out, give_up)
-    }
-
-    /// The earliest deadline of a waiting pick.
-    pub fn next_deadline(&self) -> Option<u64> {
-        self.waiting.values().map(|(d, _)| *d).min()
     }
 
     /// The stream ended with a gRPC status: every waiting pick fails open
@@ -299,7 +289,6 @@ mod tests {
         s.opened(3);
         s.pick(b"", 50, 1);
         s.pick(b"", 80, 2);
-        assert_eq!(s.next_deadline(), Some(50));
         let (gone, give_up) = s.expire(60);
         assert_eq!(
             (gone.iter().map(|g| g.1).collect::<Vec<_>>(), give_up),

@@ -293,11 +293,7 @@ impl Root {
             }
         }
         for (id, w) in expired {
-            let timeout = PickOutcome {
-                result: Err(FailOpen::Timeout),
-                saturation: None,
-            };
-            self.deliver(id, &w, timeout);
+            self.deliver(id, &w, PickOutcome::failed(FailOpen::Timeout));
         }
         for cluster in open {
             // Opened here, in a root callback, so the stream's callbacks
@@ -406,11 +402,7 @@ impl Context for Root {
         self.count("kvasir.session.closed");
         log::info!("kvasir: session stream to {cluster} ended (gRPC status {status_code}); picks use unary calls until it reopens");
         for (id, w, why) in ended.unwrap_or_default() {
-            let outcome = PickOutcome {
-                result: Err(why),
-                saturation: None,
-            };
-            self.deliver(id, &w, outcome);
+            self.deliver(id, &w, PickOutcome::failed(why));
         }
         self.retime();
     }
