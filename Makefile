@@ -45,7 +45,7 @@ fmt:
 bench: build
 	bash scripts/bench.sh
 
-## bench-full: the whole routing benchmark (the whole trace, more load levels; about an hour on 2 cores)
+## bench-full: the whole routing benchmark (the whole trace, four trace loads, two chat loads; about 75 minutes on 2 cores)
 bench-full: build
 	.tools/venv/bin/python bench/routing.py --preset full
 	python3 scripts/bench_report.py

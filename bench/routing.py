@@ -66,9 +66,10 @@ PRESETS = {
     # whole trace's (32%); the first minutes hold few repeats (~8%).
     "short": {"trace_time_scale": 0.25, "chat_time_scale": 1.0, "trace_loads": [1.0, 2.0], "chat_loads": [1.0],
               "trace_from_s": 650.0, "trace_window_s": 120.0, "chat_duration_s": 30.0},
-    # make bench-full: the whole trace at three loads, the chat at two
-    # (about an hour on 2 cores).
-    "full": {"trace_time_scale": 0.25, "chat_time_scale": 1.0, "trace_loads": [0.5, 1.0, 2.0],
+    # make bench-full: the whole trace at four loads (1.5 and 2.0 both past
+    # what round-robin's engines keep up with), the chat at two (about 75
+    # minutes on 2 cores).
+    "full": {"trace_time_scale": 0.25, "chat_time_scale": 1.0, "trace_loads": [0.5, 1.0, 1.5, 2.0],
              "chat_loads": [1.0, 2.0], "trace_from_s": 0.0, "trace_window_s": None, "chat_duration_s": 60.0},
 }
 # Conversations per simulated second the chat's load 1.0 may ask for, per
@@ -96,21 +97,26 @@ SETTINGS = {"exposeServedEndpoint": True, "bodyLimitBytes": 2 * 1024 * 1024 - 1}
 
 
 # Scoring variants of the kvasir mode (`--variants`): mode name -> the
-# cache-indexer's `scoring` weights (see cache-indexer/README.md).
+# cache-indexer pool's settings to override (see cache-indexer/README.md):
+# `scoring` weights by bare key, other pool sections by dotted key
+# (`saturation.waiting`).
 VARIANTS: dict[str, dict] = {}
 
 
 def parse_variants(spec: str) -> dict[str, dict]:
-    """`name:key=v,key=v;name2:...` -> {"kvasir-name": {key: v}}."""
+    """`name:key=v,sec.key=v;name2:...` -> {"kvasir-name": {"scoring": {key: v}, "sec": {key: v}}}."""
     out = {}
     for part in filter(None, (x.strip() for x in spec.split(";"))):
         name, _, kvs = part.partition(":")
         if not name or not kvs:
             raise SystemExit(f"--variants: expected name:key=value[,key=value], got {part!r}")
-        w = {}
+        w: dict[str, dict] = {}
         for kv in kvs.split(","):
             k, _, v = kv.partition("=")
-            w[k.strip()] = float(v)
+            section, _, key = k.strip().rpartition(".")
+            f = float(v)
+            # Integral values as JSON integers: counts (`saturation.waiting`) are u32.
+            w.setdefault(section or "scoring", {})[key] = int(f) if f.is_integer() else f
         out[f"kvasir-{name}"] = w
     return out
 
@@ -151,12 +157,12 @@ class Cluster:
                                                       without_filter=True, pool_lb=lb, log_level="warning"))
         else:
             extra_ix = ["--index", "picks"] if self.mode == "approx-prefix" else []
-            weights = VARIANTS.get(self.mode)
-            if weights:
-                # A scoring variant: the same pool, other weights, from a config file.
+            overrides = VARIANTS.get(self.mode)
+            if overrides:
+                # A scoring variant: the same pool, other settings, from a config file.
                 cfg = self.logdir / "indexer.json"
                 cfg.write_text(json.dumps({"pools": [{"name": "main", "model": h.MODEL, "tokenizer": str(h.TOKENIZER),
-                                                      "scoring": weights}]}))
+                                                      **overrides}]}))
                 extra_ix += ["--config", str(cfg)]
             self.indexer = self.procs.add(h.indexer_for(self.sims, self.logdir, scrape_interval_ms=100, extra=extra_ix))
             self.indexer.start()
@@ -182,6 +188,12 @@ class Cluster:
         for k, v in stats.items():
             if ".pool.main." in k and any(w in k for w in ("fail_open", "pick.")) and v:
                 out[k.split(".pool.main.", 1)[1]] = v
+        # How the indexer decided: `all_saturated` picks ranked endpoints that
+        # were all past the saturation thresholds.
+        for d in ("prefix", "load", "no_index", "all_saturated", "no_endpoints"):
+            n = self.indexer.metric("kvasir_indexer_picks_total", decision=d)
+            if n:
+                out[f"decision.{d}"] = int(n)
         return out
 
 

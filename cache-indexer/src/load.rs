@@ -16,8 +16,10 @@
 //!   lapses after the prefill horizon, so filters that only report DONE do not
 //!   make long streams look like queued prefill forever.
 //! * **Saturation.** Per endpoint, `max(kv_usage / kvUsage, waiting /
-//!   waiting)` capped at 1; saturated (left out of picks) at 1, i.e. when KV
-//!   usage or the waiting queue reaches its threshold. Pool saturation is the
+//!   waiting)` capped at 1; saturated at 1, i.e. when KV usage or the waiting
+//!   queue reaches its threshold. Only *KV-full* endpoints (usage at
+//!   `kvUsage`) are left out of picks; a long waiting queue is priced by the
+//!   scorer's queue terms instead (see `scoring`). Pool saturation is the
 //!   **mean** over healthy endpoints (1 when none is healthy): the fraction of
 //!   the pool's headroom in use, which is what an admission policy wants; the
 //!   minimum would report a pool with one idle endpoint as empty.
@@ -75,6 +77,12 @@ impl SaturationThresholds {
         let kv = load.kv_usage / self.kv_usage;
         let q = f64::from(load.waiting) / f64::from(self.waiting);
         kv.max(q).clamp(0.0, 1.0)
+    }
+
+    /// Whether KV usage is at the threshold: admitting more work there means
+    /// preempting running sequences, so picks leave the endpoint out.
+    pub fn kv_full(&self, load: &EngineLoad) -> bool {
+        load.kv_usage >= self.kv_usage
     }
 }
 
@@ -278,6 +286,9 @@ pub struct LoadView {
     pub saturation: f64,
     /// Whether saturated.
     pub saturated: bool,
+    /// Whether KV usage is at the saturation threshold
+    /// ([`SaturationThresholds::kv_full`]); implies `saturated`.
+    pub kv_full: bool,
     /// Time since the last successful scrape.
     pub last_scrape_age: Option<Duration>,
     /// Failed scrapes since start.
@@ -618,6 +629,7 @@ impl LoadTracker {
             queued_prefill_tokens: e.queued_prefill,
             saturation,
             saturated: e.healthy && saturation >= 1.0,
+            kv_full: e.healthy && self.cfg.saturation.kv_full(&e.engine),
             last_scrape_age: e.last_ok.map(|t| now.saturating_duration_since(t)),
             scrape_failures: e.scrape_failures,
             failures_in_row: e.failures_in_row,
@@ -879,6 +891,10 @@ vllm:cache_config_info{block_size="16",weird="a\"b,c}d"} 1 1700000000000
         assert!((t.saturation(&l) - 0.5).abs() < 1e-12);
         l.waiting = 5;
         assert_eq!(t.saturation(&l), 1.0);
+        // Saturated by the queue, but not KV-full: still picked.
+        assert!(!t.kv_full(&l));
+        l.kv_usage = 0.9;
+        assert!(t.kv_full(&l));
         assert!(SaturationThresholds {
             kv_usage: 0.0,
             waiting: 1
