@@ -222,7 +222,8 @@ pub struct Ranked {
     pub cost: Cost,
     /// Prompt tokens it is expected to find cached.
     pub predicted_cached_tokens: u32,
-    /// Whether it is saturated (only in [`Decision::AllSaturated`]).
+    /// Whether it is saturated (by its waiting queue in any answer; KV-full
+    /// only in [`Decision::AllSaturated`]).
     pub saturated: bool,
 }
 
