@@ -274,8 +274,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--loads", help="comma-separated load factors for every workload (default: the preset's)")
     ap.add_argument("--trace-rate", type=float, help="trace speed-up at load 1.0 (skips calibration)")
     ap.add_argument("--chat-rate", type=float, help="conversations/s at load 1.0 (skips calibration)")
-    ap.add_argument("--variants", default="", help="extra kvasir modes with other scoring weights: "
-                    "`name:key=value[,key=value];...` (e.g. `qp05:queuedPrefill=0.5`), run after the modes")
+    ap.add_argument("--variants", default="", help="extra kvasir modes with other pool settings: "
+                    "`name:key=value[,section.key=value];...`, bare keys are scoring weights (e.g. "
+                    "`qp05:queuedPrefill=0.5,saturation.waiting=10`), run after the modes")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
 

@@ -81,8 +81,14 @@
 //! (bench/routing.py, 8 engines): leaving out endpoints with 5 or more
 //! waiting requests cut the hit rate from 26.5% to 16.6% and raised p99
 //! TTFT from 13.5 s to 27.8 s (at 70% load it made no difference: 28.6% /
-//! 29.7%). When every healthy endpoint is saturated the decision says so
-//! (the caller may shed instead).
+//! 29.7%). That was a 2-minute window; over the whole trace at the same
+//! load (8 minutes of a queue growing without bound) two A/B runs each
+//! went the other way: leaving them out 18.6% / 19.1% hit, mean TTFT
+//! 14.1 / 13.3 s; ranking them 14.3% / 13.1%, 16.3 / 18.9 s (likely: spill
+//! to engines without the prefix replicates hot prefixes, which pays off
+//! under long saturation). The rule stays until one wins both. When every
+//! healthy endpoint is saturated the decision says so (the caller may shed
+//! instead).
 
 use serde::{Deserialize, Serialize};
 
