@@ -114,9 +114,14 @@ def parse_variants(spec: str) -> dict[str, dict]:
         for kv in kvs.split(","):
             k, _, v = kv.partition("=")
             section, _, key = k.strip().rpartition(".")
-            f = float(v)
-            # Integral values as JSON integers: counts (`saturation.waiting`) are u32.
-            w.setdefault(section or "scoring", {})[key] = int(f) if f.is_integer() else f
+            v = v.strip()
+            if v in ("true", "false"):
+                val: object = v == "true"
+            else:
+                f = float(v)
+                # Integral values as JSON integers: counts (`saturation.waiting`) are u32.
+                val = int(f) if f.is_integer() else f
+            w.setdefault(section or "scoring", {})[key] = val
         out[f"kvasir-{name}"] = w
     return out
 
@@ -276,7 +281,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--chat-rate", type=float, help="conversations/s at load 1.0 (skips calibration)")
     ap.add_argument("--variants", default="", help="extra kvasir modes with other pool settings: "
                     "`name:key=value[,section.key=value];...`, bare keys are scoring weights (e.g. "
-                    "`qp05:queuedPrefill=0.5,saturation.waiting=10`), run after the modes")
+                    "`qp05:queuedPrefill=0.5,saturation.leaveOutQueued=true`), run after the modes")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
 

@@ -19,7 +19,8 @@
 //!   waiting)` capped at 1; saturated at 1, i.e. when KV usage or the waiting
 //!   queue reaches its threshold. Only *KV-full* endpoints (usage at
 //!   `kvUsage`) are left out of picks; a long waiting queue is priced by the
-//!   scorer's queue terms instead (see `scoring`). Pool saturation is the
+//!   scorer's queue terms instead (see `scoring`), unless `leaveOutQueued`
+//!   asks for the old rule (every saturated endpoint left out). Pool saturation is the
 //!   **mean** over healthy endpoints (1 when none is healthy): the fraction of
 //!   the pool's headroom in use, which is what an admission policy wants; the
 //!   minimum would report a pool with one idle endpoint as empty.
@@ -46,6 +47,11 @@ pub struct SaturationThresholds {
     /// when it is out of batch slots or KV space; five queued prefills is
     /// already a few hundred ms of extra TTFT for everyone behind them.
     pub waiting: u32,
+    /// Leave endpoints saturated by their waiting queue alone out of picks
+    /// too (as KV-full ones always are), instead of ranking them at their
+    /// cost. Off by default; see the scoring module docs for the A/B that
+    /// keeps this a setting.
+    pub leave_out_queued: bool,
 }
 
 impl Default for SaturationThresholds {
@@ -53,6 +59,7 @@ impl Default for SaturationThresholds {
         SaturationThresholds {
             kv_usage: 0.9,
             waiting: 5,
+            leave_out_queued: false,
         }
     }
 }
@@ -80,9 +87,15 @@ impl SaturationThresholds {
     }
 
     /// Whether KV usage is at the threshold: admitting more work there means
-    /// preempting running sequences, so picks leave the endpoint out.
+    /// preempting running sequences.
     pub fn kv_full(&self, load: &EngineLoad) -> bool {
         load.kv_usage >= self.kv_usage
+    }
+
+    /// Whether picks leave the endpoint out (unless every healthy one is
+    /// left out): KV-full, or saturated at all with `leave_out_queued`.
+    pub fn leaves_out(&self, load: &EngineLoad) -> bool {
+        self.kv_full(load) || (self.leave_out_queued && self.saturation(load) >= 1.0)
     }
 }
 
@@ -286,9 +299,9 @@ pub struct LoadView {
     pub saturation: f64,
     /// Whether saturated.
     pub saturated: bool,
-    /// Whether KV usage is at the saturation threshold
-    /// ([`SaturationThresholds::kv_full`]); implies `saturated`.
-    pub kv_full: bool,
+    /// Whether picks leave it out ([`SaturationThresholds::leaves_out`]);
+    /// implies `saturated`.
+    pub left_out: bool,
     /// Time since the last successful scrape.
     pub last_scrape_age: Option<Duration>,
     /// Failed scrapes since start.
@@ -629,7 +642,7 @@ impl LoadTracker {
             queued_prefill_tokens: e.queued_prefill,
             saturation,
             saturated: e.healthy && saturation >= 1.0,
-            kv_full: e.healthy && self.cfg.saturation.kv_full(&e.engine),
+            left_out: e.healthy && self.cfg.saturation.leaves_out(&e.engine),
             last_scrape_age: e.last_ok.map(|t| now.saturating_duration_since(t)),
             scrape_failures: e.scrape_failures,
             failures_in_row: e.failures_in_row,
@@ -892,15 +905,32 @@ vllm:cache_config_info{block_size="16",weird="a\"b,c}d"} 1 1700000000000
         l.waiting = 5;
         assert_eq!(t.saturation(&l), 1.0);
         // Saturated by the queue, but not KV-full: still picked.
-        assert!(!t.kv_full(&l));
+        assert!(!t.kv_full(&l) && !t.leaves_out(&l));
+        let strict = SaturationThresholds {
+            leave_out_queued: true,
+            ..SaturationThresholds::default()
+        };
+        assert!(strict.leaves_out(&l));
         l.kv_usage = 0.9;
-        assert!(t.kv_full(&l));
+        assert!(t.kv_full(&l) && t.leaves_out(&l));
         assert!(SaturationThresholds {
             kv_usage: 0.0,
-            waiting: 1
+            waiting: 1,
+            leave_out_queued: false,
         }
         .validate()
         .is_err());
+    }
+
+    #[test]
+    fn saturation_settings_parse_with_defaults_for_what_is_left_out() {
+        let t: SaturationThresholds = serde_json::from_str(r#"{"leaveOutQueued": true}"#).unwrap();
+        assert!(t.leave_out_queued);
+        assert_eq!((t.kv_usage, t.waiting), (0.9, 5));
+        assert!(!SaturationThresholds::default().leave_out_queued);
+        assert!(
+            serde_json::from_str::<SaturationThresholds>(r#"{"leaveOutQueud": true}"#).is_err()
+        );
     }
 
     fn tracker() -> (LoadTracker, EndpointId, EndpointId, Instant) {

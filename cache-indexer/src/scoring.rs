@@ -86,7 +86,8 @@
 //! went the other way: leaving them out 18.6% / 19.1% hit, mean TTFT
 //! 14.1 / 13.3 s; ranking them 14.3% / 13.1%, 16.3 / 18.9 s (likely: spill
 //! to engines without the prefix replicates hot prefixes, which pays off
-//! under long saturation). The rule stays until one wins both. When every
+//! under long saturation). `saturation.leaveOutQueued: true` restores the
+//! old rule until one rule wins both. When every
 //! healthy endpoint is saturated the decision says so (the caller may shed
 //! instead).
 
@@ -173,11 +174,11 @@ pub struct Candidate<'a> {
     pub queued_prefill_tokens: u64,
     /// Whether the endpoint is healthy (scrapes succeed).
     pub healthy: bool,
-    /// Whether it is saturated (reported; see `kv_full` for exclusion).
+    /// Whether it is saturated (reported; see `left_out` for exclusion).
     pub saturated: bool,
-    /// Whether its KV usage is at the saturation threshold: left out
-    /// unless every healthy candidate is.
-    pub kv_full: bool,
+    /// Whether picks leave it out (KV-full, or queue-saturated with
+    /// `saturation.leaveOutQueued`), unless every healthy candidate is.
+    pub left_out: bool,
 }
 
 /// The request's side of scoring.
@@ -366,11 +367,11 @@ pub fn rank(req: &Request, candidates: &[Candidate<'_>], w: &Weights) -> Ranking
         };
     }
     let all_saturated = candidates.iter().filter(|c| c.healthy).all(|c| c.saturated);
-    let all_kv_full = candidates.iter().filter(|c| c.healthy).all(|c| c.kv_full);
+    let all_left_out = candidates.iter().filter(|c| c.healthy).all(|c| c.left_out);
     let mut scored: Vec<(Ranked, u64)> = candidates
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.healthy && (all_kv_full || !c.kv_full))
+        .filter(|(_, c)| c.healthy && (all_left_out || !c.left_out))
         .map(|(i, c)| {
             let (cost, cached) = cost(req, c, w);
             (
@@ -436,7 +437,7 @@ mod tests {
             queued_prefill_tokens: 0,
             healthy: true,
             saturated: false,
-            kv_full: false,
+            left_out: false,
         }
     }
 
@@ -520,11 +521,11 @@ mod tests {
         let mut c = vec![cand("a:1"), cand("b:1"), cand("c:1")];
         c[0].healthy = false;
         c[1].saturated = true;
-        c[1].kv_full = true;
+        c[1].left_out = true;
         let r = rank(&req(10, 0), &c, &Weights::default());
         assert_eq!(addrs(&r, &c), ["c:1"]);
         c[2].saturated = true;
-        c[2].kv_full = true;
+        c[2].left_out = true;
         let r = rank(&req(10, 0), &c, &Weights::default());
         assert_eq!(r.decision, Decision::AllSaturated);
         assert_eq!(r.order.len(), 2);

@@ -769,7 +769,7 @@ fn candidate<'a>(e: &'a Endpoint, v: &LoadView, matched: usize) -> Candidate<'a>
         queued_prefill_tokens: v.queued_prefill_tokens,
         healthy: v.healthy,
         saturated: v.saturated,
-        kv_full: v.kv_full,
+        left_out: v.left_out,
     }
 }
 
