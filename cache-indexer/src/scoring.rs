@@ -87,9 +87,8 @@
 //! 14.1 / 13.3 s; ranking them 14.3% / 13.1%, 16.3 / 18.9 s (likely: spill
 //! to engines without the prefix replicates hot prefixes, which pays off
 //! under long saturation). `saturation.leaveOutQueued: true` restores the
-//! old rule until one rule wins both. When every
-//! healthy endpoint is saturated the decision says so (the caller may shed
-//! instead).
+//! old rule until one rule wins both. When every healthy endpoint is
+//! saturated the decision says so (the caller may shed instead).
 
 use serde::{Deserialize, Serialize};
 
