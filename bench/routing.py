@@ -195,8 +195,7 @@ class Cluster:
                 out[k.split(".pool.main.", 1)[1]] = v
         # How the indexer decided: `all_saturated` picks ranked endpoints that
         # were all past the saturation thresholds.
-        for d in ("prefix", "load", "no_index", "all_saturated", "no_endpoints"):
-            n = self.indexer.metric("kvasir_indexer_picks_total", decision=d)
+        for d, n in sorted(self.indexer.metric_by("kvasir_indexer_picks_total", "decision").items()):
             if n:
                 out[f"decision.{d}"] = int(n)
         return out

@@ -419,7 +419,7 @@ pub fn render(pools: &crate::service::Pools) -> String {
         ("kvasir_indexer_indexed_blocks", "gauge", "Blocks the pool's prefix index holds for the endpoint (KV events, or the pick history with index picks).", |r| r.blocks as f64),
         ("kvasir_indexer_endpoint_healthy", "gauge", "1 when the endpoint's /metrics scrapes succeed (picks use it), else 0.", |r| f64::from(u8::from(r.load.healthy))),
         ("kvasir_indexer_endpoint_saturation", "gauge", "Endpoint saturation 0..1 from KV usage and waiting queue (1 = saturated or unhealthy).", |r| r.load.saturation),
-        ("kvasir_indexer_endpoint_saturated", "gauge", "1 when the endpoint is saturated (KV usage or waiting queue at its threshold; only KV-full endpoints are left out of picks).", |r| f64::from(u8::from(r.load.saturated))),
+        ("kvasir_indexer_endpoint_saturated", "gauge", "1 when the endpoint is saturated (KV usage or waiting queue at its threshold; picks leave out KV-full ones, and every saturated one with saturation.leaveOutQueued).", |r| f64::from(u8::from(r.load.saturated))),
         ("kvasir_indexer_endpoint_running", "gauge", "vllm:num_requests_running at the last scrape.", |r| f64::from(r.load.engine.running)),
         ("kvasir_indexer_endpoint_waiting", "gauge", "vllm:num_requests_waiting at the last scrape.", |r| f64::from(r.load.engine.waiting)),
         ("kvasir_indexer_endpoint_kv_usage", "gauge", "vllm:kv_cache_usage_perc at the last scrape (0..1).", |r| r.load.engine.kv_usage),

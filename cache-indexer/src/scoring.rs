@@ -354,9 +354,9 @@ pub fn prefill_work(prompt: u32, cached: u32, attention: f64) -> f64 {
     (p - c) + attention * (p * p - c * c) / 2.0
 }
 
-/// Ranks the candidates for a request: unhealthy ones never, KV-full ones
-/// only when every healthy one is. Lowest cost first; ties by [`tie_key`],
-/// then address.
+/// Ranks the candidates for a request: unhealthy ones never, left-out ones
+/// ([`Candidate::left_out`]) only when every healthy one is. Lowest cost
+/// first; ties by [`tie_key`], then address.
 pub fn rank(req: &Request, candidates: &[Candidate<'_>], w: &Weights) -> Ranking {
     let healthy = candidates.iter().filter(|c| c.healthy).count();
     if healthy == 0 {

@@ -318,18 +318,29 @@ class Indexer:
         if self.proc:
             self.proc.stop()
 
-    def metric(self, name: str, **labels: str) -> float:
+    def _samples(self, name: str) -> list[tuple[str, float]]:
+        """One /metrics fetch: (name{labels}, value) of every sample of `name`."""
         _, _, b = request("GET", self.http_port, "/metrics")
-        total = 0.0
+        out = []
         for line in b.decode().splitlines():
             if not line.startswith(name):
                 continue
-            head = line.rsplit(" ", 1)[0]
-            if head != name and not head.startswith(name + "{"):
-                continue
-            if all(f'{k}="{v}"' in head for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+            head, _, value = line.rpartition(" ")
+            if head == name or head.startswith(name + "{"):
+                out.append((head, float(value)))
+        return out
+
+    def metric(self, name: str, **labels: str) -> float:
+        return sum(v for head, v in self._samples(name) if all(f'{k}="{x}"' in head for k, x in labels.items()))
+
+    def metric_by(self, name: str, label: str) -> dict[str, float]:
+        """`name` summed per value of `label`, from one fetch."""
+        out: dict[str, float] = {}
+        for head, v in self._samples(name):
+            m = re.search(rf'[{{,]{label}="([^"]*)"', head)
+            if m:
+                out[m.group(1)] = out.get(m.group(1), 0.0) + v
+        return out
 
 
 def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100, extra: list[str] | None = None) -> Indexer:
