@@ -50,6 +50,8 @@ MODES = ["round-robin", "least-request", "approx-prefix", "kvasir"]
 ENGINES = 8
 NUM_GPU_BLOCKS = 25_000
 BLOCK = 16
+PROFILE = "h100-8b"
+BUDGET = 8192  # vllm-sim's --max-num-batched-tokens default, which the sims run with
 TARGET_UTIL = 0.70
 # Long enough for the trace's longest prompt (191k tokens) plus its answer.
 MAX_MODEL_LEN = 196_608
@@ -150,7 +152,7 @@ class Cluster:
 
     def _start(self) -> None:
         extra = ["--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN)]
-        self.sims = [self.procs.add(h.start_sim(self.logdir, f"sim{i}", profile="h100-8b", time_scale=self.time_scale,
+        self.sims = [self.procs.add(h.start_sim(self.logdir, f"sim{i}", profile=PROFILE, time_scale=self.time_scale,
                                                 extra=extra))
                      for i in range(ENGINES)]
         for s in self.sims:
@@ -308,9 +310,9 @@ def main(argv: list[str]) -> int:
     t_start = time.monotonic()
     cmdline = "make bench" if a.preset == "short" else "make bench-full"
     setup = [
-        f"{ENGINES} vllm-sims, latency profile h100-8b (FACTS.md: ~30 ms + 0.03 ms per uncached token of prefill, "
+        f"{ENGINES} vllm-sims, latency profile {PROFILE} (FACTS.md: ~30 ms + 0.03 ms per uncached token of prefill, "
         f"~6 ms decode steps), {NUM_GPU_BLOCKS} KV blocks of {BLOCK} tokens each, max-num-seqs 256, "
-        f"token budget 8192; time scale {p['trace_time_scale']} for the trace, {p['chat_time_scale']} for the chat "
+        f"token budget {BUDGET}; time scale {p['trace_time_scale']} for the trace, {p['chat_time_scale']} for the chat "
         "(wall seconds per simulated second).",
         "Envoy 1.40 (2 workers) in every mode; a fresh cluster (sims, indexer, Envoy) per run; the load generator "
         "and all processes share this machine's 2 cores.",
@@ -340,7 +342,8 @@ def main(argv: list[str]) -> int:
     if "trace" in workloads:
         window = p["trace_window_s"]
         bargs = ["bound", "--trace", str(TRACE), "--capacity-tokens", str(ENGINES * NUM_GPU_BLOCKS * BLOCK),
-                 "--from-s", str(p["trace_from_s"]), "--out", str(out / "bound.json")]
+                 "--from-s", str(p["trace_from_s"]), "--out", str(out / "bound.json"),
+                 "--profile", PROFILE, "--max-num-batched-tokens", str(BUDGET)]
         if window is not None:
             bargs += ["--duration-s", str(window)]
         bench(bargs)

@@ -23,6 +23,7 @@ use kvasir_bench::record::{self, Record};
 use kvasir_bench::report::{self, Inputs};
 use kvasir_bench::run::{self, RunOptions, RunResult};
 use kvasir_bench::{bound, stats, trace, ttft_growth, RunMeta};
+use vllm_sim::latency::LatencyProfile;
 
 #[derive(Parser)]
 #[command(
@@ -157,6 +158,13 @@ struct BoundArgs {
     /// Tokens per engine KV block.
     #[arg(long, default_value_t = 16)]
     engine_block: usize,
+    /// The engines' latency profile (vllm-sim's `--profile`), for the
+    /// unqueued mean TTFT; `none` skips it.
+    #[arg(long, default_value = "h100-8b")]
+    profile: String,
+    /// The engines' prefill token budget per step (vllm-sim's flag).
+    #[arg(long, default_value_t = 8192)]
+    max_num_batched_tokens: usize,
     /// Output JSON file.
     #[arg(long)]
     out: PathBuf,
@@ -541,12 +549,35 @@ async fn run_cmd(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Bound(a) => {
             let t = load_trace(&a.slice)?;
-            let b =
-                bound::pooled_hit_rate(&t, a.slice.block_tokens, a.engine_block, a.capacity_tokens);
+            let model = match a.profile.as_str() {
+                "none" => None,
+                _ if a.max_num_batched_tokens == 0 => {
+                    anyhow::bail!("--max-num-batched-tokens must be at least 1")
+                }
+                name => Some(bound::EngineModel {
+                    profile: LatencyProfile::by_name(name).with_context(|| {
+                        format!(
+                            "--profile {name}: unknown (one of {}, or none)",
+                            LatencyProfile::NAMES.join(", ")
+                        )
+                    })?,
+                    max_num_batched_tokens: a.max_num_batched_tokens,
+                }),
+            };
+            let b = bound::pooled_hit_rate(
+                &t,
+                a.slice.block_tokens,
+                a.engine_block,
+                a.capacity_tokens,
+                model.as_ref(),
+            );
             eprintln!(
-                "pooled cache of {} tokens: hit rate {:.1}%",
+                "pooled cache of {} tokens: hit rate {:.1}%{}",
                 b.capacity_tokens,
-                b.hit_rate * 100.0
+                b.hit_rate * 100.0,
+                b.unqueued_mean_ttft_ms
+                    .map(|v| format!(", unqueued mean TTFT {v:.0} ms"))
+                    .unwrap_or_default()
             );
             std::fs::write(&a.out, serde_json::to_string_pretty(&b)?)?;
             Ok(())

@@ -47,12 +47,14 @@ pub struct TargetCheck {
 
 /// Facts behind a kvasir-against-round-robin comparison at one load.
 /// Why a target was missed: the runs' facts that bear on it. `goal_ms` is
-/// the TTFT the target asked of kvasir, for TTFT targets.
+/// the TTFT the target asked of kvasir, for TTFT targets; `floor_ms` the
+/// lowest the measured statistic can be on this cluster, where known.
 fn context(
     k: &RunMeta,
     b: &RunMeta,
     about_e2e: bool,
     goal_ms: Option<f64>,
+    floor_ms: Option<f64>,
     bound: Option<&PooledBound>,
 ) -> String {
     let mut v = format!(
@@ -88,6 +90,22 @@ fn context(
              fixed cost of one prefill step), so no routing reaches it at this round-robin latency",
             ms(goal),
             ms(fastest)
+        ));
+    }
+    if let (Some(goal), Some(floor)) = (goal_ms, floor_ms) {
+        v.push_str(&format!(
+            "; with no queueing at all (every request alone on an idle engine holding what one pooled cache \
+             would) the mean TTFT is {}, so the target {}",
+            ms(floor),
+            if goal < floor {
+                format!("({}) is below it: no routing reaches it", ms(goal))
+            } else {
+                format!(
+                    "leaves {} for all queueing and any gap to the pooled hit rate; kvasir's mean is {} above that floor",
+                    ms(goal - floor),
+                    ms(k.summary.ttft.mean - floor)
+                )
+            }
         ));
     }
     let (be, bt) = (b.summary.e2e.p50, b.summary.ttft.p50);
@@ -163,40 +181,46 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
     let runs = &inp.runs;
     let mut out = Vec::new();
     let bound = inp.bound.as_ref();
-    let mut ratio_check =
-        |target: &str, w: &str, load: f64, f: &dyn Fn(&RunMeta) -> f64, max: f64| {
-            let (k, b) = (find(runs, w, KVASIR, load), find(runs, w, BASELINE, load));
-            let (measured, met, why) = match (k, b) {
-                (Some(k), Some(b)) => {
-                    let r = ratio(f(k), f(b));
-                    let met = r <= max;
-                    (
-                        format!("{} vs {}: {} of round-robin", ms(f(k)), ms(f(b)), pct(r)),
-                        Some(met),
-                        if met {
-                            String::new()
-                        } else {
-                            let about_e2e = target.contains("e2e");
-                            let goal = (!about_e2e).then(|| f(b) * max);
-                            context(k, b, about_e2e, goal, bound)
-                        },
-                    )
-                }
-                _ => ("runs missing".to_string(), None, String::new()),
-            };
-            out.push(TargetCheck {
-                target: format!("{target} <= {}", pct(max)),
-                measured,
-                met,
-                why,
-            });
+    // `floor`: the lowest the statistic can be (see `context`).
+    let mut ratio_check = |target: &str,
+                           w: &str,
+                           load: f64,
+                           f: &dyn Fn(&RunMeta) -> f64,
+                           max: f64,
+                           floor: Option<f64>| {
+        let (k, b) = (find(runs, w, KVASIR, load), find(runs, w, BASELINE, load));
+        let (measured, met, why) = match (k, b) {
+            (Some(k), Some(b)) => {
+                let r = ratio(f(k), f(b));
+                let met = r <= max;
+                (
+                    format!("{} vs {}: {} of round-robin", ms(f(k)), ms(f(b)), pct(r)),
+                    Some(met),
+                    if met {
+                        String::new()
+                    } else {
+                        let about_e2e = target.contains("e2e");
+                        let goal = (!about_e2e).then(|| f(b) * max);
+                        context(k, b, about_e2e, goal, floor, bound)
+                    },
+                )
+            }
+            _ => ("runs missing".to_string(), None, String::new()),
         };
+        out.push(TargetCheck {
+            target: format!("{target} <= {}", pct(max)),
+            measured,
+            met,
+            why,
+        });
+    };
     ratio_check(
         "chat @1.0: median TTFT",
         "chat",
         REF_LOAD,
         &|r| r.summary.ttft.p50,
         0.05,
+        None,
     );
     ratio_check(
         "chat @1.0: median e2e",
@@ -204,6 +228,7 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
         REF_LOAD,
         &|r| r.summary.e2e.p50,
         0.55,
+        None,
     );
     ratio_check(
         "chat @1.0: p99 TTFT",
@@ -211,6 +236,7 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
         REF_LOAD,
         &|r| r.summary.ttft.p99,
         0.20,
+        None,
     );
     ratio_check(
         "trace @1.0: median TTFT",
@@ -218,6 +244,7 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
         REF_LOAD,
         &|r| r.summary.ttft.p50,
         0.50,
+        None,
     );
     ratio_check(
         "trace @1.0: p99 TTFT",
@@ -225,6 +252,7 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
         REF_LOAD,
         &|r| r.summary.ttft.p99,
         0.30,
+        None,
     );
     // Mean TTFT where round-robin saturates: at every trace load where the
     // prefill work offered to it exceeds its engines' capacity (the load
@@ -249,6 +277,7 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
             load,
             &|r| r.summary.ttft.mean,
             0.05,
+            bound.and_then(|b| b.unqueued_mean_ttft_ms),
         );
     }
     if saturating.is_empty() {
@@ -363,9 +392,17 @@ pub fn render(inp: &Inputs) -> String {
                 let _ = writeln!(
                     o,
                     "One pooled LRU cache of all engines' size ({} tokens) would hit {} of prompt tokens on the \
-                     requests replayed (ignores concurrency: slightly optimistic).\n",
+                     requests replayed (ignores concurrency: slightly optimistic).{}\n",
                     b.capacity_tokens,
-                    pct(b.hit_rate)
+                    pct(b.hit_rate),
+                    b.unqueued_mean_ttft_ms
+                        .map(|v| format!(
+                            " With that cache and no queueing at all (every request alone on an idle engine, its \
+                             uncached prompt prefilled in token-budget chunks) the mean TTFT would be {}: the floor \
+                             of any router's mean TTFT on this cluster.",
+                            ms(v)
+                        ))
+                        .unwrap_or_default()
                 );
             }
         }
@@ -533,6 +570,7 @@ mod tests {
                 prompt_tokens: 1,
                 cached_tokens: 1,
                 hit_rate: 0.64,
+                unqueued_mean_ttft_ms: None,
             }),
             ..Default::default()
         };
@@ -623,6 +661,70 @@ mod tests {
         assert_eq!(sat[0].met, Some(true)); // 800 / 20000 = 4%
         assert!(sat[1].target.starts_with("trace @2.0"), "{}", sat[1].target);
         assert_eq!(sat[1].met, Some(false)); // 25%
+    }
+
+    #[test]
+    fn a_mean_ttft_miss_is_set_against_the_unqueued_floor() {
+        // Round-robin saturated at 1.5 (mean 20 s, 5% = 1 s); the floor
+        // decides whether the miss leaves room or is out of reach.
+        let runs_with = |mean_k: f64| {
+            let mut b = run("trace", BASELINE, 1.0, 1.0, 1.0, 0.05);
+            b.engines.prefill_utilisation = 0.7;
+            let mut b15 = run("trace", BASELINE, 1.5, 1.0, 1.0, 0.05);
+            b15.summary.ttft.mean = 20_000.0;
+            let mut k = run("trace", KVASIR, 1.5, 1.0, 1.0, 0.3);
+            k.summary.ttft.mean = mean_k;
+            vec![b, b15, k]
+        };
+        let bound = |floor: f64| PooledBound {
+            capacity_tokens: 1,
+            prompt_tokens: 1,
+            cached_tokens: 1,
+            hit_rate: 0.3,
+            unqueued_mean_ttft_ms: Some(floor),
+        };
+        let check = |mean_k: f64, floor: f64| {
+            check_targets(&Inputs {
+                runs: runs_with(mean_k),
+                bound: Some(bound(floor)),
+                ..Default::default()
+            })
+            .into_iter()
+            .find(|c| c.target.starts_with("trace @1.5"))
+            .unwrap()
+        };
+        let room = check(1500.0, 600.0);
+        assert_eq!(room.met, Some(false));
+        assert!(
+            room.why
+                .contains("the mean TTFT is 600 ms, so the target leaves 400 ms"),
+            "{}",
+            room.why
+        );
+        assert!(
+            room.why
+                .contains("kvasir's mean is 900 ms above that floor"),
+            "{}",
+            room.why
+        );
+        let out_of_reach = check(1500.0, 1200.0);
+        assert!(
+            out_of_reach
+                .why
+                .contains("(1000 ms) is below it: no routing reaches it"),
+            "{}",
+            out_of_reach.why
+        );
+        // Other TTFT targets are not judged against a mean.
+        let c = check_targets(&Inputs {
+            runs: vec![
+                run("trace", BASELINE, 1.0, 1000.0, 5000.0, 0.05),
+                run("trace", KVASIR, 1.0, 900.0, 4000.0, 0.3),
+            ],
+            bound: Some(bound(600.0)),
+            ..Default::default()
+        });
+        assert!(c.iter().all(|c| !c.why.contains("no queueing")), "{c:?}");
     }
 
     #[test]
