@@ -75,20 +75,32 @@
 //! the saturation threshold: admitting more there preempts running
 //! sequences) unless every healthy one is KV-full. An endpoint saturated by
 //! its waiting queue alone stays in the ranking at its cost: the queue terms
-//! already price that queue in the same unit as the cache hit, and leaving
-//! such endpoints out threw the hit away exactly when reuse matters most.
-//! Measured on the Mooncake trace at twice round-robin's 70% prefill load
-//! (bench/routing.py, 8 engines): leaving out endpoints with 5 or more
-//! waiting requests cut the hit rate from 26.5% to 16.6% and raised p99
-//! TTFT from 13.5 s to 27.8 s (at 70% load it made no difference: 28.6% /
-//! 29.7%). That was a 2-minute window; over the whole trace at the same
-//! load (8 minutes of a queue growing without bound) two A/B runs each
-//! went the other way: leaving them out 18.6% / 19.1% hit, mean TTFT
-//! 14.1 / 13.3 s; ranking them 14.3% / 13.1%, 16.3 / 18.9 s (likely: spill
-//! to engines without the prefix replicates hot prefixes, which pays off
-//! under long saturation). `saturation.leaveOutQueued: true` restores the
-//! old rule until one rule wins both. When every healthy endpoint is
-//! saturated the decision says so (the caller may shed instead).
+//! already price that queue in the same unit as the cache hit.
+//! `saturation.leaveOutQueued: true` leaves such endpoints out too. Measured
+//! on the Mooncake trace at twice round-robin's 70% prefill load
+//! (bench/routing.py, 8 engines, kvasir mode), hit rate and mean TTFT:
+//!
+//! | rule | whole trace (8 min of growing queues) | 2-min window from cold |
+//! |---|---|---|
+//! | rank them, `saturatedLoad` 1 | 13.1-14.3%, 16.3-18.9 s (6 runs) | 25.1-27.3%, 5.7-6.1 s |
+//! | rank them, `saturatedLoad` 0.25 | 15.6-15.9%, 15.4-16.3 s (2 runs) | 26.1%, 6.4 s |
+//! | leave them out | 18.6-19.5%, 13.3-15.2 s (4 runs) | 17.1-17.5%, 8.5 s |
+//! | leave out, `saturatedLoad` 0.25 | 21.4%, 13.3 s | 13.3%, 10.0 s |
+//!
+//! Leaving them out wins once queues are deep everywhere and loses while
+//! they build; no rule tried wins both. Ranking stays the default because a
+//! pool is run to ride out bursts, not to live in a backlog; one that does
+//! should set `leaveOutQueued`.
+//!
+//! When every healthy endpoint is saturated the decision says so (the
+//! caller may shed instead) and the load terms (`decode`, `queue`,
+//! `queuedPrefill`) count `saturatedLoad = 0.25` of their weight: queues
+//! exist everywhere then, their differences decide less about when a
+//! request is served than the prefill work a pick adds to the pool (at full
+//! weight they moved more requests off their prefix holders: the lower hit
+//! rates above). At 0.1 the hit rate was 15.2%, at 0.5 14.4%; at 0 requests piled
+//! onto their holders (mean TTFT 20.9 s, p99 166 s). It changes nothing
+//! while any endpoint has room (every other run of the benchmark).
 
 use serde::{Deserialize, Serialize};
 
@@ -116,6 +128,12 @@ pub struct Weights {
     /// adds delays everyone queued after it, too).
     #[serde(alias = "queued_prefill")]
     pub queued_prefill: f64,
+    /// Multiplier of the load terms (`decode`, `queue`, `queuedPrefill`)
+    /// when every healthy endpoint is saturated: queues then exist
+    /// everywhere, and what a pick still changes is how much prefill work
+    /// the pool must do.
+    #[serde(alias = "saturated_load")]
+    pub saturated_load: f64,
 }
 
 impl Default for Weights {
@@ -128,6 +146,7 @@ impl Default for Weights {
             kv_knee: 0.7,
             attention: 4e-5,
             queued_prefill: 0.25,
+            saturated_load: 0.25,
         }
     }
 }
@@ -142,6 +161,7 @@ impl Weights {
             ("kv", self.kv),
             ("attention", self.attention),
             ("queuedPrefill", self.queued_prefill),
+            ("saturatedLoad", self.saturated_load),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err((name, format!("must be a finite number >= 0, got {v}")));
@@ -367,6 +387,18 @@ pub fn rank(req: &Request, candidates: &[Candidate<'_>], w: &Weights) -> Ranking
     }
     let all_saturated = candidates.iter().filter(|c| c.healthy).all(|c| c.saturated);
     let all_left_out = candidates.iter().filter(|c| c.healthy).all(|c| c.left_out);
+    let overload;
+    let w = if all_saturated && w.saturated_load != 1.0 {
+        overload = Weights {
+            decode: w.decode * w.saturated_load,
+            queue: w.queue * w.saturated_load,
+            queued_prefill: w.queued_prefill * w.saturated_load,
+            ..w.clone()
+        };
+        &overload
+    } else {
+        w
+    };
     let mut scored: Vec<(Ranked, u64)> = candidates
         .iter()
         .enumerate()
@@ -556,6 +588,44 @@ mod tests {
     }
 
     #[test]
+    fn saturated_load_scales_the_load_terms_only_when_every_endpoint_is_saturated() {
+        // Both saturated: the holder (6,400 cached tokens) has 20 waiting,
+        // the other 8. At full load weights the 12 extra waiting requests
+        // (12 x (1024 + 256)) outweigh the hit; at a quarter they do not.
+        let mut c = vec![cand("a:1"), cand("b:1")];
+        c[0].matched_blocks = 400;
+        (c[0].waiting, c[1].waiting) = (20, 8);
+        (c[0].saturated, c[1].saturated) = (true, true);
+        let full = Weights {
+            saturated_load: 1.0,
+            ..Weights::default()
+        };
+        let quarter = Weights::default();
+        let r = rank(&req(8000, 0), &c, &full);
+        assert_eq!(
+            (addrs(&r, &c)[0], r.decision),
+            ("b:1", Decision::AllSaturated)
+        );
+        let r = rank(&req(8000, 0), &c, &quarter);
+        assert_eq!(addrs(&r, &c)[0], "a:1");
+        let scaled = r.order[0].cost;
+        assert!(
+            (scaled.queue - 0.25 * 1024.0 * 20.0).abs() < 1e-9,
+            "{scaled:?}"
+        );
+        assert!(
+            (scaled.decode - 0.25 * 256.0 * 20.0).abs() < 1e-9,
+            "{scaled:?}"
+        );
+        // One endpoint below saturation: the weights apply unscaled.
+        c[1].saturated = false;
+        assert_eq!(
+            rank(&req(8000, 0), &c, &quarter),
+            rank(&req(8000, 0), &c, &full)
+        );
+    }
+
+    #[test]
     fn ties_are_deterministic_and_spread_by_seed() {
         let c = vec![
             cand("10.0.0.1:8000"),
@@ -647,5 +717,10 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(w.validate().unwrap_err().0, "queue");
+        let w = Weights {
+            saturated_load: -0.5,
+            ..Default::default()
+        };
+        assert_eq!(w.validate().unwrap_err().0, "saturatedLoad");
     }
 }
