@@ -160,10 +160,10 @@ struct BoundArgs {
     engine_block: usize,
     /// The engines' latency profile (vllm-sim's `--profile`), for the
     /// unqueued mean TTFT; `none` skips it.
-    #[arg(long, default_value = "h100-8b")]
+    #[arg(long, default_value = vllm_sim::config::DEFAULT_PROFILE)]
     profile: String,
     /// The engines' prefill token budget per step (vllm-sim's flag).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = vllm_sim::config::DEFAULT_MAX_NUM_BATCHED_TOKENS)]
     max_num_batched_tokens: usize,
     /// Output JSON file.
     #[arg(long)]

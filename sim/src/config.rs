@@ -5,6 +5,11 @@ use crate::latency::LatencyProfile;
 use clap::Parser;
 use std::path::PathBuf;
 
+/// `--max-num-batched-tokens` when not given.
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 8192;
+/// `--profile` when not given.
+pub const DEFAULT_PROFILE: &str = "h100-8b";
+
 /// A simulated vLLM instance: vLLM's OpenAI API, KV-cache events over ZMQ and
 /// Prometheus metrics, with a prefix cache and a continuous-batching
 /// scheduler priced by a latency model. One process is one engine.
@@ -42,7 +47,7 @@ pub struct Args {
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: usize,
     /// Token budget of one step (chunked prefill splits longer prompts).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = DEFAULT_MAX_NUM_BATCHED_TOKENS)]
     pub max_num_batched_tokens: usize,
     /// Longest prompt plus completion, in tokens.
     #[arg(long, default_value_t = 40_960)]
@@ -67,7 +72,7 @@ pub struct Args {
     // ---- latency model ----
     /// Latency profile: h100-8b (default, FACTS.md calibration),
     /// llmd-8b-h100 (llm-d-inference-sim's, ~8x slower prefill), zero.
-    #[arg(long, default_value = "h100-8b", value_parser = clap::builder::PossibleValuesParser::new(LatencyProfile::NAMES))]
+    #[arg(long, default_value = DEFAULT_PROFILE, value_parser = clap::builder::PossibleValuesParser::new(LatencyProfile::NAMES))]
     pub profile: String,
     /// Wall seconds per simulated second: 1 real time, 0.1 ten times
     /// faster, 0 as fast as the CPU allows. Latency metrics stay in
