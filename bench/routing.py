@@ -119,6 +119,8 @@ def parse_variants(spec: str) -> dict[str, dict]:
             v = v.strip()
             if v in ("true", "false"):
                 val: object = v == "true"
+            elif v == "null":
+                val = None
             else:
                 f = float(v)
                 # Integral values as JSON integers: counts (`saturation.waiting`) are u32.

@@ -793,7 +793,7 @@ pools:
     block_size: 32
     discovery: { namespace: ns, inferencePool: p, eventsPort: 6000 }
     scrape: { intervalMs: 500, timeoutMs: 100 }
-    scoring: { prefill: 2.0 }
+    scoring: { prefill: 2.0, maxQueueSkew: 262144 }
 "#;
 
     #[test]
@@ -807,6 +807,8 @@ pools:
         assert_eq!(cfg.pools[1].block_size, 32);
         assert_eq!(cfg.pools[1].scoring.prefill, 2.0);
         assert_eq!(cfg.pools[1].scoring.decode, Weights::default().decode);
+        assert_eq!(cfg.pools[0].scoring.max_queue_skew, None);
+        assert_eq!(cfg.pools[1].scoring.max_queue_skew, Some(262_144.0));
         let d = cfg.pools[1].discovery.as_ref().unwrap();
         assert_eq!(d.defaults().events_port, 6000);
         assert_eq!(d.defaults().replay_port, None);
@@ -863,6 +865,13 @@ pools:
         cfg.pools[1].scoring.decode = -1.0;
         assert!(
             err(&cfg).starts_with("pools[1].scoring.decode:"),
+            "{}",
+            err(&cfg)
+        );
+        cfg.pools[1].scoring = Weights::default();
+        cfg.pools[1].scoring.max_queue_skew = Some(-1.0);
+        assert!(
+            err(&cfg).starts_with("pools[1].scoring.maxQueueSkew:"),
             "{}",
             err(&cfg)
         );

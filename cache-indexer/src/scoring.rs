@@ -101,6 +101,25 @@
 //! rates above). At 0.1 the hit rate was 15.2%, at 0.5 14.4%; at 0 requests piled
 //! onto their holders (mean TTFT 20.9 s, p99 166 s). It changes nothing
 //! while any endpoint has room (every other run of the benchmark).
+//!
+//! At those weights one endpoint's queue can run far ahead of the others'
+//! (in the whole-trace run above, every one of the slowest 1% of requests
+//! sat on one engine: p99 TTFT 133-139 s against approx-prefix's 62 s).
+//! `maxQueueSkew` (off by default) bounds that: an endpoint whose queued
+//! prefill work exceeds the least-queued ranked endpoint's by more than it
+//! is ranked after every endpoint within the margin. Measured there (one run
+//! each), hit rate, mean, p90 and p99 TTFT:
+//!
+//! | `maxQueueSkew` | hit | mean | p90 | p99 |
+//! |---|---|---|---|---|
+//! | off | 15.4% | 14.9 s | 42.6 s | 139 s |
+//! | 131072 | 12.1% | 19.5 s | 61.5 s | 91 s |
+//! | 262144 | 12.6% | 19.2 s | 63.0 s | 89 s |
+//! | 524288 | 15.2% | 18.0 s | 57.8 s | 92 s |
+//!
+//! It buys the tail with the mean and p90 (the runaway queue holds long
+//! prompts with big cached prefixes; spreading it makes every queue long),
+//! so it stays off; a pool with a tail-latency objective can set it.
 
 use serde::{Deserialize, Serialize};
 
@@ -134,6 +153,11 @@ pub struct Weights {
     /// the pool must do.
     #[serde(alias = "saturated_load")]
     pub saturated_load: f64,
+    /// Most queued prefill work (prefill-token equivalents) an endpoint may
+    /// have above the least-queued ranked one before it is ranked after
+    /// every endpoint within that margin; `None` (the default) is no cap.
+    #[serde(alias = "max_queue_skew")]
+    pub max_queue_skew: Option<f64>,
 }
 
 impl Default for Weights {
@@ -147,6 +171,7 @@ impl Default for Weights {
             attention: 4e-5,
             queued_prefill: 0.25,
             saturated_load: 0.25,
+            max_queue_skew: None,
         }
     }
 }
@@ -162,6 +187,7 @@ impl Weights {
             ("attention", self.attention),
             ("queuedPrefill", self.queued_prefill),
             ("saturatedLoad", self.saturated_load),
+            ("maxQueueSkew", self.max_queue_skew.unwrap_or(0.0)),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err((name, format!("must be a finite number >= 0, got {v}")));
@@ -416,10 +442,19 @@ pub fn rank(req: &Request, candidates: &[Candidate<'_>], w: &Weights) -> Ranking
             )
         })
         .collect();
+    let least_queued = scored
+        .iter()
+        .map(|(r, _)| r.cost.queued_prefill_tokens)
+        .min()
+        .unwrap_or(0);
+    let over_skew = |r: &Ranked| match w.max_queue_skew {
+        Some(cap) => r.cost.queued_prefill_tokens as f64 > least_queued as f64 + cap,
+        None => false,
+    };
     scored.sort_by(|(a, ta), (b, tb)| {
-        a.cost
-            .total
-            .total_cmp(&b.cost.total)
+        over_skew(a)
+            .cmp(&over_skew(b))
+            .then(a.cost.total.total_cmp(&b.cost.total))
             .then(ta.cmp(tb))
             .then_with(|| {
                 candidates[a.candidate]
@@ -626,6 +661,31 @@ mod tests {
     }
 
     #[test]
+    fn queue_skew_cap_ranks_a_runaway_holder_last() {
+        // Both saturated; the holder has every block of a 100k-token prompt
+        // but 300k prefill tokens queued, the other none. At the saturated
+        // weights its queue costs ~19k against ~300k of prefill elsewhere,
+        // so only the cap moves the request.
+        let mut c = vec![cand("a:1"), cand("b:1")];
+        c[0].matched_blocks = 100_000 / 16;
+        c[0].queued_prefill_tokens = 300_000;
+        (c[0].saturated, c[1].saturated) = (true, true);
+        let capped = Weights {
+            max_queue_skew: Some(262_144.0),
+            ..Weights::default()
+        };
+        let r = rank(&req(100_000, 0), &c, &Weights::default());
+        assert_eq!(addrs(&r, &c), ["a:1", "b:1"]);
+        let r = rank(&req(100_000, 0), &c, &capped);
+        assert_eq!(addrs(&r, &c), ["b:1", "a:1"]);
+        assert_eq!(r.decision, Decision::AllSaturated);
+        // Within the margin the cost decides again.
+        c[1].queued_prefill_tokens = 300_000 - 262_144;
+        let r = rank(&req(100_000, 0), &c, &capped);
+        assert_eq!(addrs(&r, &c), ["a:1", "b:1"]);
+    }
+
+    #[test]
     fn ties_are_deterministic_and_spread_by_seed() {
         let c = vec![
             cand("10.0.0.1:8000"),
@@ -722,5 +782,15 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(w.validate().unwrap_err().0, "saturatedLoad");
+        let w = Weights {
+            max_queue_skew: Some(f64::INFINITY),
+            ..Default::default()
+        };
+        assert_eq!(w.validate().unwrap_err().0, "maxQueueSkew");
+        let w = Weights {
+            max_queue_skew: Some(0.0),
+            ..Default::default()
+        };
+        assert!(w.validate().is_ok());
     }
 }
