@@ -104,7 +104,7 @@
 //!
 //! At those weights one endpoint's queue can run far ahead of the others'
 //! (in the whole-trace run above, every one of the slowest 1% of requests
-//! sat on one engine: p99 TTFT 133-139 s against approx-prefix's 62 s).
+//! sat on one engine: p99 TTFT 117-139 s in 3 runs against approx-prefix's 62-73 s in 2).
 //! `maxQueueSkew` (off by default) bounds that: an endpoint whose queued
 //! prefill work exceeds the least-queued ranked endpoint's by more than it
 //! is ranked after every endpoint within the margin. Measured there (one run
