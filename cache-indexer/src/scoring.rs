@@ -103,8 +103,9 @@
 //! while any endpoint has room (every other run of the benchmark).
 //!
 //! At those weights one endpoint's queue can run far ahead of the others'
-//! (in the whole-trace run above, every one of the slowest 1% of requests
-//! sat on one engine: p99 TTFT 117-139 s in 3 runs against approx-prefix's 62-73 s in 2).
+//! (in the whole-trace runs above, every one of the slowest 1% of requests
+//! sat on one engine: p99 TTFT 117-139 s in 3 runs against approx-prefix's
+//! 62-73 s in 2).
 //! `maxQueueSkew` (off by default) bounds that: an endpoint whose queued
 //! prefill work exceeds the least-queued ranked endpoint's by more than it
 //! is ranked after every endpoint within the margin. Measured there (one run
@@ -442,15 +443,18 @@ pub fn rank(req: &Request, candidates: &[Candidate<'_>], w: &Weights) -> Ranking
             )
         })
         .collect();
-    let least_queued = scored
-        .iter()
-        .map(|(r, _)| r.cost.queued_prefill_tokens)
-        .min()
-        .unwrap_or(0);
-    let over_skew = |r: &Ranked| match w.max_queue_skew {
-        Some(cap) => r.cost.queued_prefill_tokens as f64 > least_queued as f64 + cap,
-        None => false,
-    };
+    // The most queued prefill a ranked endpoint may carry before it goes
+    // after all the others; derived once, only when a cap is set.
+    let queue_limit = w.max_queue_skew.map(|cap| {
+        let least = scored
+            .iter()
+            .map(|(r, _)| r.cost.queued_prefill_tokens)
+            .min()
+            .unwrap_or(0);
+        least as f64 + cap
+    });
+    let over_skew =
+        |r: &Ranked| queue_limit.is_some_and(|limit| r.cost.queued_prefill_tokens as f64 > limit);
     scored.sort_by(|(a, ta), (b, tb)| {
         over_skew(a)
             .cmp(&over_skew(b))
