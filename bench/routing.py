@@ -52,6 +52,8 @@ NUM_GPU_BLOCKS = 25_000
 BLOCK = 16
 PROFILE = "h100-8b"
 BUDGET = 8192  # vllm-sim's --max-num-batched-tokens default, which the sims run with
+# The engines as `kvasir-bench bound` and `report` price requests with no queueing.
+ENGINE_ARGS = ["--profile", PROFILE, "--max-num-batched-tokens", str(BUDGET), "--engine-block", str(BLOCK)]
 TARGET_UTIL = 0.70
 # Long enough for the trace's longest prompt (191k tokens) plus its answer.
 MAX_MODEL_LEN = 196_608
@@ -344,8 +346,7 @@ def main(argv: list[str]) -> int:
     if "trace" in workloads:
         window = p["trace_window_s"]
         bargs = ["bound", "--trace", str(TRACE), "--capacity-tokens", str(ENGINES * NUM_GPU_BLOCKS * BLOCK),
-                 "--from-s", str(p["trace_from_s"]), "--out", str(out / "bound.json"),
-                 "--profile", PROFILE, "--max-num-batched-tokens", str(BUDGET)]
+                 "--from-s", str(p["trace_from_s"]), "--out", str(out / "bound.json"), *ENGINE_ARGS]
         if window is not None:
             bargs += ["--duration-s", str(window)]
         bench(bargs)
@@ -363,7 +364,7 @@ def main(argv: list[str]) -> int:
                 run_one(w, m, load, rates[w] * load, p, out, logroot, progress=not a.no_progress)
     setup.append(f"Total wall time {time.monotonic() - t_start:.0f} s.")
     (out / "setup.txt").write_text("\n".join(setup) + "\n")
-    bench(["report", "--dir", str(out), "--command", cmdline])
+    bench(["report", "--dir", str(out), "--command", cmdline, *ENGINE_ARGS])
     shutil.rmtree(logroot, ignore_errors=True)
     return 0
 

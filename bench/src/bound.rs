@@ -11,9 +11,11 @@
 //!
 //! With a latency model it also gives the trace's *unqueued* mean TTFT:
 //! every request alone on an idle engine that holds what the pooled cache
-//! would, its uncached prompt prefilled in token-budget chunks. No router
-//! gets a lower mean TTFT on this cluster, so it is the floor a mean-TTFT
-//! target is judged against.
+//! would, its uncached prompt prefilled in token-budget chunks: about the
+//! lowest mean TTFT a router gets on this cluster, the yardstick a mean-TTFT
+//! target is judged against. Not a strict floor: one LRU is not the best
+//! cache there is, and a router whose hits fall on the longer prompts
+//! saves more than the hit rate says.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -22,7 +22,7 @@ use kvasir_bench::plot::{self, LoadCurve};
 use kvasir_bench::record::{self, Record};
 use kvasir_bench::report::{self, Inputs};
 use kvasir_bench::run::{self, RunOptions, RunResult};
-use kvasir_bench::{bound, stats, trace, ttft_growth, RunMeta};
+use kvasir_bench::{bound, floor, stats, trace, ttft_growth, RunMeta};
 use vllm_sim::latency::LatencyProfile;
 
 #[derive(Parser)]
@@ -148,6 +148,44 @@ struct ChatArgs {
     seed: u64,
 }
 
+/// The engines the runs were made on, for pricing requests with no
+/// queueing (the unqueued TTFT floors).
+#[derive(Args, Clone)]
+struct EngineArgs {
+    /// Tokens per engine KV block.
+    #[arg(long, default_value_t = 16)]
+    engine_block: usize,
+    /// The engines' latency profile (vllm-sim's `--profile`), for the
+    /// unqueued TTFT; `none` skips it.
+    #[arg(long, default_value = vllm_sim::config::DEFAULT_PROFILE)]
+    profile: String,
+    /// The engines' prefill token budget per step (vllm-sim's flag).
+    #[arg(long, default_value_t = vllm_sim::config::DEFAULT_MAX_NUM_BATCHED_TOKENS)]
+    max_num_batched_tokens: usize,
+}
+
+impl EngineArgs {
+    /// The latency model, or `None` for `--profile none`.
+    fn model(&self) -> anyhow::Result<Option<bound::EngineModel>> {
+        anyhow::ensure!(self.engine_block >= 1, "--engine-block must be at least 1");
+        match self.profile.as_str() {
+            "none" => Ok(None),
+            _ if self.max_num_batched_tokens == 0 => {
+                anyhow::bail!("--max-num-batched-tokens must be at least 1")
+            }
+            name => Ok(Some(bound::EngineModel {
+                profile: LatencyProfile::by_name(name).with_context(|| {
+                    format!(
+                        "--profile {name}: unknown (one of {}, or none)",
+                        LatencyProfile::NAMES.join(", ")
+                    )
+                })?,
+                max_num_batched_tokens: self.max_num_batched_tokens,
+            })),
+        }
+    }
+}
+
 #[derive(Args)]
 struct BoundArgs {
     #[command(flatten)]
@@ -155,16 +193,8 @@ struct BoundArgs {
     /// Capacity of the pooled cache, tokens (all engines together).
     #[arg(long)]
     capacity_tokens: u64,
-    /// Tokens per engine KV block.
-    #[arg(long, default_value_t = 16)]
-    engine_block: usize,
-    /// The engines' latency profile (vllm-sim's `--profile`), for the
-    /// unqueued mean TTFT; `none` skips it.
-    #[arg(long, default_value = vllm_sim::config::DEFAULT_PROFILE)]
-    profile: String,
-    /// The engines' prefill token budget per step (vllm-sim's flag).
-    #[arg(long, default_value_t = vllm_sim::config::DEFAULT_MAX_NUM_BATCHED_TOKENS)]
-    max_num_batched_tokens: usize,
+    #[command(flatten)]
+    engine: EngineArgs,
     /// Output JSON file.
     #[arg(long)]
     out: PathBuf,
@@ -179,6 +209,8 @@ struct ReportArgs {
     /// The command line to quote in the report.
     #[arg(long, default_value = "make bench-full")]
     command: String,
+    #[command(flatten)]
+    engine: EngineArgs,
 }
 
 #[derive(Args)]
@@ -403,6 +435,38 @@ fn read_runs(dir: &Path) -> anyhow::Result<Vec<(RunMeta, Vec<Record>)>> {
     Ok(out)
 }
 
+/// Kvasir's runs priced with no queueing: at their own reuse, and for the
+/// chat at the best reuse (from all runs of the same load, which replay
+/// the same conversations).
+fn unqueued_ttfts(
+    runs: &[(RunMeta, Vec<Record>)],
+    block_tokens: u64,
+    model: &bound::EngineModel,
+) -> Vec<floor::Unqueued> {
+    runs.iter()
+        .filter(|(m, _)| m.mode == report::KVASIR)
+        .map(|(m, recs)| {
+            if m.workload == "chat" {
+                let same: Vec<&[Record]> = runs
+                    .iter()
+                    .filter(|(o, _)| o.workload == m.workload && (o.load - m.load).abs() < 1e-9)
+                    .map(|(_, r)| r.as_slice())
+                    .collect();
+                floor::chat((&m.mode, m.load), recs, &same, block_tokens, model)
+            } else {
+                floor::Unqueued {
+                    workload: m.workload.clone(),
+                    mode: m.mode.clone(),
+                    load: m.load,
+                    own: floor::unqueued_dist(recs, &|r| r.cached_tokens, model),
+                    best: None,
+                    best_hit_rate: None,
+                }
+            }
+        })
+        .collect()
+}
+
 fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
     let runs = read_runs(&a.dir)?;
     anyhow::ensure!(!runs.is_empty(), "no runs in {}", a.dir.display());
@@ -422,9 +486,14 @@ fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
                 .collect()
         })
         .unwrap_or_default();
+    let unqueued = match a.engine.model()? {
+        Some(model) => unqueued_ttfts(&runs, a.engine.engine_block as u64, &model),
+        None => Vec::new(),
+    };
     let inp = Inputs {
         runs: runs.iter().map(|(m, _)| m.clone()).collect(),
         bound,
+        unqueued,
         command: a.command.clone(),
         setup,
     };
@@ -496,6 +565,7 @@ fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
         "command": a.command,
         "runs": inp.runs,
         "bound": inp.bound,
+        "unqueued": inp.unqueued,
         "targets": report::check_targets(&inp),
     });
     std::fs::write(
@@ -549,25 +619,11 @@ async fn run_cmd(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Bound(a) => {
             let t = load_trace(&a.slice)?;
-            let model = match a.profile.as_str() {
-                "none" => None,
-                _ if a.max_num_batched_tokens == 0 => {
-                    anyhow::bail!("--max-num-batched-tokens must be at least 1")
-                }
-                name => Some(bound::EngineModel {
-                    profile: LatencyProfile::by_name(name).with_context(|| {
-                        format!(
-                            "--profile {name}: unknown (one of {}, or none)",
-                            LatencyProfile::NAMES.join(", ")
-                        )
-                    })?,
-                    max_num_batched_tokens: a.max_num_batched_tokens,
-                }),
-            };
+            let model = a.engine.model()?;
             let b = bound::pooled_hit_rate(
                 &t,
                 a.slice.block_tokens,
-                a.engine_block,
+                a.engine.engine_block,
                 a.capacity_tokens,
                 model.as_ref(),
             );

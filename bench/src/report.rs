@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::bound::PooledBound;
+use crate::floor::Unqueued;
 use crate::RunMeta;
 
 /// The baseline every ratio is taken against.
@@ -45,16 +46,34 @@ pub struct TargetCheck {
     pub why: String,
 }
 
-/// Facts behind a kvasir-against-round-robin comparison at one load.
+/// The lowest a TTFT statistic can be on this cluster: the requests priced
+/// with no queueing at all ([`crate::floor`]).
+#[derive(Debug, Clone, Copy)]
+struct Floor {
+    /// Which statistic: `mean`, `median` or `p99`.
+    stat: &'static str,
+    /// At the best reuse any router could get.
+    best_ms: f64,
+    /// At the prefixes kvasir reused, where known.
+    own_ms: Option<f64>,
+    /// What the best reuse is, in words.
+    how: &'static str,
+    /// Whether no router can reuse more (else it is a yardstick, like one
+    /// pooled LRU cache, that a router can come slightly under).
+    strict: bool,
+}
+
 /// Why a target was missed: the runs' facts that bear on it. `goal_ms` is
-/// the TTFT the target asked of kvasir, for TTFT targets; `floor_ms` the
-/// lowest the measured statistic can be on this cluster, where known.
+/// the TTFT the target asked of kvasir, for TTFT targets, and `measured_ms`
+/// kvasir's value of the statistic; `floor` the lowest that statistic can
+/// be on this cluster, where known.
 fn context(
     k: &RunMeta,
     b: &RunMeta,
     about_e2e: bool,
     goal_ms: Option<f64>,
-    floor_ms: Option<f64>,
+    measured_ms: f64,
+    floor: Option<Floor>,
     bound: Option<&PooledBound>,
 ) -> String {
     let mut v = format!(
@@ -84,7 +103,8 @@ fn context(
         }
     }
     let fastest = k.summary.fastest_ttft_ms;
-    if let Some(goal) = goal_ms.filter(|g| fastest.is_finite() && *g < fastest) {
+    let floored = goal_ms.is_some() && floor.is_some();
+    if let Some(goal) = goal_ms.filter(|g| !floored && fastest.is_finite() && *g < fastest) {
         v.push_str(&format!(
             "; the target is {}, below the fastest TTFT of any of kvasir's requests ({}, about an engine's \
              fixed cost of one prefill step), so no routing reaches it at this round-robin latency",
@@ -92,18 +112,31 @@ fn context(
             ms(fastest)
         ));
     }
-    if let (Some(goal), Some(floor)) = (goal_ms, floor_ms) {
+    if let (Some(goal), Some(f)) = (goal_ms, floor) {
         v.push_str(&format!(
-            "; with no queueing at all (every request alone on an idle engine holding what one pooled cache \
-             would) the mean TTFT is {}, so the target {}",
-            ms(floor),
-            if goal < floor {
-                format!("({}) is below it: no routing reaches it", ms(goal))
+            "; with no queueing at all (every request alone on an idle engine, {}) the {} TTFT is {}{}, so the target {}",
+            f.how,
+            f.stat,
+            ms(f.best_ms),
+            f.own_ms
+                .map(|o| format!(" ({} at the prefixes kvasir reused)", ms(o)))
+                .unwrap_or_default(),
+            if goal < f.best_ms {
+                format!(
+                    "({}) is below it: {}",
+                    ms(goal),
+                    if f.strict {
+                        "no routing reaches it"
+                    } else {
+                        "out of reach short of out-reusing that cache"
+                    }
+                )
             } else {
                 format!(
-                    "leaves {} for all queueing and any gap to the pooled hit rate; kvasir's mean is {} above that floor",
-                    ms(goal - floor),
-                    ms(k.summary.ttft.mean - floor)
+                    "leaves {} for all queueing and any shortfall in reuse; kvasir's {} is {} above that floor",
+                    ms(goal - f.best_ms),
+                    f.stat,
+                    ms(measured_ms - f.best_ms)
                 )
             }
         ));
@@ -115,6 +148,14 @@ fn context(
             ms(be - bt),
             ms(be)
         ));
+        if k.summary.itl.p50.is_finite() && b.summary.itl.p50.is_finite() {
+            v.push_str(&format!(
+                " (kvasir's ITL p50 {} against round-robin's {}: decode steps shared with the engine's other \
+                 running requests)",
+                ms(k.summary.itl.p50),
+                ms(b.summary.itl.p50)
+            ));
+        }
     }
     v
 }
@@ -126,6 +167,8 @@ pub struct Inputs {
     pub runs: Vec<RunMeta>,
     /// The pooled-cache bound of the trace runs, if computed.
     pub bound: Option<PooledBound>,
+    /// Kvasir's runs priced with no queueing, where computed.
+    pub unqueued: Vec<Unqueued>,
     /// The command that produced the results.
     pub command: String,
     /// Setup facts, one line each.
@@ -136,6 +179,18 @@ fn find<'a>(runs: &'a [RunMeta], workload: &str, mode: &str, load: f64) -> Optio
     runs.iter()
         .find(|r| r.workload == workload && r.mode == mode && (r.load - load).abs() < 1e-9)
 }
+
+fn find_unqueued<'a>(inp: &'a Inputs, workload: &str, load: f64) -> Option<&'a Unqueued> {
+    inp.unqueued
+        .iter()
+        .find(|u| u.workload == workload && u.mode == KVASIR && (u.load - load).abs() < 1e-9)
+}
+
+/// How the chat workload's best reuse is reckoned ([`crate::floor::chat_best_reuse`]).
+const CHAT_BEST: &str =
+    "reusing all it could: a later turn its whole previous turn, a first turn its tenant's system prompt";
+/// How the trace's best reuse is reckoned ([`crate::bound`]).
+const TRACE_BEST: &str = "holding what one pooled cache would";
 
 /// Formats milliseconds compactly with their unit (`∞` for requests that
 /// never answered).
@@ -182,12 +237,27 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
     let mut out = Vec::new();
     let bound = inp.bound.as_ref();
     // `floor`: the lowest the statistic can be (see `context`).
+    let chat_floor = |stat: &'static str, pick: fn(&crate::stats::Dist) -> f64| {
+        find_unqueued(inp, "chat", REF_LOAD).and_then(|u| {
+            u.best.map(|best| Floor {
+                stat,
+                best_ms: pick(&best),
+                own_ms: Some(pick(&u.own)),
+                how: CHAT_BEST,
+                strict: true,
+            })
+        })
+    };
+    let (chat_p50, chat_p99) = (
+        chat_floor("median", |d| d.p50),
+        chat_floor("p99", |d| d.p99),
+    );
     let mut ratio_check = |target: &str,
                            w: &str,
                            load: f64,
                            f: &dyn Fn(&RunMeta) -> f64,
                            max: f64,
-                           floor: Option<f64>| {
+                           floor: Option<Floor>| {
         let (k, b) = (find(runs, w, KVASIR, load), find(runs, w, BASELINE, load));
         let (measured, met, why) = match (k, b) {
             (Some(k), Some(b)) => {
@@ -201,7 +271,7 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
                     } else {
                         let about_e2e = target.contains("e2e");
                         let goal = (!about_e2e).then(|| f(b) * max);
-                        context(k, b, about_e2e, goal, floor, bound)
+                        context(k, b, about_e2e, goal, f(k), floor, bound)
                     },
                 )
             }
@@ -220,7 +290,7 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
         REF_LOAD,
         &|r| r.summary.ttft.p50,
         0.05,
-        None,
+        chat_p50,
     );
     ratio_check(
         "chat @1.0: median e2e",
@@ -236,7 +306,7 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
         REF_LOAD,
         &|r| r.summary.ttft.p99,
         0.20,
-        None,
+        chat_p99,
     );
     ratio_check(
         "trace @1.0: median TTFT",
@@ -277,7 +347,13 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
             load,
             &|r| r.summary.ttft.mean,
             0.05,
-            bound.and_then(|b| b.unqueued_mean_ttft_ms),
+            bound.and_then(|b| b.unqueued_mean_ttft_ms).map(|best| Floor {
+                stat: "mean",
+                best_ms: best,
+                own_ms: find_unqueued(inp, "trace", load).map(|u| u.own.mean),
+                how: TRACE_BEST,
+                strict: false,
+            }),
         );
     }
     if saturating.is_empty() {
@@ -398,13 +474,52 @@ pub fn render(inp: &Inputs) -> String {
                     b.unqueued_mean_ttft_ms
                         .map(|v| format!(
                             " With that cache and no queueing at all (every request alone on an idle engine, its \
-                             uncached prompt prefilled in token-budget chunks) the mean TTFT would be {}: the floor \
-                             of any router's mean TTFT on this cluster.",
+                             uncached prompt prefilled in token-budget chunks) the mean TTFT would be {}: about the \
+                             lowest mean TTFT a router gets on this cluster (not a strict floor: one LRU is not the \
+                             best cache there is).",
                             ms(v)
                         ))
                         .unwrap_or_default()
                 );
             }
+        }
+        let mut own: Vec<&Unqueued> = inp.unqueued.iter().filter(|u| u.workload == w).collect();
+        own.sort_by(|a, b| a.load.total_cmp(&b.load));
+        if !own.is_empty() {
+            let at: Vec<String> = own
+                .iter()
+                .map(|u| {
+                    format!(
+                        "{} / {} / {} at load {:.1}",
+                        ms(u.own.mean),
+                        ms(u.own.p50),
+                        ms(u.own.p99),
+                        u.load
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                o,
+                "Kvasir's requests priced with no queueing at all (each alone on an idle engine, with the prefix it \
+                 actually reused): mean / median / p99 TTFT {}; the rest of its measured TTFT is queueing.",
+                at.join(", ")
+            );
+            for u in &own {
+                if let (Some(best), Some(hit)) = (u.best, u.best_hit_rate) {
+                    let _ = writeln!(
+                        o,
+                        "Reusing all they could (a later turn its whole previous turn, a first turn its tenant's \
+                         system prompt: a hit rate of {}), the same requests at load {:.1} would see mean / median / p99 \
+                         {} / {} / {}: the floor of any router's TTFT on this workload.",
+                        pct(hit),
+                        u.load,
+                        ms(best.mean),
+                        ms(best.p50),
+                        ms(best.p99)
+                    );
+                }
+            }
+            o.push('\n');
         }
         let _ = writeln!(
             o,
@@ -625,6 +740,72 @@ mod tests {
     }
 
     #[test]
+    fn chat_ttft_misses_are_set_against_the_best_reuse_floor() {
+        // Round-robin p50 100 ms, p99 400 ms: targets 5 ms and 80 ms.
+        let d = |p50: f64, p99: f64| Dist {
+            p50,
+            p90: p50,
+            p99,
+            mean: p50,
+        };
+        let with = |best_p99: f64| Inputs {
+            runs: vec![
+                run("chat", BASELINE, 1.0, 100.0, 400.0, 0.6),
+                run("chat", KVASIR, 1.0, 80.0, 300.0, 0.8),
+            ],
+            unqueued: vec![Unqueued {
+                workload: "chat".into(),
+                mode: KVASIR.into(),
+                load: 1.0,
+                own: d(50.0, 110.0),
+                best: Some(d(40.0, best_p99)),
+                best_hit_rate: Some(0.9),
+            }],
+            ..Default::default()
+        };
+        let get = |inp: &Inputs, s: &str| {
+            check_targets(inp)
+                .into_iter()
+                .find(|c| c.target.starts_with(s))
+                .unwrap()
+        };
+        let inp = with(70.0);
+        let median = get(&inp, "chat @1.0: median TTFT");
+        assert!(
+            median.why.contains(
+                "the median TTFT is 40.0 ms (50.0 ms at the prefixes kvasir reused), so the target (5.0 ms) is below it"
+            ),
+            "{}",
+            median.why
+        );
+        // The floor says it; the fastest request need not.
+        assert!(!median.why.contains("fastest"), "{}", median.why);
+        let p99 = get(&inp, "chat @1.0: p99 TTFT");
+        assert!(
+            p99.why.contains("the p99 TTFT is 70.0 ms (110 ms at the prefixes kvasir reused), so the target leaves 10.0 ms"),
+            "{}",
+            p99.why
+        );
+        assert!(
+            p99.why.contains("kvasir's p99 is 230 ms above that floor"),
+            "{}",
+            p99.why
+        );
+        assert!(get(&with(90.0), "chat @1.0: p99 TTFT")
+            .why
+            .contains("(80.0 ms) is below it: no routing reaches it"));
+        let md = render(&inp);
+        assert!(
+            md.contains("mean / median / p99 TTFT 50.0 ms / 50.0 ms / 110 ms at load 1.0"),
+            "{md}"
+        );
+        assert!(
+            md.contains("a hit rate of 90.0%), the same requests at load 1.0 would see"),
+            "{md}"
+        );
+    }
+
+    #[test]
     fn the_saturation_target_is_checked_at_every_load_round_robin_cannot_keep_up_with() {
         // Round-robin at 70% prefill use at load 1.0: 1.2 offers 84% (not
         // saturated), 1.5 offers 105% and 2.0 140%.
@@ -711,7 +892,7 @@ mod tests {
         assert!(
             out_of_reach
                 .why
-                .contains("(1000 ms) is below it: no routing reaches it"),
+                .contains("(1000 ms) is below it: out of reach short of out-reusing that cache"),
             "{}",
             out_of_reach.why
         );

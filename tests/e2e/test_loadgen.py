@@ -111,3 +111,15 @@ def test_chat_turns_carry_their_history(bench_envoy, stack, tmp_path):
         assert int(first["completion_tokens"]) == 4
         assert second["endpoint"] == first["endpoint"]
         assert int(second["cached_tokens"]) >= int(first["prompt_tokens"]) // 16 * 16 - 16
+        # What the report's chat floor assumes: a later turn can reuse at
+        # most its previous turn's prompt and answer.
+        assert int(second["cached_tokens"]) <= int(first["prompt_tokens"]) + int(first["completion_tokens"])
+
+    # The report prices the run with no queueing, at its own reuse and at
+    # the best any router could get, which is never the slower of the two.
+    subprocess.run([str(BENCH), "report", "--dir", str(tmp_path), "--command", "pytest"], check=True, timeout=60)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    [u] = summary["unqueued"]
+    assert u["workload"] == "chat" and u["mode"] == "kvasir"
+    assert 0 < u["best"]["mean"] <= u["own"]["mean"], u
+    assert "the floor of any router's TTFT on this workload" in (tmp_path / "report.md").read_text()
