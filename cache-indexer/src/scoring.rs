@@ -165,7 +165,7 @@ impl Default for Weights {
     fn default() -> Self {
         Weights {
             prefill: 1.0,
-            decode: 256.0,
+            decode: 64.0,
             queue: 1024.0,
             kv: 8192.0,
             kv_knee: 0.7,
@@ -556,10 +556,11 @@ mod tests {
         let w = Weights::default();
         let mut c = vec![cand("a:1"), cand("b:1")];
         c[0].matched_blocks = 62; // a 1000-token system prompt
-        c[0].running = 3;
+        // The cached prompt saves ~1010 prefill tokens (992 + attention).
+        c[0].running = 15; // 15 x 64 = 960 < 1010
         let r = rank(&req(1200, 1), &c, &w);
         assert_eq!(c[r.order[0].candidate].address, "a:1");
-        c[0].running = 4; // 4 x 256 > 992 cached tokens
+        c[0].running = 16; // 16 x 64 = 1024 > 1010
         let r = rank(&req(1200, 1), &c, &w);
         assert_eq!(c[r.order[0].candidate].address, "b:1");
         assert_eq!(r.decision, Decision::Load);
@@ -653,7 +654,7 @@ mod tests {
             "{scaled:?}"
         );
         assert!(
-            (scaled.decode - 0.25 * 256.0 * 20.0).abs() < 1e-9,
+            (scaled.decode - 0.25 * 64.0 * 20.0).abs() < 1e-9,
             "{scaled:?}"
         );
         // One endpoint below saturation: the weights apply unscaled.
@@ -724,9 +725,9 @@ mod tests {
         c.running = 1;
         let k = cost(&r, &c, &w).0;
         assert_eq!(k.queue, 2048.0);
-        assert_eq!(k.decode, 3.0 * 256.0);
+        assert_eq!(k.decode, 3.0 * 64.0);
         c.in_flight = 5;
-        assert_eq!(cost(&r, &c, &w).0.decode, 5.0 * 256.0);
+        assert_eq!(cost(&r, &c, &w).0.decode, 5.0 * 64.0);
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod service_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use kvasir_cache_indexer::scoring::Weights;
 use kvasir_proto::v1 as pb;
 use service_support::*;
 
@@ -217,7 +218,7 @@ async fn scrapes_reflect_load_and_reports_decrement_in_flight() {
     );
     assert_eq!(p.reason, "load");
     let busy_score = p.endpoints[1].score.expect("score");
-    assert!(busy_score.decode >= 2.0 * 256.0, "{busy_score:?}");
+    assert!(busy_score.decode >= 2.0 * Weights::default().decode, "{busy_score:?}");
 
     // In-flight accounting: PICK -> FIRST_TOKEN -> DONE.
     let msgs = [("user", filler(7, 100))];
