@@ -41,14 +41,22 @@
 //! # Default weights and why
 //!
 //! * `prefill = 1`: the unit.
-//! * `decode = 256`: a running sequence adds ~20 us of scheduling plus its
-//!   KV reads (~0.04 us per context token) to every decode step of the
-//!   batch (the simulator's and FACTS.md's H100 model): ~100 us a step at a
-//!   2k-token context, ~10 ms over a ~100-token completion, i.e. ~300
-//!   prefill tokens; rounded down to 256 because the fixed part of each step
-//!   (reading the weights) is shared by the whole batch. It is what makes the
-//!   load term matter: about 4 running requests outweigh a 1k-token cached
-//!   prefix, about 40 a 10k-token chat history.
+//! * `decode = 64`: a running sequence adds ~20 us of scheduling plus its
+//!   KV reads (~0.04 us per context token) to every step of the batch (the
+//!   simulator's and FACTS.md's H100 model): ~100-600 us a step at 2k-15k
+//!   tokens of context, i.e. 3-20 prefill tokens for each step our prefill
+//!   shares with it. Over a whole ~100-token completion it would be ~300
+//!   tokens (the figure this default was first set from, 256), but the
+//!   load term decides where this request's first token comes soonest, and
+//!   at 256 about 4 running requests outweighed a 1k-token cached prefix,
+//!   which moved chat turns off the engine holding their history (every
+//!   token of the chat's shortfall against the best reuse was a moved
+//!   turn). At 64, 16 running requests outweigh 1k cached tokens and ~160
+//!   a 10k-token history. Measured (bench/routing.py, one run each, 64 vs
+//!   256): chat mean TTFT -6% at load 1.0 and -7% at 2.0 (p99 -16% and
+//!   -12%), whole Mooncake trace -2% / -1% / 0% at loads 1.0 / 1.5 / 2.0,
+//!   ITL no worse; the 2-minute trace window from cold was 3-5% worse at
+//!   1.0 (two runs; it was what an earlier build's 256 was chosen on).
 //! * `attention = 4e-5`: see *prefill work* above.
 //! * `queuedPrefill = 0.25`: queued work counts a quarter of the request's
 //!   own. Prefill this request does here delays every request queued after
@@ -57,7 +65,7 @@
 //!   round-robin's 70% prefill load (bench/routing.py, 8 engines): 1.0 ->
 //!   18% hit rate, p50 TTFT 719 ms; 0.25 -> 26% (94% of one pooled cache's
 //!   27%), 539 ms; 0.1 and 0 pile long prompts onto their holders (p99 TTFT
-//!   18-26 s against 5-7 s). `decode = 256` beat 64 and 1024 there too.
+//!   18-26 s against 5-7 s).
 //! * `queue = 1024`: a waiting request means the engine is already out of
 //!   batch slots or KV space; ours waits behind at least one more prefill
 //!   step (~30 ms fixed cost = ~1000 tokens).
