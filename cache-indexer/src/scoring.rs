@@ -563,8 +563,9 @@ mod tests {
     fn load_outweighs_a_prefix_eventually() {
         let w = Weights::default();
         let mut c = vec![cand("a:1"), cand("b:1")];
-        c[0].matched_blocks = 62; // a 1000-token system prompt
-        // The cached prompt saves ~1010 prefill tokens (992 + attention).
+        // A 1000-token system prompt: caching it saves ~1010 prefill tokens
+        // (992 + attention).
+        c[0].matched_blocks = 62;
         c[0].running = 15; // 15 x 64 = 960 < 1010
         let r = rank(&req(1200, 1), &c, &w);
         assert_eq!(c[r.order[0].candidate].address, "a:1");

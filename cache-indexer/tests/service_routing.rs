@@ -218,7 +218,10 @@ async fn scrapes_reflect_load_and_reports_decrement_in_flight() {
     );
     assert_eq!(p.reason, "load");
     let busy_score = p.endpoints[1].score.expect("score");
-    assert!(busy_score.decode >= 2.0 * Weights::default().decode, "{busy_score:?}");
+    assert!(
+        busy_score.decode >= 2.0 * Weights::default().decode,
+        "{busy_score:?}"
+    );
 
     // In-flight accounting: PICK -> FIRST_TOKEN -> DONE.
     let msgs = [("user", filler(7, 100))];
