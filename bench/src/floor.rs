@@ -48,10 +48,14 @@ pub fn unqueued_dist(
     reuse: &dyn Fn(&Record) -> u64,
     model: &EngineModel,
 ) -> Dist {
-    let mut v: Vec<f64> = records
-        .iter()
-        .filter(|r| answered(r))
-        .map(|r| model.unqueued_ttft_ms(r.prompt_tokens as usize, reuse(r) as usize))
+    dist_of(records.iter().map(|r| (r, reuse(r))), model)
+}
+
+/// [`unqueued_dist`] of (record, cached tokens) pairs.
+fn dist_of<'a>(pairs: impl Iterator<Item = (&'a Record, u64)>, model: &EngineModel) -> Dist {
+    let mut v: Vec<f64> = pairs
+        .filter(|(r, _)| answered(r))
+        .map(|(r, c)| model.unqueued_ttft_ms(r.prompt_tokens as usize, c as usize))
         .collect();
     v.sort_by(f64::total_cmp);
     Dist::of_sorted(&v)
@@ -108,6 +112,19 @@ pub fn chat_best_reuse(records: &[Record], runs: &[&[Record]], block_tokens: u64
         .collect()
 }
 
+/// A run's unqueued TTFT at its own reuse only (`meta`: workload, mode,
+/// load).
+pub fn at_own_reuse(meta: (&str, &str, f64), records: &[Record], model: &EngineModel) -> Unqueued {
+    Unqueued {
+        workload: meta.0.into(),
+        mode: meta.1.into(),
+        load: meta.2,
+        own: unqueued_dist(records, &|r| r.cached_tokens, model),
+        best: None,
+        best_hit_rate: None,
+    }
+}
+
 /// The chat run's unqueued TTFT at its own reuse and at the best
 /// ([`chat_best_reuse`], with `runs` all runs of the same workload).
 pub fn chat(
@@ -117,21 +134,18 @@ pub fn chat(
     block_tokens: u64,
     model: &EngineModel,
 ) -> Unqueued {
+    // One best figure per record, in the records' order.
     let best = chat_best_reuse(records, runs, block_tokens);
-    let by_id: HashMap<usize, u64> = records.iter().map(|r| r.id).zip(best).collect();
-    let reuse = |r: &Record| by_id.get(&r.id).copied().unwrap_or(r.cached_tokens);
+    let pairs = || records.iter().zip(best.iter().copied());
     let (mut hit, mut all) = (0u64, 0u64);
-    for r in records.iter().filter(|r| answered(r)) {
-        hit += reuse(r);
+    for (r, c) in pairs().filter(|(r, _)| answered(r)) {
+        hit += c;
         all += r.prompt_tokens;
     }
     Unqueued {
-        workload: "chat".into(),
-        mode: meta.0.into(),
-        load: meta.1,
-        own: unqueued_dist(records, &|r| r.cached_tokens, model),
-        best: Some(unqueued_dist(records, &reuse, model)),
+        best: Some(dist_of(pairs(), model)),
         best_hit_rate: (all > 0).then(|| hit as f64 / all as f64),
+        ..at_own_reuse(("chat", meta.0, meta.1), records, model)
     }
 }
 

@@ -454,14 +454,7 @@ fn unqueued_ttfts(
                     .collect();
                 floor::chat((&m.mode, m.load), recs, &same, block_tokens, model)
             } else {
-                floor::Unqueued {
-                    workload: m.workload.clone(),
-                    mode: m.mode.clone(),
-                    load: m.load,
-                    own: floor::unqueued_dist(recs, &|r| r.cached_tokens, model),
-                    best: None,
-                    best_hit_rate: None,
-                }
+                floor::at_own_reuse((&m.workload, &m.mode, m.load), recs, model)
             }
         })
         .collect()
