@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Run-to-run spread of the routing benchmark: the same `bench/routing.py`
+invocation N times, then one table of every run's TTFT percentiles and hit
+rate per (workload, load, mode), with each mode's spread across runs and,
+per run, the kvasir mode's p90 against the approximate mode's.
+
+A single full run compares kvasir and approx-prefix once per load; where the
+two hold the same prefixes (low load: nothing is evicted behind a picks
+index's back) their difference is run-to-run noise, and this says how big
+that noise is. It runs nothing by itself beyond routing.py; `--from`
+summarises run directories that already exist.
+
+    .tools/venv/bin/python bench/repeats.py --runs 3 -- \\
+        --preset full --workloads trace,chat --modes approx-prefix,kvasir \\
+        --loads 1.0 --trace-rate 1.5 --chat-rate 12.5 --no-progress
+    python3 bench/repeats.py --from bench/results/repeats/run1 bench/results/repeats/run2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROUTING = REPO / "bench" / "routing.py"
+
+
+def load_runs(dirs: list[Path]) -> list[dict]:
+    """Each directory's summary.json runs, keyed by (workload, load, mode)."""
+    out = []
+    for d in dirs:
+        f = d / "summary.json"
+        if not f.exists():
+            raise SystemExit(f"{f} missing: not a routing.py results directory")
+        runs = json.loads(f.read_text())["runs"]
+        out.append({(r["workload"], r["load"], r["mode"]): r for r in runs})
+    return out
+
+
+def ms(v: float) -> str:
+    return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms"
+
+
+def spread(vals: list[float]) -> str:
+    lo, hi = min(vals), max(vals)
+    mean = sum(vals) / len(vals)
+    return f"{ms(lo)}-{ms(hi)} ({(hi - lo) / mean:.1%})" if mean > 0 else "-"
+
+
+def render(dirs: list[Path], runs: list[dict], command: str) -> str:
+    keys = sorted(set().union(*(r.keys() for r in runs)))
+    lines = [
+        "# Routing benchmark: run-to-run spread",
+        "",
+        f"{len(runs)} runs of `{command}`" if command else f"{len(runs)} runs",
+        "(" + ", ".join(f"`{d.name}`" for d in dirs) + "). Each run starts a fresh cluster per mode; "
+        "the spread is (max - min) / mean across runs.",
+        "",
+        "| workload | load | mode | TTFT p50 per run | TTFT p90 per run | TTFT p99 per run | hit rate per run "
+        "| p90 spread | p99 spread |",
+        "| --- | ---: | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for k in keys:
+        have = [r[k] for r in runs if k in r]
+        t = [h["summary"]["ttft"] for h in have]
+        lines.append(
+            f"| {k[0]} | {k[1]:.1f} | {k[2]} | {' / '.join(ms(x['p50']) for x in t)} | "
+            f"{' / '.join(ms(x['p90']) for x in t)} | {' / '.join(ms(x['p99']) for x in t)} | "
+            f"{' / '.join(format(h['summary']['cache_hit_rate'], '.1%') for h in have)} | "
+            f"{spread([x['p90'] for x in t])} | {spread([x['p99'] for x in t])} |")
+    pairs = sorted({(w, ld) for w, ld, _ in keys})
+    rows = []
+    for w, ld in pairs:
+        diffs = []
+        for r in runs:
+            a, k = r.get((w, ld, "approx-prefix")), r.get((w, ld, "kvasir"))
+            if a and k:
+                diffs.append(k["summary"]["ttft"]["p90"] / a["summary"]["ttft"]["p90"] - 1)
+        if diffs:
+            below = sum(1 for x in diffs if x < 0)
+            rows.append(f"| {w} | {ld:.1f} | {' / '.join(f'{x:+.1%}' for x in diffs)} | {below} of {len(diffs)} |")
+    if rows:
+        lines += ["", "kvasir's p90 TTFT against approx-prefix's in the same run:", "",
+                  "| workload | load | kvasir p90 / approx p90 - 1, per run | runs with kvasir below |",
+                  "| --- | ---: | --- | ---: |", *rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if "--" in argv:
+        i = argv.index("--")
+        argv, rest = argv[:i], argv[i + 1:]
+    else:
+        rest = []
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "repeats"))
+    ap.add_argument("--from", dest="dirs", nargs="+", help="summarise these run directories, run nothing")
+    ap.add_argument("--command", default="", help="the command to name in the summary (with --from)")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    if a.dirs:
+        dirs = [Path(d) for d in a.dirs]
+        command = a.command
+    else:
+        if a.runs < 2:
+            raise SystemExit("--runs must be at least 2 to show a spread")
+        if any(x == "--out" or x.startswith("--out=") for x in rest):
+            raise SystemExit("routing.py's --out is set per run here; leave it out")
+        out.mkdir(parents=True, exist_ok=True)
+        dirs = []
+        for i in range(1, a.runs + 1):
+            d = out / f"run{i}"
+            print(f"[repeats] run {i} of {a.runs} -> {d}", flush=True)
+            subprocess.run([sys.executable, str(ROUTING), *rest, "--out", str(d)], check=True)
+            dirs.append(d)
+        command = "python bench/routing.py " + " ".join(shlex.quote(x) for x in rest)
+    md = render(dirs, load_runs(dirs), command)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(md)
+    print(md, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,53 @@
+"""`bench/repeats.py`, the routing benchmark's run-to-run spread: its table
+comes from the runs' own summary.json files, and it refuses what it cannot
+summarise. No stack: it reads results directories."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from stack import REPO
+
+REPEATS = REPO / "bench" / "repeats.py"
+
+
+def summary(run_dir: Path, p90s: dict[str, float], hit: float) -> None:
+    """A results directory holding one trace run per mode at load 1.0."""
+    run_dir.mkdir(parents=True)
+    runs = [{"workload": "trace", "load": 1.0, "mode": mode,
+             "summary": {"ttft": {"p50": 100.0, "p90": p90, "p99": 2 * p90, "mean": 300.0}, "cache_hit_rate": hit}}
+            for mode, p90 in p90s.items()]
+    (run_dir / "summary.json").write_text(json.dumps({"runs": runs}))
+
+
+def test_spread_and_per_run_comparison_come_from_the_runs(tmp_path):
+    summary(tmp_path / "run1", {"approx-prefix": 2000.0, "kvasir": 2010.0}, 0.30)
+    summary(tmp_path / "run2", {"approx-prefix": 2020.0, "kvasir": 1999.8}, 0.31)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(REPEATS), "--from", str(tmp_path / "run1"), str(tmp_path / "run2"),
+                    "--out", str(out), "--command", "routing.py --loads 1.0"], check=True, capture_output=True)
+    md = (out / "summary.md").read_text()
+    assert "2 runs of `routing.py --loads 1.0`" in md
+    # approx-prefix: 2000 and 2020 ms, spread 20 / 2010 = 1.0%.
+    assert "| trace | 1.0 | approx-prefix | 100 ms / 100 ms | 2000 ms / 2020 ms | 4000 ms / 4040 ms " \
+           "| 30.0% / 31.0% | 2000 ms-2020 ms (1.0%) |" in md, md
+    # kvasir 0.5% above in run 1, 1.0% below in run 2.
+    assert "| trace | 1.0 | +0.5% / -1.0% | 1 of 2 |" in md, md
+
+
+def test_a_directory_without_a_summary_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    r = subprocess.run([sys.executable, str(REPEATS), "--from", str(tmp_path / "empty"), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "summary.json missing" in r.stderr
+
+
+def test_routings_out_is_set_per_run(tmp_path):
+    r = subprocess.run([sys.executable, str(REPEATS), "--runs", "2", "--out", str(tmp_path), "--", "--out", "x"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "--out is set per run" in r.stderr
