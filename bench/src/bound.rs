@@ -39,6 +39,10 @@ pub struct PooledBound {
     /// what the pooled cache holds (absent without a latency model).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unqueued_mean_ttft_ms: Option<f64>,
+    /// Prompt tokens each request found cached, in trace order (a run's
+    /// record ids index it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_request_cached: Vec<u64>,
 }
 
 /// The engine model the unqueued TTFT is priced with.
@@ -121,6 +125,7 @@ pub fn pooled_hit_rate(
     let mut lru = Lru::new(cap_ids);
     let (mut prompt, mut cached) = (0u64, 0u64);
     let mut ttft_sum = 0.0;
+    let mut per_request = Vec::with_capacity(trace.len());
     for r in trace {
         let matched = r
             .hash_ids
@@ -130,6 +135,7 @@ pub fn pooled_hit_rate(
         let reusable = (matched * trace_block).min(r.input_length.saturating_sub(1));
         let hit = reusable / engine_block * engine_block;
         cached += hit as u64;
+        per_request.push(hit as u64);
         prompt += r.input_length as u64;
         if let Some(m) = model {
             ttft_sum += m.unqueued_ttft_ms(r.input_length, hit);
@@ -150,6 +156,7 @@ pub fn pooled_hit_rate(
         unqueued_mean_ttft_ms: model
             .filter(|_| !trace.is_empty())
             .map(|_| ttft_sum / trace.len() as f64),
+        per_request_cached: per_request,
     }
 }
 
@@ -177,6 +184,7 @@ mod tests {
         // Second: 1024 of 1536. Third: all but the last token, in 16-token
         // blocks: 1008 of 1024.
         assert_eq!(b.cached_tokens, 1024 + 1008);
+        assert_eq!(b.per_request_cached, vec![0, 1024, 1008]);
         assert_eq!(b.prompt_tokens, 1024 + 1536 + 1024);
     }
 

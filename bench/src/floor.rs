@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::bound::EngineModel;
+use crate::queue::{self, Job};
 use crate::record::{Outcome, Record};
 use crate::stats::Dist;
 
@@ -35,6 +36,19 @@ pub struct Unqueued {
     /// tokens, where computed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_hit_rate: Option<f64>,
+    /// TTFT with queueing priced too: the run's requests in FCFS prefill
+    /// queues on the engines that served them, at their own reuse
+    /// ([`crate::queue::on_own_engines`]); set against the measured TTFT
+    /// it checks the queue model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_own: Option<Dist>,
+    /// The same arrivals perfectly balanced over the engines (least work
+    /// left, [`crate::queue::balanced`]) at the run's own reuse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balanced: Option<Dist>,
+    /// Perfectly balanced at the best reuse, where that is computed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub balanced_best: Option<Dist>,
 }
 
 fn answered(r: &Record) -> bool {
@@ -112,9 +126,51 @@ pub fn chat_best_reuse(records: &[Record], runs: &[&[Record]], block_tokens: u64
         .collect()
 }
 
-/// A run's unqueued TTFT at its own reuse only (`meta`: workload, mode,
-/// load).
-pub fn at_own_reuse(meta: (&str, &str, f64), records: &[Record], model: &EngineModel) -> Unqueued {
+fn sorted_dist(mut v: Vec<f64>) -> Dist {
+    v.sort_by(f64::total_cmp);
+    Dist::of_sorted(&v)
+}
+
+/// The answered `records` as queue jobs (arrival at their send time), each
+/// with `cached` prompt tokens reused, paired with the record.
+fn jobs<'a>(
+    records: &'a [Record],
+    cached: &'a [u64],
+    model: &'a EngineModel,
+) -> impl Iterator<Item = (Job, &'a Record)> + 'a {
+    records
+        .iter()
+        .zip(cached)
+        .filter(|(r, _)| answered(r))
+        .map(|(r, &c)| {
+            let job = Job {
+                arrival_ms: r.sent_s * 1e3,
+                service_ms: model.unqueued_ttft_ms(r.prompt_tokens as usize, c as usize),
+            };
+            (job, r)
+        })
+}
+
+/// A run's unqueued TTFT at its own reuse, and its queueing yardsticks
+/// ([`crate::queue`]) over `engines` engines: on its own engine choices, and
+/// balanced at its own reuse and, given one figure per record, at `best`
+/// (`meta`: workload, mode, load).
+pub fn at_own_reuse(
+    meta: (&str, &str, f64),
+    records: &[Record],
+    engines: usize,
+    best: Option<&[u64]>,
+    model: &EngineModel,
+) -> Unqueued {
+    let own: Vec<u64> = records.iter().map(|r| r.cached_tokens).collect();
+    let on_own: Vec<(Job, &str)> = jobs(records, &own, model)
+        .map(|(j, r)| (j, r.endpoint.as_str()))
+        .collect();
+    let plain: Vec<Job> = on_own.iter().map(|(j, _)| *j).collect();
+    let balanced_best = best.filter(|b| b.len() == records.len()).map(|b| {
+        let at_best: Vec<Job> = jobs(records, b, model).map(|(j, _)| j).collect();
+        sorted_dist(queue::balanced(&at_best, engines))
+    });
     Unqueued {
         workload: meta.0.into(),
         mode: meta.1.into(),
@@ -122,6 +178,9 @@ pub fn at_own_reuse(meta: (&str, &str, f64), records: &[Record], model: &EngineM
         own: unqueued_dist(records, &|r| r.cached_tokens, model),
         best: None,
         best_hit_rate: None,
+        queued_own: (!on_own.is_empty()).then(|| sorted_dist(queue::on_own_engines(&on_own))),
+        balanced: (!plain.is_empty()).then(|| sorted_dist(queue::balanced(&plain, engines))),
+        balanced_best,
     }
 }
 
@@ -132,6 +191,7 @@ pub fn chat(
     records: &[Record],
     runs: &[&[Record]],
     block_tokens: u64,
+    engines: usize,
     model: &EngineModel,
 ) -> Unqueued {
     // One best figure per record, in the records' order.
@@ -145,7 +205,13 @@ pub fn chat(
     Unqueued {
         best: Some(dist_of(pairs(), model)),
         best_hit_rate: (all > 0).then(|| hit as f64 / all as f64),
-        ..at_own_reuse(("chat", meta.0, meta.1), records, model)
+        ..at_own_reuse(
+            ("chat", meta.0, meta.1),
+            records,
+            engines,
+            Some(&best),
+            model,
+        )
     }
 }
 
@@ -218,7 +284,7 @@ mod tests {
             rec(2, "t1", 1, 0, 3.0, 2900, 0),
         ];
         let other = vec![rec(2, "t1", 1, 0, 3.0, 2900, 2496)];
-        let u = chat(("kvasir", 1.0), &run, &[&run, &other], 16, &m);
+        let u = chat(("kvasir", 1.0), &run, &[&run, &other], 16, 8, &m);
         let best = u.best.unwrap();
         assert!(best.mean < u.own.mean && best.p99 <= u.own.p99, "{u:?}");
         let want = (m.unqueued_ttft_ms(3000, 0)

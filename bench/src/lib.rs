@@ -15,6 +15,7 @@ pub mod client;
 pub mod floor;
 pub mod overhead;
 pub mod plot;
+pub mod queue;
 pub mod record;
 pub mod report;
 pub mod run;

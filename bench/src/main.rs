@@ -437,24 +437,40 @@ fn read_runs(dir: &Path) -> anyhow::Result<Vec<(RunMeta, Vec<Record>)>> {
 
 /// Kvasir's runs priced with no queueing: at their own reuse, and for the
 /// chat at the best reuse (from all runs of the same load, which replay
-/// the same conversations).
+/// the same conversations); the approximate mode's at its own reuse, which
+/// the p90 comparison sets against kvasir's. Each with its queueing
+/// yardsticks, a trace run's balanced one also at the pooled cache's reuse
+/// (`pooled`, one figure per trace request).
 fn unqueued_ttfts(
     runs: &[(RunMeta, Vec<Record>)],
     block_tokens: u64,
+    pooled: Option<&[u64]>,
     model: &bound::EngineModel,
 ) -> Vec<floor::Unqueued> {
     runs.iter()
-        .filter(|(m, _)| m.mode == report::KVASIR)
+        .filter(|(m, _)| m.mode == report::KVASIR || m.mode == report::APPROX)
         .map(|(m, recs)| {
-            if m.workload == "chat" {
+            let engines = m.engines.engines.max(1);
+            if m.workload == "chat" && m.mode == report::KVASIR {
                 let same: Vec<&[Record]> = runs
                     .iter()
                     .filter(|(o, _)| o.workload == m.workload && (o.load - m.load).abs() < 1e-9)
                     .map(|(_, r)| r.as_slice())
                     .collect();
-                floor::chat((&m.mode, m.load), recs, &same, block_tokens, model)
+                floor::chat((&m.mode, m.load), recs, &same, block_tokens, engines, model)
             } else {
-                floor::at_own_reuse((&m.workload, &m.mode, m.load), recs, model)
+                // The pooled figures are by trace request; a record's id is
+                // its request's place in the trace.
+                let best: Option<Vec<u64>> = pooled
+                    .filter(|_| m.workload == "trace")
+                    .and_then(|p| recs.iter().map(|r| p.get(r.id).copied()).collect());
+                floor::at_own_reuse(
+                    (&m.workload, &m.mode, m.load),
+                    recs,
+                    engines,
+                    best.as_deref(),
+                    model,
+                )
             }
         })
         .collect()
@@ -464,7 +480,7 @@ fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
     let runs = read_runs(&a.dir)?;
     anyhow::ensure!(!runs.is_empty(), "no runs in {}", a.dir.display());
     let bound_path = a.dir.join("bound.json");
-    let bound = if bound_path.exists() {
+    let bound: Option<bound::PooledBound> = if bound_path.exists() {
         Some(serde_json::from_str(&std::fs::read_to_string(
             &bound_path,
         )?)?)
@@ -480,7 +496,13 @@ fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
         })
         .unwrap_or_default();
     let unqueued = match a.engine.model()? {
-        Some(model) => unqueued_ttfts(&runs, a.engine.engine_block as u64, &model),
+        Some(model) => {
+            let pooled = bound
+                .as_ref()
+                .map(|b| b.per_request_cached.as_slice())
+                .filter(|p| !p.is_empty());
+            unqueued_ttfts(&runs, a.engine.engine_block as u64, pooled, &model)
+        }
         None => Vec::new(),
     };
     let inp = Inputs {

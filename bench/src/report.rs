@@ -58,10 +58,89 @@ struct Floor {
     own_ms: Option<f64>,
     /// What the best reuse is, in words.
     how: &'static str,
+    /// The same, in a few words.
+    how_short: &'static str,
     /// Whether no router can reuse more (else it is a yardstick, like one
     /// pooled LRU cache, that a router can come slightly under).
     strict: bool,
+    /// The statistic with queueing priced too, where computed.
+    queued: Option<Queued>,
 }
+
+/// A TTFT statistic of kvasir's requests in FCFS prefill queues
+/// ([`crate::queue`]).
+#[derive(Debug, Clone, Copy)]
+struct Queued {
+    /// On the engines kvasir chose, at its reuse: the model's check.
+    own_engines: f64,
+    /// Perfectly balanced, at kvasir's reuse.
+    balanced: f64,
+    /// Perfectly balanced, at the best reuse, where computed.
+    balanced_best: Option<f64>,
+}
+
+impl Queued {
+    /// `pick` of a run's queue figures, when both replays were computed.
+    fn of(u: &Unqueued, pick: fn(&crate::stats::Dist) -> f64) -> Option<Queued> {
+        Some(Queued {
+            own_engines: pick(u.queued_own.as_ref()?),
+            balanced: pick(u.balanced.as_ref()?),
+            balanced_best: u.balanced_best.as_ref().map(pick),
+        })
+    }
+
+    /// What the queue model says of a `stat` target of `goal_ms` that kvasir
+    /// measured `measured_ms` against: where perfect balance would put the
+    /// statistic, and how much of kvasir's is balance it gave up, when the
+    /// model reproduces kvasir's own figure closely enough to say so.
+    fn explain(&self, stat: &str, how_short: &str, goal_ms: f64, measured_ms: f64) -> String {
+        let mut v = format!(
+            "; with queueing priced too (each request's prefill in an FCFS queue from its arrival), perfectly \
+             balanced engines (least work left: one central queue in front of them all) would give a {stat} of {}",
+            ms(self.balanced)
+        );
+        let reach = match self.balanced_best {
+            Some(best) => {
+                v.push_str(&format!(" at kvasir's reuse and {} {how_short}", ms(best)));
+                best
+            }
+            None => {
+                v.push_str(" at kvasir's reuse");
+                self.balanced
+            }
+        };
+        v.push_str(&if goal_ms < reach.min(self.balanced) {
+            format!(", so the target ({}) is below what balancing alone reaches", ms(goal_ms))
+        } else if goal_ms < self.balanced {
+            ", so at kvasir's reuse even perfect balance misses the target; it takes more reuse as well".into()
+        } else {
+            ", so perfect balance at kvasir's reuse would meet the target".into()
+        });
+        let off = (self.own_engines - measured_ms) / measured_ms;
+        v.push_str(&format!(
+            "; the same queues on the engines kvasir chose give {} (measured {}",
+            ms(self.own_engines),
+            ms(measured_ms)
+        ));
+        if off.abs() <= MODEL_FIT {
+            v.push_str(&format!(
+                "), so about {} of kvasir's {stat} is balance it gave up to keep requests on the engines holding \
+                 their prefixes (or for not knowing the queues exactly)",
+                ms((measured_ms - self.balanced).max(0.0))
+            ));
+        } else {
+            v.push_str(&format!(
+                ": the model is {} off here, so it splits this figure only roughly)",
+                pct(off.abs())
+            ));
+        }
+        v
+    }
+}
+
+/// How close the queue model must come to kvasir's measured statistic for
+/// the report to split that statistic by it.
+const MODEL_FIT: f64 = 0.15;
 
 /// Why a target was missed: the runs' facts that bear on it. `goal_ms` is
 /// the TTFT the target asked of kvasir, for TTFT targets, and `measured_ms`
@@ -140,6 +219,9 @@ fn context(
                 )
             }
         ));
+        if let Some(q) = f.queued.filter(|_| goal >= f.best_ms) {
+            v.push_str(&q.explain(f.stat, f.how_short, goal, measured_ms));
+        }
     }
     let (be, bt) = (b.summary.e2e.p50, b.summary.ttft.p50);
     if about_e2e && be.is_finite() && bt.is_finite() && (be - bt) > 0.5 * be {
@@ -180,10 +262,15 @@ fn find<'a>(runs: &'a [RunMeta], workload: &str, mode: &str, load: f64) -> Optio
         .find(|r| r.workload == workload && r.mode == mode && (r.load - load).abs() < 1e-9)
 }
 
-fn find_unqueued<'a>(inp: &'a Inputs, workload: &str, load: f64) -> Option<&'a Unqueued> {
+fn find_unqueued<'a>(
+    inp: &'a Inputs,
+    workload: &str,
+    mode: &str,
+    load: f64,
+) -> Option<&'a Unqueued> {
     inp.unqueued
         .iter()
-        .find(|u| u.workload == workload && u.mode == KVASIR && (u.load - load).abs() < 1e-9)
+        .find(|u| u.workload == workload && u.mode == mode && (u.load - load).abs() < 1e-9)
 }
 
 /// How the chat workload's best reuse is reckoned ([`crate::floor::chat_best_reuse`]).
@@ -238,13 +325,15 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
     let bound = inp.bound.as_ref();
     // `floor`: the lowest the statistic can be (see `context`).
     let chat_floor = |stat: &'static str, pick: fn(&crate::stats::Dist) -> f64| {
-        find_unqueued(inp, "chat", REF_LOAD).and_then(|u| {
+        find_unqueued(inp, "chat", KVASIR, REF_LOAD).and_then(|u| {
             u.best.map(|best| Floor {
                 stat,
                 best_ms: pick(&best),
                 own_ms: Some(pick(&u.own)),
                 how: CHAT_BEST,
+                how_short: "at the best reuse",
                 strict: true,
+                queued: Queued::of(u, pick),
             })
         })
     };
@@ -347,12 +436,17 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
             load,
             &|r| r.summary.ttft.mean,
             0.05,
-            bound.and_then(|b| b.unqueued_mean_ttft_ms).map(|best| Floor {
-                stat: "mean",
-                best_ms: best,
-                own_ms: find_unqueued(inp, "trace", load).map(|u| u.own.mean),
-                how: TRACE_BEST,
-                strict: false,
+            bound.and_then(|b| b.unqueued_mean_ttft_ms).map(|best| {
+                let u = find_unqueued(inp, "trace", KVASIR, load);
+                Floor {
+                    stat: "mean",
+                    best_ms: best,
+                    own_ms: u.map(|u| u.own.mean),
+                    how: TRACE_BEST,
+                    how_short: "at the pooled cache's reuse",
+                    strict: false,
+                    queued: u.and_then(|u| Queued::of(u, |d| d.mean)),
+                }
             }),
         );
     }
@@ -428,6 +522,24 @@ pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
                          events had little to add at this load (they tell what engines evicted, which a picks \
                          index must guess)",
                     );
+                    // How much of each p90 is queueing at all: where both
+                    // sit near their no-queueing p90, routing had little
+                    // left to win there.
+                    if let (Some(ku), Some(au)) = (
+                        find_unqueued(inp, w, KVASIR, load),
+                        find_unqueued(inp, w, APPROX, load),
+                    ) {
+                        let _ = write!(
+                            why,
+                            "; priced with no queueing at all (each request alone on an idle engine, at the \
+                             prefix it reused) the p90 is {} for kvasir and {} for approx-prefix, so queueing \
+                             added {} to kvasir's measured p90 and {} to approx-prefix's",
+                            ms(ku.own.p90),
+                            ms(au.own.p90),
+                            ms((k.summary.ttft.p90 - ku.own.p90).max(0.0)),
+                            ms((a.summary.ttft.p90 - au.own.p90).max(0.0)),
+                        );
+                    }
                 }
                 out.push(TargetCheck {
                     target: format!("{w} @{load:.1}: p90 TTFT below approx-prefix's"),
@@ -499,7 +611,11 @@ pub fn render(inp: &Inputs) -> String {
                 );
             }
         }
-        let mut own: Vec<&Unqueued> = inp.unqueued.iter().filter(|u| u.workload == w).collect();
+        let mut own: Vec<&Unqueued> = inp
+            .unqueued
+            .iter()
+            .filter(|u| u.workload == w && u.mode == KVASIR)
+            .collect();
         own.sort_by(|a, b| a.load.total_cmp(&b.load));
         if !own.is_empty() {
             let at: Vec<String> = own
@@ -534,6 +650,48 @@ pub fn render(inp: &Inputs) -> String {
                         ms(best.p99)
                     );
                 }
+            }
+            let queued: Vec<String> = own
+                .iter()
+                .filter_map(|u| {
+                    let (q, b) = (u.queued_own.as_ref()?, u.balanced.as_ref()?);
+                    let m = find(&inp.runs, w, KVASIR, u.load).map(|r| &r.summary.ttft)?;
+                    Some(format!(
+                        "at load {:.1}, on the engines kvasir chose {} / {} / {} (measured {} / {} / {}), perfectly \
+                         balanced {} / {} / {}{}",
+                        u.load,
+                        ms(q.mean),
+                        ms(q.p50),
+                        ms(q.p99),
+                        ms(m.mean),
+                        ms(m.p50),
+                        ms(m.p99),
+                        ms(b.mean),
+                        ms(b.p50),
+                        ms(b.p99),
+                        u.balanced_best
+                            .map(|bb| format!(
+                                " and at the {} reuse {} / {} / {}",
+                                if w == "chat" { "best" } else { "pooled cache's" },
+                                ms(bb.mean),
+                                ms(bb.p50),
+                                ms(bb.p99)
+                            ))
+                            .unwrap_or_default()
+                    ))
+                })
+                .collect();
+            if !queued.is_empty() {
+                let _ = writeln!(
+                    o,
+                    "With queueing priced too (each request's prefill as above, in a first-come-first-served queue \
+                     from its arrival, the same arrivals), mean / median / p99 TTFT {}. Perfect balance is one central \
+                     queue in front of all engines (each request to the engine whose queue empties first); the gap \
+                     between it and the engines kvasir chose is what keeping requests with their cached prefixes cost \
+                     in queueing. A yardstick: real engines batch concurrent prefills into one step and interleave \
+                     decode steps, which these queues do not, so it is only as good as it matches the measured figures.",
+                    queued.join("; ")
+                );
             }
             o.push('\n');
         }
@@ -702,6 +860,7 @@ mod tests {
                 cached_tokens: 1,
                 hit_rate: 0.64,
                 unqueued_mean_ttft_ms: None,
+                per_request_cached: Vec::new(),
             }),
             ..Default::default()
         };
@@ -754,6 +913,50 @@ mod tests {
             "{}",
             miss.why
         );
+        assert!(!miss.why.contains("no queueing"), "{}", miss.why);
+
+        // With both modes priced at no queueing, the why says how much of
+        // each p90 was queueing at all.
+        let own = |p90: f64, mode: &str| Unqueued {
+            workload: "chat".into(),
+            mode: mode.into(),
+            load: 1.0,
+            own: Dist {
+                p50: 50.0,
+                p90,
+                p99: 190.0,
+                mean: 60.0,
+            },
+            best: None,
+            best_hit_rate: None,
+            queued_own: None,
+            balanced: None,
+            balanced_best: None,
+        };
+        let inp = Inputs {
+            unqueued: vec![own(150.0, KVASIR), own(149.0, APPROX)],
+            ..inp
+        };
+        let c = check_targets(&inp);
+        let miss = c
+            .iter()
+            .find(|c| c.target.starts_with("chat @1.0: p90 TTFT below"))
+            .unwrap();
+        assert!(
+            miss.why.contains(
+                "the p90 is 150 ms for kvasir and 149 ms for approx-prefix, so queueing added \
+                 54.0 ms to kvasir's measured p90 and 51.0 ms to approx-prefix's"
+            ),
+            "{}",
+            miss.why
+        );
+        // The notes price Kvasir's runs only, not the approximate mode's.
+        let md = render(&inp);
+        let line = md
+            .lines()
+            .find(|l| l.starts_with("Kvasir's requests priced with no queueing"))
+            .unwrap();
+        assert_eq!(line.matches("at load 1.0").count(), 1, "{line}");
     }
 
     #[test]
@@ -811,6 +1014,9 @@ mod tests {
                 own: d(50.0, 110.0),
                 best: Some(d(40.0, best_p99)),
                 best_hit_rate: Some(0.9),
+                queued_own: None,
+                balanced: None,
+                balanced_best: None,
             }],
             ..Default::default()
         };
@@ -914,6 +1120,7 @@ mod tests {
             cached_tokens: 1,
             hit_rate: 0.3,
             unqueued_mean_ttft_ms: Some(floor),
+            per_request_cached: Vec::new(),
         };
         let check = |mean_k: f64, floor: f64| {
             check_targets(&Inputs {
