@@ -75,7 +75,7 @@ impl EngineModel {
 }
 
 /// An LRU set of block ids.
-struct Lru {
+pub(crate) struct Lru {
     cap: usize,
     clock: u64,
     stamp: HashMap<u64, u64>,
@@ -83,7 +83,7 @@ struct Lru {
 }
 
 impl Lru {
-    fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         Lru {
             cap,
             clock: 0,
@@ -92,11 +92,11 @@ impl Lru {
         }
     }
 
-    fn contains(&self, id: u64) -> bool {
+    pub(crate) fn contains(&self, id: u64) -> bool {
         self.stamp.contains_key(&id)
     }
 
-    fn touch(&mut self, id: u64) {
+    pub(crate) fn touch(&mut self, id: u64) {
         self.clock += 1;
         if let Some(old) = self.stamp.insert(id, self.clock) {
             self.order.remove(&old);

@@ -12,6 +12,7 @@
 pub mod bound;
 pub mod chat;
 pub mod client;
+pub mod cluster;
 pub mod floor;
 pub mod overhead;
 pub mod plot;

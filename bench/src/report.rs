@@ -1167,6 +1167,83 @@ mod tests {
     }
 
     #[test]
+    fn a_mean_ttft_miss_is_split_by_the_queue_model_when_it_fits() {
+        // Kvasir measured 1500 ms at 1.5 against a 1000 ms target and a
+        // 600 ms unqueued floor; the queues say where balance would put it.
+        let mut b = run("trace", BASELINE, 1.0, 1.0, 1.0, 0.05);
+        b.engines.prefill_utilisation = 0.7;
+        let mut b15 = run("trace", BASELINE, 1.5, 1.0, 1.0, 0.05);
+        b15.summary.ttft.mean = 20_000.0;
+        let mut k = run("trace", KVASIR, 1.5, 1.0, 1.0, 0.3);
+        k.summary.ttft.mean = 1500.0;
+        let mean = |m: f64| Dist {
+            p50: m,
+            p90: m,
+            p99: m,
+            mean: m,
+        };
+        let with = |own_engines: f64, balanced: f64, best: f64| Inputs {
+            runs: vec![b.clone(), b15.clone(), k.clone()],
+            bound: Some(PooledBound {
+                capacity_tokens: 1,
+                prompt_tokens: 1,
+                cached_tokens: 1,
+                hit_rate: 0.3,
+                unqueued_mean_ttft_ms: Some(600.0),
+                per_request_cached: Vec::new(),
+            }),
+            unqueued: vec![Unqueued {
+                workload: "trace".into(),
+                mode: KVASIR.into(),
+                load: 1.5,
+                own: mean(650.0),
+                best: None,
+                best_hit_rate: None,
+                queued_own: Some(mean(own_engines)),
+                balanced: Some(mean(balanced)),
+                balanced_best: Some(mean(best)),
+            }],
+            ..Default::default()
+        };
+        let why = |inp: &Inputs| {
+            check_targets(inp)
+                .into_iter()
+                .find(|c| c.target.starts_with("trace @1.5"))
+                .unwrap()
+                .why
+        };
+        // The model within 15% of the measured mean: the split is given.
+        let fits = why(&with(1450.0, 1100.0, 1050.0));
+        assert!(
+            fits.contains("would give a mean of 1100 ms at kvasir's reuse and 1050 ms at the pooled cache's reuse, so the target (1000 ms) is below what balancing alone reaches"),
+            "{fits}"
+        );
+        assert!(
+            fits.contains("give 1450 ms (measured 1500 ms), so about 400 ms of kvasir's mean is balance it gave up"),
+            "{fits}"
+        );
+        // Balance at the pooled reuse would meet it, at kvasir's not.
+        let more_reuse = why(&with(1450.0, 1100.0, 900.0));
+        assert!(
+            more_reuse
+                .contains("even perfect balance misses the target; it takes more reuse as well"),
+            "{more_reuse}"
+        );
+        let balance = why(&with(1450.0, 950.0, 900.0));
+        assert!(
+            balance.contains("perfect balance at kvasir's reuse would meet the target"),
+            "{balance}"
+        );
+        // A model 40% off says so instead of splitting the figure.
+        let off = why(&with(900.0, 700.0, 650.0));
+        assert!(
+            off.contains("the model is 40.0% off here, so it splits this figure only roughly"),
+            "{off}"
+        );
+        assert!(!off.contains("balance it gave up"), "{off}");
+    }
+
+    #[test]
     fn milliseconds_format_compactly() {
         assert_eq!(ms(f64::INFINITY), "∞");
         assert_eq!(ms(f64::NAN), "-");
