@@ -57,6 +57,8 @@
 //!   -12%), whole Mooncake trace -2% / -1% / 0% at loads 1.0 / 1.5 / 2.0,
 //!   ITL no worse; the 2-minute trace window from cold was 3-5% worse at
 //!   1.0 (two runs; it was what an earlier build's 256 was chosen on).
+//!   16 was no clear gain over 64 (two runs each): chat p99 -9% at load 1.0
+//!   but +7% at 1.5, the whole trace unchanged.
 //! * `attention = 4e-5`: see *prefill work* above.
 //! * `queuedPrefill = 0.25`: queued work counts a quarter of the request's
 //!   own. Prefill this request does here delays every request queued after
@@ -68,7 +70,8 @@
 //!   18-26 s against 5-7 s).
 //! * `queue = 1024`: a waiting request means the engine is already out of
 //!   batch slots or KV space; ours waits behind at least one more prefill
-//!   step (~30 ms fixed cost = ~1000 tokens).
+//!   step (~30 ms fixed cost = ~1000 tokens). 16384 made the whole trace's
+//!   mean TTFT 6-8% worse at load 1.5 (two runs each).
 //! * `kv = 8192`, `kvKnee = 0.7`: KV usage (blocks pinned by running
 //!   requests) above ~70% means new requests start evicting cached prefixes
 //!   and, near 100%, preemption (recomputation of whole sequences). The
