@@ -32,6 +32,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use kvasir_cache_indexer::scoring::{self, Candidate, Request, Weights};
 
 use crate::bound::{EngineModel, Lru};
+use crate::queue::At;
 use crate::stats::Dist;
 use crate::trace::TraceRequest;
 
@@ -95,24 +96,6 @@ struct Queued {
     work: u64,
     /// The request's place in the trace.
     index: usize,
-}
-
-/// A time for the heap (f64 has no total order).
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct At(f64);
-
-impl Eq for At {}
-
-impl PartialOrd for At {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for At {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.total_cmp(&other.0)
-    }
 }
 
 struct Engine {

@@ -53,9 +53,9 @@ pub fn on_own_engines<K: std::hash::Hash + Eq>(jobs: &[(Job, K)]) -> Vec<f64> {
     ttft
 }
 
-/// A time for the heap: f64 has no total order of its own.
+/// A time for a heap: f64 has no total order of its own.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct At(f64);
+pub(crate) struct At(pub(crate) f64);
 
 impl Eq for At {}
 
