@@ -259,8 +259,9 @@ def calibrate(workload: str, guess: float, p: dict, scratch: Path, logroot: Path
     requests the runs replay: a round-robin run at `guess`, the rate scaled
     by 0.7 / measured, and one more such step if the second run is more
     than CALIBRATION_TOLERANCE off (utilisation is not quite linear in the
-    rate: queues and cache reuse change with it). Returns (rate, last
-    measured utilisation, [(rate, utilisation), ...])."""
+    rate: queues and cache reuse change with it, and one run of a short
+    window is noisy). Returns the run closest to 70% as (rate, its
+    utilisation, [(rate, utilisation), ...]), or the cap for a capped chat."""
     steps = []
     rate = guess
     for i in range(3):
@@ -279,7 +280,11 @@ def calibrate(workload: str, guess: float, p: dict, scratch: Path, logroot: Path
                 # Capped: no point measuring again at the cap.
                 return cap, u, steps
         rate = nxt
-    return rate, steps[-1][1], steps
+    # Within the tolerance that is the last run; after three runs outside
+    # it, the closest (steps need not move monotonically: 1.600 -> 73.2%,
+    # 1.531 -> 65.1%, 1.647 -> 74.2% on the short window once).
+    best = min(steps, key=lambda s: abs(s[1] - TARGET_UTIL))
+    return best[0], best[1], steps
 
 
 def main(argv: list[str]) -> int:
@@ -351,7 +356,9 @@ def main(argv: list[str]) -> int:
             setup.append(f"{w}: calibration (round-robin, rate -> prefill use: {tried}); load 1.0 = {rate:.3f} {unit}"
                          + (f" (capped: {TARGET_UTIL:.0%} would need ~{last_rate * TARGET_UTIL / u:.2f}, more requests "
                             "per wall second than this 2-core machine drives)" if capped
-                            else f" (target {TARGET_UTIL:.0%} within {CALIBRATION_TOLERANCE * 100:.0f} points, at most 3 runs)")
+                            else f" (target {TARGET_UTIL:.0%} within {CALIBRATION_TOLERANCE * 100:.0f} points, at most 3 runs"
+                            + ("; none was, so the closest is taken" if abs(u - TARGET_UTIL) > CALIBRATION_TOLERANCE
+                               else "") + ")")
                          + ".")
     if "trace" in workloads:
         window = p["trace_window_s"]
