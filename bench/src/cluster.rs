@@ -230,14 +230,13 @@ impl Cluster {
             cached_all += hit as u64;
             ttft.push(done - t);
         }
-        ttft.sort_by(f64::total_cmp);
         Outcome {
             hit_rate: if prompt_all == 0 {
                 f64::NAN
             } else {
                 cached_all as f64 / prompt_all as f64
             },
-            ttft: Dist::of_sorted(&ttft),
+            ttft: Dist::of(ttft),
             per_engine,
         }
     }

@@ -67,12 +67,12 @@ pub fn unqueued_dist(
 
 /// [`unqueued_dist`] of (record, cached tokens) pairs.
 fn dist_of<'a>(pairs: impl Iterator<Item = (&'a Record, u64)>, model: &EngineModel) -> Dist {
-    let mut v: Vec<f64> = pairs
-        .filter(|(r, _)| answered(r))
-        .map(|(r, c)| model.unqueued_ttft_ms(r.prompt_tokens as usize, c as usize))
-        .collect();
-    v.sort_by(f64::total_cmp);
-    Dist::of_sorted(&v)
+    Dist::of(
+        pairs
+            .filter(|(r, _)| answered(r))
+            .map(|(r, c)| model.unqueued_ttft_ms(r.prompt_tokens as usize, c as usize))
+            .collect(),
+    )
 }
 
 /// For each of `records` (one chat run), the most prompt tokens any router
@@ -126,11 +126,6 @@ pub fn chat_best_reuse(records: &[Record], runs: &[&[Record]], block_tokens: u64
         .collect()
 }
 
-fn sorted_dist(mut v: Vec<f64>) -> Dist {
-    v.sort_by(f64::total_cmp);
-    Dist::of_sorted(&v)
-}
-
 /// The answered `records` as queue jobs (arrival at their send time), each
 /// with `cached` prompt tokens reused, paired with the record.
 fn jobs<'a>(
@@ -169,7 +164,7 @@ pub fn at_own_reuse(
     let plain: Vec<Job> = on_own.iter().map(|(j, _)| *j).collect();
     let balanced_best = best.filter(|b| b.len() == records.len()).map(|b| {
         let at_best: Vec<Job> = jobs(records, b, model).map(|(j, _)| j).collect();
-        sorted_dist(queue::balanced(&at_best, engines))
+        Dist::of(queue::balanced(&at_best, engines))
     });
     Unqueued {
         workload: meta.0.into(),
@@ -178,8 +173,8 @@ pub fn at_own_reuse(
         own: unqueued_dist(records, &|r| r.cached_tokens, model),
         best: None,
         best_hit_rate: None,
-        queued_own: (!on_own.is_empty()).then(|| sorted_dist(queue::on_own_engines(&on_own))),
-        balanced: (!plain.is_empty()).then(|| sorted_dist(queue::balanced(&plain, engines))),
+        queued_own: (!on_own.is_empty()).then(|| Dist::of(queue::on_own_engines(&on_own))),
+        balanced: (!plain.is_empty()).then(|| Dist::of(queue::balanced(&plain, engines))),
         balanced_best,
     }
 }

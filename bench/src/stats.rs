@@ -84,6 +84,12 @@ pub struct Dist {
 }
 
 impl Dist {
+    /// Of values in any order.
+    pub fn of(mut v: Vec<f64>) -> Dist {
+        v.sort_by(f64::total_cmp);
+        Dist::of_sorted(&v)
+    }
+
     /// Of already sorted values.
     pub fn of_sorted(v: &[f64]) -> Dist {
         let mean = if v.is_empty() {
