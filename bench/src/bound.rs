@@ -96,6 +96,11 @@ impl Lru {
         self.stamp.contains_key(&id)
     }
 
+    /// How many leading `ids` are held: a prompt's cached prefix, in ids.
+    pub(crate) fn prefix_len(&self, ids: &[u64]) -> usize {
+        ids.iter().take_while(|id| self.contains(**id)).count()
+    }
+
     pub(crate) fn touch(&mut self, id: u64) {
         self.clock += 1;
         if let Some(old) = self.stamp.insert(id, self.clock) {
@@ -109,6 +114,19 @@ impl Lru {
             self.stamp.remove(&victim);
         }
     }
+}
+
+/// Prompt tokens a request of `prompt` tokens reuses when its first
+/// `matched` trace ids (`trace_block` tokens each) are cached: whole
+/// `engine_block`s, never the last prompt token (vLLM always computes it).
+pub(crate) fn reusable_tokens(
+    matched: usize,
+    trace_block: usize,
+    engine_block: usize,
+    prompt: usize,
+) -> usize {
+    let block = engine_block.max(1);
+    (matched * trace_block).min(prompt.saturating_sub(1)) / block * block
 }
 
 /// The pooled-cache hit rate of `trace` with `capacity_tokens` of cache,
@@ -127,13 +145,8 @@ pub fn pooled_hit_rate(
     let mut ttft_sum = 0.0;
     let mut per_request = Vec::with_capacity(trace.len());
     for r in trace {
-        let matched = r
-            .hash_ids
-            .iter()
-            .take_while(|id| lru.contains(**id))
-            .count();
-        let reusable = (matched * trace_block).min(r.input_length.saturating_sub(1));
-        let hit = reusable / engine_block * engine_block;
+        let matched = lru.prefix_len(&r.hash_ids);
+        let hit = reusable_tokens(matched, trace_block, engine_block, r.input_length);
         cached += hit as u64;
         per_request.push(hit as u64);
         prompt += r.input_length as u64;

@@ -31,7 +31,7 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use kvasir_cache_indexer::scoring::{self, Candidate, Request, Weights};
 
-use crate::bound::{EngineModel, Lru};
+use crate::bound::{reusable_tokens, EngineModel, Lru};
 use crate::queue::At;
 use crate::stats::Dist;
 use crate::trace::TraceRequest;
@@ -152,22 +152,9 @@ impl Engine {
         }
         (self.scraped.1, self.scraped.2)
     }
-
-    fn matched_ids(&self, ids: &[u64]) -> usize {
-        ids.iter()
-            .take_while(|id| self.cache.contains(**id))
-            .count()
-    }
 }
 
 impl Cluster {
-    /// Prompt tokens a request reuses with `matched` leading ids cached:
-    /// whole engine blocks, never the last prompt token (vLLM's rule).
-    fn reusable(&self, matched: usize, prompt: usize) -> usize {
-        let block = self.engine_block.max(1);
-        (matched * self.trace_block).min(prompt.saturating_sub(1)) / block * block
-    }
-
     /// Replays `trace` at `speed` (2 = arrivals twice as fast) under `policy`.
     pub fn replay(&self, trace: &[TraceRequest], speed: f64, policy: &Policy) -> Outcome {
         let n = self.engines.max(1);
@@ -208,8 +195,8 @@ impl Cluster {
             let start = e.free_at.max(t);
             // Everything queued ahead is cached by the time this starts.
             e.advance(start);
-            let matched = e.matched_ids(&r.hash_ids);
-            let hit = self.reusable(matched, r.input_length);
+            let matched = e.cache.prefix_len(&r.hash_ids);
+            let hit = reusable_tokens(matched, self.trace_block, self.engine_block, r.input_length);
             for &id in &r.hash_ids[..matched] {
                 e.cache.touch(id);
             }
@@ -263,27 +250,23 @@ impl Cluster {
             .zip(scraped)
             .map(|(e, &(running, waiting))| {
                 let in_flight = e.ends.len() as u32;
-                let queued: u64 = e
+                // Picks within the horizon: their queued work, and the
+                // longest prefix one of them shares with this request.
+                let (queued, pending) = e
                     .queue
                     .iter()
                     .filter(|q| t - q.arrival < self.prefill_horizon_ms)
-                    .map(|q| q.work)
-                    .sum();
-                let pending = e
-                    .queue
-                    .iter()
-                    .filter(|q| t - q.arrival < self.prefill_horizon_ms)
-                    .map(|q| {
-                        trace[q.index]
+                    .fold((0u64, 0usize), |(work, longest), q| {
+                        let shared = trace[q.index]
                             .hash_ids
                             .iter()
                             .zip(&r.hash_ids)
                             .take_while(|(a, b)| a == b)
-                            .count()
-                    })
-                    .max()
-                    .unwrap_or(0);
-                let matched_tokens = e.matched_ids(&r.hash_ids).max(pending) * self.trace_block;
+                            .count();
+                        (work + q.work, longest.max(shared))
+                    });
+                let matched_tokens =
+                    e.cache.prefix_len(&r.hash_ids).max(pending) * self.trace_block;
                 Candidate {
                     address: &e.address,
                     matched_blocks: u32::try_from(matched_tokens / block).unwrap_or(u32::MAX),
