@@ -93,6 +93,12 @@ pub trait Host {
     fn upstream_address(&self) -> Option<String>;
     /// A JWT claim from `jwt_authn`'s `payload_in_metadata` entry.
     fn jwt_claim(&self, metadata_key: &str, claim: &str) -> Option<String>;
+    /// Envoy's response code details (`response.code_details`), read when
+    /// the stream is logged: says whether an unfinished response was cut
+    /// by the upstream or abandoned by the client.
+    fn response_code_details(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A fire-and-forget call waiting for the root context
@@ -241,6 +247,8 @@ pub struct Flow {
     served: Option<String>,
     tracker: Option<ResponseTracker>,
     pick_started_ns: u64,
+    /// The upstream cut the response after it started (see `on_log`).
+    cut: bool,
 }
 
 fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -273,6 +281,7 @@ impl Flow {
             served: None,
             tracker: None,
             pick_started_ns: 0,
+            cut: false,
         }
     }
 
@@ -472,14 +481,14 @@ impl Flow {
                 if let Some(a) = &provider.authority {
                     host.set_request_header(":authority", a);
                 }
-                // The client's credentials (its Kvasir key) never leave.
+                // The client's credentials (its Kvasir key) never leave;
+                // the provider's own are injected by Envoy on the
+                // provider's cluster (credential_injector, an SDS secret),
+                // so they are in no filter configuration.
                 for h in ["authorization", "x-api-key"] {
                     if header(&self.headers, h).is_some() {
                         host.remove_request_header(h);
                     }
-                }
-                if let Some(auth) = &provider.auth {
-                    host.set_request_header(&auth.header, auth.value.expose());
                 }
                 host.clear_route_cache();
                 self.count(
@@ -743,8 +752,14 @@ impl Flow {
     /// end normally (client gone, reset).
     pub fn on_log(&mut self, host: &mut dyn Host) {
         if self.phase == Phase::Forwarded || matches!(self.phase, Phase::Picking(_)) {
-            let completed = false;
-            self.finish(host, completed);
+            // Response bytes already went to the client, so Envoy could
+            // not retry: the engine (or the connection to it) cut the
+            // stream. Counted apart from clients that went away.
+            self.cut = self.tracker.is_some()
+                && host
+                    .response_code_details()
+                    .is_some_and(|d| d.starts_with("upstream_reset_after_response_started"));
+            self.finish(host, false);
         }
         // The stream is complete: its done report (queued at the
         // response's end) and anything else still queued go now.
@@ -758,10 +773,12 @@ impl Flow {
         self.phase = Phase::Done;
         let now = host.now_ns();
         let e2e = now.saturating_sub(self.start_ns);
-        self.count(
-            &format!("responses.{}", response_class(self.status, completed)),
-            1,
-        );
+        let class = if self.cut {
+            "cut"
+        } else {
+            response_class(self.status, completed)
+        };
+        self.count(&format!("responses.{class}"), 1);
         let ok = completed && self.ok_status();
         let (usage, ttft) = match &mut self.tracker {
             Some(t) => (t.usage(), t.ttft_ns()),
@@ -783,7 +800,9 @@ impl Flow {
             );
             self.count("completion_tokens", u.completion_tokens);
         }
-        let outcome = if !completed {
+        let outcome = if self.cut {
+            Outcome::Error
+        } else if !completed {
             Outcome::Cancelled
         } else if self.status == Some(504) {
             Outcome::Timeout

@@ -47,6 +47,7 @@ struct Fake {
     resp_chunk: Vec<u8>,
     added_resp: Vec<(String, String)>,
     upstream: Option<String>,
+    code_details: Option<String>,
 }
 
 impl Fake {
@@ -77,6 +78,7 @@ impl Fake {
             resp_chunk: Vec::new(),
             added_resp: Vec::new(),
             upstream: Some("127.0.0.1:9001".into()),
+            code_details: None,
         }
     }
 
@@ -212,6 +214,11 @@ impl Host for Fake {
     fn jwt_claim(&self, _metadata_key: &str, _claim: &str) -> Option<String> {
         None
     }
+
+    fn response_code_details(&self) -> Option<String> {
+        assert_eq!(self.cb, Cb::Log, "code details are read when logged");
+        self.code_details.clone()
+    }
 }
 
 fn key_hash(k: &str) -> String {
@@ -227,7 +234,7 @@ fn config(tenant_source: Value, settings: Value) -> (Rc<Shared>, Rc<MemStats>) {
         ],
         "pools": [{"name": "main", "models": ["qwen"], "cluster": "pool", "indexerCluster": "indexer", "indexerTimeoutMs": 40}],
         "providers": [{"name": "ext", "cluster": "ext-cluster", "authority": "api.example.com", "model": "ext-model",
-                       "auth": {"header": "authorization", "value": "Bearer sk-ext"}}],
+                       "auth": {"header": "authorization", "secretRef": {"name": "ext", "key": "api-key"}}}],
         "policies": [
             {"name": "blocked", "match": {"models": ["blocked-model"]}, "action": {"reject": {"status": 403, "message": "not for you"}}},
             {"name": "busy", "match": {"models": ["shed-model"]}, "action": {"shed": {"retryAfterS": 3, "message": "busy"}}},
@@ -659,7 +666,7 @@ fn reject_and_shed_reply_in_shape() {
 }
 
 #[test]
-fn provider_gets_its_model_credentials_and_cluster_never_the_clients_key() {
+fn provider_gets_its_model_and_cluster_never_the_clients_key() {
     let (shared, stats) = config(api_key(), json!({}));
     let mut flow = Flow::new(shared);
     let mut h = Fake::new(
@@ -675,7 +682,9 @@ fn provider_gets_its_model_credentials_and_cluster_never_the_clients_key() {
     assert!(h.calls.is_empty(), "no pick for a provider");
     assert_eq!(h.header("x-kvasir-cluster"), Some("ext-cluster"));
     assert_eq!(h.header(":authority"), Some("api.example.com"));
-    assert_eq!(h.header("authorization"), Some("Bearer sk-ext"));
+    // Envoy injects the provider's credential on its cluster; the filter
+    // only makes sure the client's own key does not leave.
+    assert_eq!(h.header("authorization"), None);
     assert_eq!(h.header("x-api-key"), None);
     assert_eq!(h.body_json()["model"], "ext-model");
     assert_eq!(
@@ -1032,4 +1041,61 @@ fn a_new_request_sends_the_reports_still_queued_before_it_is_picked() {
     assert_eq!(h2.detached[0].1, "Report");
     assert!(h2.calls.is_empty(), "the pick comes after, with the body");
     assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 1);
+}
+
+/// An engine that dies mid-stream: Envoy cannot retry once bytes flowed, so
+/// the stream is counted as cut (not as a client that went away) and
+/// reported as an error, which the indexer counts against the engine.
+#[test]
+fn a_stream_cut_by_the_upstream_is_counted_and_reported_as_an_error() {
+    for (details, class, outcome) in [
+        (
+            Some("upstream_reset_after_response_started{remote_reset}"),
+            "cut",
+            kvasir_proto::v1::Outcome::Error,
+        ),
+        (
+            Some("downstream_remote_disconnect"),
+            "cancelled",
+            kvasir_proto::v1::Outcome::Cancelled,
+        ),
+        (None, "cancelled", kvasir_proto::v1::Outcome::Cancelled),
+    ] {
+        let (shared, stats) = config(api_key(), json!({}));
+        let mut flow = Flow::new(shared);
+        let mut h = Fake::new(
+            "/v1/chat/completions",
+            &[("authorization", "Bearer key-acme")],
+            &chat("qwen", true),
+        );
+        headers(&mut flow, &mut h);
+        body(&mut flow, &mut h);
+        grpc(
+            &mut flow,
+            &mut h,
+            7,
+            0,
+            Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
+        );
+        h.resp_headers = vec![
+            (":status".into(), "200".into()),
+            ("content-type".into(), "text/event-stream".into()),
+        ];
+        h.cb = Cb::RespHeaders;
+        flow.on_response_headers(&mut h, false);
+        h.cb = Cb::RespBody;
+        h.resp_chunk = b"data: {\"choices\":[{}]}\n\n".to_vec();
+        let n = h.resp_chunk.len();
+        flow.on_response_body(&mut h, n, false);
+        h.cb = Cb::Log;
+        h.code_details = details.map(str::to_string);
+        flow.on_log(&mut h);
+        assert_eq!(
+            stats.counter(&format!("{P}.responses.{class}")),
+            1,
+            "{details:?}"
+        );
+        let r = ReportRequest::decode(h.detached[0].2.as_slice()).unwrap();
+        assert_eq!(r.outcome, outcome as i32, "{details:?}");
+    }
 }

@@ -10,6 +10,12 @@
 use kvasir_policy::ApiKind;
 use serde_json::json;
 
+/// A header on every reply the filter makes. Envoy's `local_reply_config`
+/// (envoy/envoy.yaml) rewrites Envoy's own plain-text answers into the
+/// API's JSON shape and leaves replies carrying this header alone, which
+/// are JSON already.
+pub const REPLY_MARKER: &str = "x-kvasir-reply";
+
 /// A reply the filter sends instead of forwarding the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalReply {
@@ -87,7 +93,10 @@ pub fn error_reply(
     };
     LocalReply {
         status,
-        headers: vec![("content-type".into(), "application/json".into())],
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            (REPLY_MARKER.into(), "filter".into()),
+        ],
         // A json! value of strings always serializes.
         body: serde_json::to_vec(&body).unwrap_or_default(),
     }
@@ -120,6 +129,7 @@ mod tests {
             "`model` is required",
         );
         assert_eq!(r.status, 400);
+        assert!(r.headers.contains(&(REPLY_MARKER.into(), "filter".into())));
         assert_eq!(
             body(&r),
             json!({"error": {"message": "`model` is required", "type": "invalid_request_error", "param": "model", "code": "missing_model"}})

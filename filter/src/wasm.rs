@@ -716,6 +716,13 @@ impl Host for EnvoyHost {
             .filter(|s| !s.is_empty())
     }
 
+    fn response_code_details(&self) -> Option<String> {
+        hostcalls::get_property(vec!["response", "code_details"])
+            .ok()
+            .flatten()
+            .map(lossy)
+    }
+
     fn jwt_claim(&self, metadata_key: &str, claim: &str) -> Option<String> {
         hostcalls::get_property(vec![
             "metadata",

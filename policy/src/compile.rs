@@ -12,9 +12,7 @@ use std::collections::BTreeSet;
 use crate::config::*;
 use crate::glob::is_glob;
 use crate::types::*;
-use crate::validate::{
-    is_header_value, tenant_scope, validate, Severity, ValidationError, DEFAULT_TENANT_HEADER,
-};
+use crate::validate::{tenant_scope, validate, Severity, ValidationError, DEFAULT_TENANT_HEADER};
 
 /// Default `Pick` timeout (ms): short, because a slow pick must not cost
 /// more than the cache hit it could win; the filter fails open after it.
@@ -29,67 +27,18 @@ pub const DEFAULT_REJECT_MESSAGE: &str = "request rejected by policy";
 /// Message of a `shed` without one.
 pub const DEFAULT_SHED_MESSAGE: &str = "the service is saturated; retry later";
 
-/// Validates and compiles. A provider `secretRef` cannot be resolved here
-/// and is an error: the controller uses [`compile_with_secrets`].
+/// Validates and compiles. Provider credentials are not part of the
+/// result: Envoy injects them (see [`crate::types::ProviderAuth`]).
 pub fn compile(set: &PolicySet) -> Result<FilterConfig, Vec<ValidationError>> {
-    compile_with_secrets(set, &mut |_| None)
-}
-
-/// Validates and compiles, asking `resolve` for each provider `secretRef`
-/// (the controller reads the Kubernetes Secret). The value ends up only in
-/// the compiled config.
-pub fn compile_with_secrets(
-    set: &PolicySet,
-    resolve: &mut dyn FnMut(&SecretRef) -> Option<String>,
-) -> Result<FilterConfig, Vec<ValidationError>> {
     validate(set)?;
-    let mut errors = Vec::new();
     let mut providers = Vec::with_capacity(set.providers.len());
-    for (i, p) in set.providers.iter().enumerate() {
-        let auth = match &p.auth {
-            None => None,
-            Some(a) => {
-                let value = match (&a.value, &a.secret_ref) {
-                    (Some(v), _) => Some(v.0.clone()),
-                    (None, Some(r)) => {
-                        let v = resolve(r);
-                        match &v {
-                            None => errors.push(error(
-                                format!("providers[{i}].auth.secretRef"),
-                                format!(
-                                    "secret `{}` key `{}` is not resolved (compile through the controller, or set `value`)",
-                                    r.name, r.key
-                                ),
-                            )),
-                            Some(s) if s.is_empty() || !is_header_value(s) => errors.push(error(
-                                format!("providers[{i}].auth.secretRef"),
-                                format!(
-                                    "secret `{}` key `{}` is not a valid header value (empty, or CR/LF/NUL)",
-                                    r.name, r.key
-                                ),
-                            )),
-                            Some(_) => {}
-                        }
-                        v
-                    }
-                    (None, None) => None,
-                };
-                value.map(|v| AuthHeader {
-                    header: a.header.to_ascii_lowercase(),
-                    value: Secret(v),
-                })
-            }
-        };
+    for p in &set.providers {
         providers.push(ProviderConfig {
             name: p.name.clone(),
             cluster: p.cluster.clone(),
             authority: p.authority.clone(),
             model: p.model.clone(),
-            auth,
         });
-    }
-    if !errors.is_empty() {
-        return Err(errors);
     }
     providers.sort_by(|a, b| a.name.cmp(&b.name));
 

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::glob::Glob;
 use crate::pii::PiiKinds;
-use crate::types::{ApiKind, HeaderMatch, OnTenantHeader, PiiKind, Secret, UnknownTenant};
+use crate::types::{ApiKind, HeaderMatch, OnTenantHeader, PiiKind, UnknownTenant};
 use crate::validate::{is_header_name, is_header_value, is_key_hash};
 
 /// The version string of the document this crate reads and writes.
@@ -136,9 +136,12 @@ pub struct PoolConfig {
     pub indexer_timeout_ms: u32,
 }
 
-/// A provider in the compiled config.
+/// A provider in the compiled config. It carries no credential (Envoy
+/// injects it on the provider's cluster); a document that still has a
+/// provider `auth` is refused rather than silently sending requests
+/// without one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProviderConfig {
     /// Name.
     pub name: String,
@@ -150,19 +153,6 @@ pub struct ProviderConfig {
     /// Default model rewrite, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// Auth header to set, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth: Option<AuthHeader>,
-}
-
-/// An auth header with its (resolved, secret) value.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AuthHeader {
-    /// Header name (lowercase).
-    pub header: String,
-    /// Header value.
-    pub value: Secret,
 }
 
 /// Classifier settings with defaults filled in.
@@ -547,20 +537,6 @@ impl FilterConfig {
                     ));
                 }
             }
-            if let Some(a) = &p.auth {
-                if !is_header_name(&a.header) || a.header.starts_with(':') {
-                    return Err(invalid(
-                        format!("providers[{i}].auth.header"),
-                        "not a valid header name",
-                    ));
-                }
-                if a.value.0.is_empty() || !is_header_value(&a.value.0) {
-                    return Err(invalid(
-                        format!("providers[{i}].auth.value"),
-                        "not a valid header value",
-                    ));
-                }
-            }
         }
 
         // Canonical order, so lookups can binary-search even in a
@@ -862,18 +838,6 @@ impl FilterConfig {
     /// Indented JSON, for people (not canonical).
     pub fn to_json_pretty(&self) -> String {
         serde_json::to_string_pretty(&self.doc).unwrap_or_default()
-    }
-
-    /// The document with provider credentials replaced by `<redacted>`,
-    /// for `kvasirctl explain` output and logs.
-    pub fn to_json_redacted(&self) -> String {
-        let mut doc = self.doc.clone();
-        for p in &mut doc.providers {
-            if let Some(a) = &mut p.auth {
-                a.value = Secret("<redacted>".into());
-            }
-        }
-        serde_json::to_string_pretty(&doc).unwrap_or_default()
     }
 
     /// SHA-256 of [`FilterConfig::to_json`], as `sha256:<hex>`: a short

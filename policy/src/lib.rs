@@ -116,7 +116,7 @@
 //!  "tenants":[{"name":"acme","class":"gold"}],
 //!  "apiKeys":[{"hash":"sha256:…","tenant":"acme"}],
 //!  "pools":[{"name":"main","models":["llama-3-8b"],"cluster":"vllm","indexerCluster":"kvasir-indexer","indexerPool":"main","indexerTimeoutMs":50}],
-//!  "providers":[{"name":"openai","cluster":"openai","authority":"api.openai.com","auth":{"header":"authorization","value":"Bearer …"}}],
+//!  "providers":[{"name":"openai","cluster":"openai","authority":"api.openai.com","auth":{"header":"authorization","secretRef":{"name":"openai","key":"api-key"}}}],
 //!  "classification":{"piiDetectors":["email","phone","paymentCard","iban","nationalId"],"easyMaxPromptTokens":512,"easyNoCodeFences":true},
 //!  "poolStateMaxAgeMs":5000,
 //!  "policies":[{"name":"keep-pii","piiGuard":true,"match":{"tenants":["acme"]},"action":{"route":{"pool":"main","priority":0,"includeUsage":false}}}],
@@ -135,7 +135,7 @@ pub mod tenant;
 pub mod types;
 pub mod validate;
 
-pub use compile::{compile, compile_with_secrets};
+pub use compile::compile;
 pub use config::{
     ActionConfig, ConfigError, FilterConfig, PoolConfig, ProviderConfig, TenantConfig,
     TenantSourceConfig, TenantSourceKind, FILTER_CONFIG_VERSION,

@@ -197,24 +197,29 @@ pub struct Provider {
     /// otherwise (default: the request's model, unchanged).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
-    /// The auth header the provider expects.
+    /// Where the provider's credential comes from. It never enters the
+    /// filter configuration: Envoy holds it (an SDS secret) and injects it
+    /// on the provider's cluster (`credential_injector`; see the README's
+    /// security section). This names the header and the Secret for the
+    /// tooling that writes Envoy's configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<ProviderAuth>,
 }
 
-/// A provider's auth header. Exactly one of `value`, `secretRef`.
+/// A provider's credential: the header it goes in and the Kubernetes
+/// Secret that holds it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ProviderAuth {
     /// Header name, e.g. `authorization` or `x-api-key`.
     pub header: String,
-    /// The header value in clear (e.g. `Bearer sk-...`). Meant for local
-    /// files and tests; in a cluster use `secretRef`.
+    /// Refused by validation: a value here would be written in clear text
+    /// into the filter configuration and Envoy's `/config_dump`. Kept in
+    /// the type so the error names the field instead of "unknown field".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<Secret>,
-    /// A Kubernetes Secret holding the value; the controller resolves it at
-    /// compile time (see [`crate::compile_with_secrets`]), so the value
-    /// lives only in the compiled filter config.
+    /// The Kubernetes Secret (in the policy's namespace) holding the
+    /// header's value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<SecretRef>,
 }

@@ -516,17 +516,15 @@ impl Checker<'_> {
                         format!("`{}` is not a valid header name", auth.header),
                     );
                 }
-                match (&auth.value, &auth.secret_ref) {
-                    (Some(v), None) => {
-                        if v.0.is_empty() || !is_header_value(&v.0) {
-                            // Never echo the value: it is a credential.
-                            self.err(
-                                format!("{ap}.value"),
-                                "must be a non-empty header value without CR, LF or NUL",
-                            );
-                        }
-                    }
-                    (None, Some(r)) => {
+                if auth.value.is_some() {
+                    // Never echo the value: it is a credential.
+                    self.err(
+                        format!("{ap}.value"),
+                        "credentials are not allowed in a policy: they would be written in clear text into the filter configuration; reference a Secret with `secretRef` and let Envoy inject it (README, Security)",
+                    );
+                }
+                match &auth.secret_ref {
+                    Some(r) => {
                         if r.name.is_empty() {
                             self.err(format!("{ap}.secretRef.name"), "must not be empty");
                         }
@@ -534,7 +532,8 @@ impl Checker<'_> {
                             self.err(format!("{ap}.secretRef.key"), "must not be empty");
                         }
                     }
-                    _ => self.err(ap, "set exactly one of `value`, `secretRef`"),
+                    None if auth.value.is_none() => self.err(format!("{ap}.secretRef"), "required"),
+                    None => {}
                 }
             }
         }

@@ -100,7 +100,6 @@ fn multi_tenant_with_pii_guard() {
                 (provider.cluster.as_str(), provider.authority.as_deref()),
                 ("openai-api", Some("api.openai.com"))
             );
-            assert_eq!(provider.auth.as_ref().unwrap().header, "authorization");
             assert_eq!((rewrite_model, include_usage), (Some("gpt-4o-mini"), true));
         }
         d => panic!("{d:?}"),
@@ -182,7 +181,6 @@ fn saturation_burst_to_an_external_provider() {
             ..
         } => {
             assert_eq!(provider.name, "anthropic");
-            assert_eq!(provider.auth.as_ref().unwrap().header, "x-api-key");
             assert_eq!(rewrite_model, Some("claude-3-5-haiku-latest"));
         }
         d => panic!("{d:?}"),

@@ -682,11 +682,6 @@ fn actions_carry_their_fields() {
         } => {
             assert_eq!(provider.name, "ext");
             assert_eq!(provider.cluster, "ext-cluster");
-            let auth = provider.auth.as_ref().unwrap();
-            assert_eq!(
-                (auth.header.as_str(), auth.value.expose()),
-                ("authorization", "Bearer sk-test")
-            );
             assert_eq!(
                 (rewrite_model, include_usage),
                 (Some("ext-small"), true),

@@ -353,10 +353,10 @@ fn pools_and_providers() {
             "providers[0].cluster: a provider needs an Envoy cluster",
             "providers[0].authority: `a/b` is not a valid host[:port]",
             "providers[0].model: a model name is non-empty and has no whitespace, control characters, `*` or `?`",
-            "providers[0].auth.value: must be a non-empty header value without CR, LF or NUL",
+            "providers[0].auth.value: credentials are not allowed in a policy: they would be written in clear text into the filter configuration; reference a Secret with `secretRef` and let Envoy inject it (README, Security)",
             "providers[1].name: duplicate provider `ext` (also providers[0])",
             "providers[1].auth.header: `:authority` is not a valid header name",
-            "providers[1].auth: set exactly one of `value`, `secretRef`",
+            "providers[1].auth.value: credentials are not allowed in a policy: they would be written in clear text into the filter configuration; reference a Secret with `secretRef` and let Envoy inject it (README, Security)",
             "providers[2].auth.secretRef.name: must not be empty",
             "providers[2].auth.secretRef.key: must not be empty",
         ]

@@ -24,7 +24,7 @@ pub fn base(policies: &str, default: &str) -> PolicySet {
       ],
       "providers": [
         {{"name": "ext", "cluster": "ext-cluster", "model": "ext-small",
-          "auth": {{"header": "authorization", "value": "Bearer sk-test"}}}}
+          "auth": {{"header": "authorization", "secretRef": {{"name": "ext", "key": "api-key"}}}}}}
       ],
       "policies": {policies},
       "defaultAction": {default}
