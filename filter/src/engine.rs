@@ -20,7 +20,7 @@ use kvasir_proto::v1::{Outcome, ReportPhase};
 
 use crate::pick::{self, FailOpen, PickInput, PickOutcome, Picked, ReportInput};
 use crate::reply::{error_reply, shed_reply, LocalReply, Shape};
-use crate::request::{api_for_path, parse_body, ParsedRequest};
+use crate::request::{api_for_path, content_encoding_error, parse_body, ParsedRequest};
 use crate::response::ResponseTracker;
 use crate::rewrite::{rewrite_body, Rewrite};
 use crate::settings::PluginConfig;
@@ -393,6 +393,10 @@ impl Flow {
             );
             self.phase = Phase::Passthrough;
             return Verdict::Continue;
+        }
+        if let Some(e) = content_encoding_error(header(&self.headers, "content-encoding")) {
+            let r = error_reply(self.shape(), 415, e.code, e.param, &e.message);
+            return self.reply(host, RequestDecision::Invalid, &r);
         }
         if end_of_stream {
             let r = error_reply(

@@ -1099,3 +1099,6 @@ fn a_stream_cut_by_the_upstream_is_counted_and_reported_as_an_error() {
         assert_eq!(r.outcome, outcome as i32, "{details:?}");
     }
 }
+
+#[path = "engine_body_tests.rs"]
+mod body;

@@ -16,6 +16,7 @@
 //! - [`settings`]: the plugin configuration (policy document + settings);
 //! - [`request`]: API kind by path, borrowed parsing of the needed fields;
 //! - [`rewrite`]: model rewrite and `include_usage` injection by splicing;
+//! - [`scan`]: every string of a body, for the PII scan;
 //! - [`reply`]: local replies in OpenAI's or Anthropic's error shape;
 //! - [`pick`]: `Pick` / `Report` messages and the fail-open rules;
 //! - [`session`]: the per-VM `Session` stream's bookkeeping;
@@ -34,6 +35,7 @@ pub mod reply;
 pub mod request;
 pub mod response;
 pub mod rewrite;
+pub mod scan;
 pub mod session;
 pub mod settings;
 pub mod stats;

@@ -5,13 +5,20 @@
 //! Parsing is strict about the fields it reads (a wrong type is a 400, as
 //! vLLM answers) and refuses duplicate keys of those fields, so the filter
 //! and the engine can never read two different `model`s from one body.
+//! Where vLLM requires an object (a message, a content part, a
+//! `stream_options`) only an object is accepted: serde's derive would also
+//! take a list (`["user","hi"]`, `[false]`) and read it positionally. The
+//! whole body must be UTF-8, not just the strings read. Integers are read
+//! as vLLM's pydantic models read them: `1e2` and `100.0` are 100, `1.5` is
+//! a 400. The filter never decompresses: a `Content-Encoding` other than
+//! `identity` is refused ([`content_encoding_error`]).
 
 use std::borrow::Cow;
 use std::fmt;
 use std::ops::ControlFlow;
 
-use kvasir_policy::{ApiKind, PromptText};
-use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use kvasir_policy::{ApiKind, PromptText, Unscannable};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 /// The API of a request path (query string ignored), or `None` for paths
@@ -53,6 +60,79 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     }
 }
 
+/// A value vLLM requires to be a JSON object: serde's derived structs also
+/// accept a list, read positionally, which vLLM refuses.
+struct Obj<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData)).map(Obj)
+    }
+}
+
+/// An integral number as pydantic's lax mode reads an `int`: an integer,
+/// or a float with no fractional part (`1e2`, `100.0`).
+fn integral<E: de::Error>(v: f64) -> Result<u64, E> {
+    // 2^64 as f64 is exact; every f64 below it converts without loss.
+    if v.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&v) {
+        Ok(v as u64)
+    } else {
+        Err(E::custom(format!(
+            "expected a non-negative integer, got {v}"
+        )))
+    }
+}
+
+/// A non-negative integer (`max_tokens`), `1e2` included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Count(u64);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a non-negative integer")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
+                Ok(Count(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
+                u64::try_from(v)
+                    .map(Count)
+                    .map_err(|_| E::custom(format!("expected a non-negative integer, got {v}")))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Count, E> {
+                integral(v).map(Count)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A token id (`1e2` included, as vLLM reads it).
+struct TokenId(u32);
+
+impl<'de> Deserialize<'de> for TokenId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let Count(n) = Count::deserialize(d)?;
+        u32::try_from(n)
+            .map(TokenId)
+            .map_err(|_| de::Error::custom("token id out of range"))
+    }
+}
+
 /// Why a body was refused (all are 400s).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BodyError {
@@ -78,8 +158,10 @@ impl BodyError {
     }
 }
 
-/// Text content: a string, or a list of content parts whose `text` parts
-/// count (images and other parts are skipped). `null` is no content.
+/// Text content: a string, or a list of content parts whose text parts
+/// count (images and other parts are skipped). `null` is no content. Text
+/// parts are vLLM's: bare strings, `text`, `input_text` and `output_text`
+/// (their `text`), `refusal` and `thinking` (the field of that name).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Content<'a> {
     /// The text pieces in order (one for a plain string).
@@ -102,11 +184,47 @@ impl Content<'_> {
 }
 
 #[derive(Deserialize)]
-struct Part<'a> {
+struct PartFields<'a> {
     #[serde(borrow, default, rename = "type")]
     kind: Option<Str<'a>>,
     #[serde(borrow, default)]
     text: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    refusal: Option<Str<'a>>,
+    #[serde(borrow, default)]
+    thinking: Option<Str<'a>>,
+}
+
+/// One content part: its text, if it is a text part.
+struct Part<'a>(Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Part<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Part<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a content part (an object or a string)")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Part(Some(Cow::Borrowed(v))))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Part(Some(Cow::Owned(v.to_owned()))))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                let p = PartFields::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let text = match p.kind.as_ref().map_or("text", |k| &k.0) {
+                    "text" | "input_text" | "output_text" => p.text,
+                    "refusal" => p.refusal,
+                    "thinking" => p.thinking,
+                    _ => None,
+                };
+                Ok(Part(text.map(|t| t.0)))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
@@ -140,11 +258,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut parts = Vec::new();
-                while let Some(p) = seq.next_element::<Part<'a>>()? {
-                    let is_text = p.kind.as_ref().is_none_or(|k| k.0 == "text");
-                    if let (true, Some(t)) = (is_text, p.text) {
-                        parts.push(t.0);
-                    }
+                while let Some(Part(p)) = seq.next_element::<Part<'a>>()? {
+                    parts.extend(p);
                 }
                 Ok(Content { parts })
             }
@@ -164,7 +279,8 @@ pub struct Message<'a> {
     pub content: Content<'a>,
 }
 
-/// `stream_options` (only `include_usage` matters here).
+/// `stream_options` (only `include_usage` matters here; an object, as
+/// vLLM requires).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 pub struct StreamOptions {
     /// Whether the final SSE chunk carries `usage`.
@@ -207,6 +323,11 @@ impl<'de: 'a, 'a> Deserialize<'de> for PromptElem<'a> {
                     .map(PromptElem::Id)
                     .map_err(|_| E::custom("token id out of range"))
             }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                u32::try_from(integral::<E>(v)?)
+                    .map(PromptElem::Id)
+                    .map_err(|_| E::custom("token id out of range"))
+            }
             fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
                 Ok(PromptElem::Text(Cow::Borrowed(v)))
             }
@@ -215,7 +336,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for PromptElem<'a> {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut ids = Vec::new();
-                while let Some(id) = seq.next_element::<u32>()? {
+                while let Some(TokenId(id)) = seq.next_element()? {
                     ids.push(id);
                 }
                 Ok(PromptElem::Ids(ids))
@@ -276,15 +397,15 @@ struct ChatBody<'a> {
     #[serde(borrow, default)]
     model: Option<Str<'a>>,
     #[serde(borrow, default)]
-    messages: Option<Vec<Message<'a>>>,
+    messages: Option<Vec<Obj<Message<'a>>>>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
-    stream_options: Option<StreamOptions>,
+    stream_options: Option<Obj<StreamOptions>>,
     #[serde(default)]
-    max_tokens: Option<u64>,
+    max_tokens: Option<Count>,
     #[serde(default)]
-    max_completion_tokens: Option<u64>,
+    max_completion_tokens: Option<Count>,
     #[serde(borrow, default)]
     cache_salt: Option<Str<'a>>,
 }
@@ -298,9 +419,9 @@ struct CompletionsBody<'a> {
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
-    stream_options: Option<StreamOptions>,
+    stream_options: Option<Obj<StreamOptions>>,
     #[serde(default)]
-    max_tokens: Option<u64>,
+    max_tokens: Option<Count>,
     #[serde(borrow, default)]
     cache_salt: Option<Str<'a>>,
 }
@@ -312,11 +433,11 @@ struct AnthropicBody<'a> {
     #[serde(borrow, default)]
     system: Option<Content<'a>>,
     #[serde(borrow, default)]
-    messages: Option<Vec<Message<'a>>>,
+    messages: Option<Vec<Obj<Message<'a>>>>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
-    max_tokens: Option<u64>,
+    max_tokens: Option<Count>,
 }
 
 /// The prompt of a parsed request.
@@ -347,6 +468,8 @@ pub struct ParsedRequest<'a> {
     pub max_tokens: u64,
     /// vLLM's `cache_salt`.
     pub cache_salt: Option<Cow<'a, str>>,
+    /// The whole body (valid UTF-8), for the PII scan of every string.
+    pub body: &'a str,
 }
 
 const PARAMS: [&str; 9] = [
@@ -417,8 +540,37 @@ fn require_model(model: Option<Str<'_>>) -> Result<Cow<'_, str>, BodyError> {
     }
 }
 
+/// Why a body sent with `Content-Encoding: <value>` is refused (a 415), or
+/// `None` when it is plain. vLLM does not decompress either, and a filter
+/// that cannot read the body can neither route nor scan it.
+pub fn content_encoding_error(value: Option<&str>) -> Option<BodyError> {
+    let v = value?.trim();
+    let plain = v.is_empty()
+        || v.split(',')
+            .all(|c| c.trim().eq_ignore_ascii_case("identity"));
+    (!plain).then(|| {
+        BodyError::new(
+            "unsupported_content_encoding",
+            None,
+            format!("Content-Encoding `{v}` is not supported: send the request body uncompressed"),
+        )
+    })
+}
+
 /// Parses the body of a request to `api`.
 pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, BodyError> {
+    // The whole body, not just what serde reads: skipped strings are not
+    // checked, and the PII scan walks the text.
+    let text = std::str::from_utf8(body).map_err(|e| {
+        BodyError::new(
+            "invalid_json",
+            None,
+            format!(
+                "request body is not valid JSON: invalid UTF-8 at byte {}",
+                e.valid_up_to()
+            ),
+        )
+    })?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(BodyError::new(
             "invalid_json",
@@ -442,7 +594,7 @@ pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, BodyEr
             let b: ChatBody = parse(body)?;
             let model = require_model(b.model)?;
             let messages = match b.messages {
-                Some(m) if !m.is_empty() => m,
+                Some(m) if !m.is_empty() => m.into_iter().map(|Obj(m)| m).collect(),
                 _ => {
                     return Err(BodyError::new(
                         "missing_messages",
@@ -456,10 +608,11 @@ pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, BodyEr
                 model,
                 prompt: RequestPrompt::Chat(messages),
                 stream: b.stream.unwrap_or(false),
-                include_usage: b.stream_options.and_then(|o| o.include_usage),
+                include_usage: b.stream_options.as_ref().and_then(|o| o.0.include_usage),
                 has_stream_options: b.stream_options.is_some(),
-                max_tokens: b.max_completion_tokens.or(b.max_tokens).unwrap_or(0),
+                max_tokens: b.max_completion_tokens.or(b.max_tokens).map_or(0, |c| c.0),
                 cache_salt: b.cache_salt.map(|s| s.0),
+                body: text,
             })
         }
         ApiKind::Completions => {
@@ -482,17 +635,18 @@ pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, BodyEr
                 model,
                 prompt: RequestPrompt::Completion(prompt),
                 stream: b.stream.unwrap_or(false),
-                include_usage: b.stream_options.and_then(|o| o.include_usage),
+                include_usage: b.stream_options.as_ref().and_then(|o| o.0.include_usage),
                 has_stream_options: b.stream_options.is_some(),
-                max_tokens: b.max_tokens.unwrap_or(0),
+                max_tokens: b.max_tokens.map_or(0, |c| c.0),
                 cache_salt: b.cache_salt.map(|s| s.0),
+                body: text,
             })
         }
         ApiKind::AnthropicMessages => {
             let b: AnthropicBody = parse(body)?;
             let model = require_model(b.model)?;
-            let mut messages = match b.messages {
-                Some(m) if !m.is_empty() => m,
+            let mut messages: Vec<_> = match b.messages {
+                Some(m) if !m.is_empty() => m.into_iter().map(|Obj(m)| m).collect(),
                 _ => {
                     return Err(BodyError::new(
                         "missing_messages",
@@ -517,8 +671,9 @@ pub fn parse_body(api: ApiKind, body: &[u8]) -> Result<ParsedRequest<'_>, BodyEr
                 stream: b.stream.unwrap_or(false),
                 include_usage: None,
                 has_stream_options: false,
-                max_tokens: b.max_tokens.unwrap_or(0),
+                max_tokens: b.max_tokens.map_or(0, |c| c.0),
                 cache_salt: None,
+                body: text,
             })
         }
     }
@@ -567,217 +722,23 @@ impl PromptText for ParsedRequest<'_> {
             RequestPrompt::Completion(Prompt::Ids(_)) => ControlFlow::Continue(()),
         }
     }
+
+    /// Every string value and key of the whole body (see [`crate::scan`]).
+    /// Token ids cannot be read as text: such a prompt is [`Unscannable`].
+    fn visit_strings(
+        &self,
+        f: &mut dyn FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, Unscannable> {
+        match &self.prompt {
+            RequestPrompt::Completion(Prompt::Ids(_)) => Err(Unscannable),
+            RequestPrompt::Completion(Prompt::Batch(_, lists)) if !lists.is_empty() => {
+                Err(Unscannable)
+            }
+            _ => crate::scan::visit_json_strings(self.body, f),
+        }
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths() {
-        assert_eq!(api_for_path("/v1/chat/completions"), Some(ApiKind::Chat));
-        assert_eq!(
-            api_for_path("/v1/chat/completions?x=1"),
-            Some(ApiKind::Chat)
-        );
-        assert_eq!(api_for_path("/v1/completions/"), Some(ApiKind::Completions));
-        assert_eq!(
-            api_for_path("/v1/messages"),
-            Some(ApiKind::AnthropicMessages)
-        );
-        assert_eq!(api_for_path("/v1/models"), None);
-        assert_eq!(api_for_path("/v1/chat/completions/render"), None);
-        assert_eq!(api_for_path(""), None);
-    }
-
-    #[test]
-    fn chat_fields_borrow_and_skip_the_rest() {
-        let body = br#"{"model":"m","messages":[{"role":"system","content":"be terse"},
-            {"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"there"}]},
-            {"role":"assistant","content":null,"tool_calls":[{"id":"1"}]}],
-            "stream":true,"stream_options":{"include_usage":false},"max_tokens":7,"temperature":0.2,
-            "tools":[{"deep":[[[[1]]]]}]}"#;
-        let r = parse_body(ApiKind::Chat, body).unwrap();
-        assert_eq!(r.model, "m");
-        assert!(matches!(r.model, Cow::Borrowed(_)));
-        assert!(r.stream);
-        assert_eq!(r.include_usage, Some(false));
-        assert!(r.has_stream_options);
-        assert_eq!(r.max_tokens, 7);
-        let RequestPrompt::Chat(ms) = &r.prompt else {
-            panic!()
-        };
-        assert_eq!(ms.len(), 3);
-        assert_eq!(ms[1].content.flattened(), "hi\nthere");
-        assert_eq!(ms[2].content.parts.len(), 0);
-        assert_eq!(
-            r.estimated_prompt_tokens(),
-            kvasir_policy::estimate_tokens(8 + 2 + 5)
-        );
-        let mut seen = Vec::new();
-        let _ = r.visit(&mut |s| {
-            seen.push(s.to_string());
-            ControlFlow::Continue(())
-        });
-        assert_eq!(seen, ["be terse", "hi", "there"]);
-    }
-
-    #[test]
-    fn escaped_strings_are_owned_but_right() {
-        let r = parse_body(
-            ApiKind::Chat,
-            br#"{"model":"a\"b","messages":[{"role":"user","content":"x\ny"}]}"#,
-        )
-        .unwrap();
-        assert_eq!(r.model, "a\"b");
-        let RequestPrompt::Chat(ms) = &r.prompt else {
-            panic!()
-        };
-        assert_eq!(ms[0].content.flattened(), "x\ny");
-    }
-
-    #[test]
-    fn completions_prompt_forms() {
-        fn p(s: &'static str) -> Result<Prompt<'static>, &'static str> {
-            match parse_body(ApiKind::Completions, s.as_bytes()).map(|r| r.prompt) {
-                Ok(RequestPrompt::Completion(p)) => Ok(p),
-                Ok(_) => panic!(),
-                Err(e) => Err(e.code),
-            }
-        }
-        assert_eq!(
-            p(r#"{"model":"m","prompt":"hi"}"#),
-            Ok(Prompt::Text("hi".into()))
-        );
-        assert_eq!(
-            p(r#"{"model":"m","prompt":["hi"]}"#),
-            Ok(Prompt::Text("hi".into()))
-        );
-        assert_eq!(
-            p(r#"{"model":"m","prompt":[1,2,3]}"#),
-            Ok(Prompt::Ids(vec![1, 2, 3]))
-        );
-        assert_eq!(
-            p(r#"{"model":"m","prompt":[[4,5]]}"#),
-            Ok(Prompt::Ids(vec![4, 5]))
-        );
-        assert!(matches!(
-            p(r#"{"model":"m","prompt":["a","b"]}"#),
-            Ok(Prompt::Batch(..))
-        ));
-        assert_eq!(p(r#"{"model":"m","prompt":[1,"a"]}"#), Err("invalid_type"));
-        assert_eq!(p(r#"{"model":"m","prompt":[-1]}"#), Err("invalid_type"));
-        assert_eq!(p(r#"{"model":"m","prompt":[]}"#), Err("missing_prompt"));
-        assert_eq!(p(r#"{"model":"m"}"#), Err("missing_prompt"));
-        assert_eq!(p(r#"{"model":"m","prompt":7}"#), Err("invalid_type"));
-    }
-
-    #[test]
-    fn anthropic_system_goes_first() {
-        let r = parse_body(
-            ApiKind::AnthropicMessages,
-            br#"{"model":"claude","max_tokens":5,"system":[{"type":"text","text":"sys"}],
-                 "messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}"#,
-        )
-        .unwrap();
-        let RequestPrompt::Chat(ms) = &r.prompt else {
-            panic!()
-        };
-        assert_eq!(ms[0].role, "system");
-        assert_eq!(ms[0].content.flattened(), "sys");
-        assert_eq!(r.max_tokens, 5);
-    }
-
-    #[test]
-    fn bad_bodies() {
-        let code = |api, s: &[u8]| parse_body(api, s).unwrap_err();
-        assert_eq!(code(ApiKind::Chat, b"").code, "invalid_json");
-        assert_eq!(code(ApiKind::Chat, b"  \n").code, "invalid_json");
-        assert_eq!(code(ApiKind::Chat, b"{").code, "invalid_json");
-        assert_eq!(
-            code(ApiKind::Chat, b"\xff\xfe\x00garbage").code,
-            "invalid_json"
-        );
-        assert_eq!(code(ApiKind::Chat, b"[1,2]").code, "invalid_type");
-        let trailing = br#"{"model":"m","messages":[{"role":"user","content":"x"}]}}"#;
-        assert_eq!(code(ApiKind::Chat, trailing).code, "invalid_json");
-        assert_eq!(code(ApiKind::Chat, b"\"str\"").code, "invalid_type");
-        assert_eq!(
-            code(
-                ApiKind::Chat,
-                br#"{"messages":[{"role":"user","content":"x"}]}"#
-            )
-            .code,
-            "missing_model"
-        );
-        assert_eq!(
-            code(
-                ApiKind::Chat,
-                br#"{"model":"","messages":[{"role":"user","content":"x"}]}"#
-            )
-            .code,
-            "missing_model"
-        );
-        assert_eq!(
-            code(ApiKind::Chat, br#"{"model":"m"}"#).code,
-            "missing_messages"
-        );
-        assert_eq!(
-            code(ApiKind::Chat, br#"{"model":"m","messages":[]}"#).code,
-            "missing_messages"
-        );
-        let e = code(
-            ApiKind::Chat,
-            br#"{"model":5,"messages":[{"role":"user","content":"x"}]}"#,
-        );
-        assert_eq!((e.code, e.param), ("invalid_type", Some("model")));
-        let e = code(
-            ApiKind::Chat,
-            br#"{"model":"m","stream":"yes","messages":[{"role":"user","content":"x"}]}"#,
-        );
-        assert_eq!((e.code, e.param), ("invalid_type", Some("stream")));
-        assert_eq!(
-            code(
-                ApiKind::Chat,
-                br#"{"model":"m","messages":[{"content":"x"}]}"#
-            )
-            .code,
-            "invalid_type"
-        );
-        assert_eq!(
-            code(
-                ApiKind::Chat,
-                br#"{"model":"m","messages":[{"role":"user","content":5}]}"#
-            )
-            .code,
-            "invalid_type"
-        );
-        // Duplicate keys: the filter and the engine must never disagree on the model.
-        let e = code(
-            ApiKind::Chat,
-            br#"{"model":"a","model":"b","messages":[{"role":"user","content":"x"}]}"#,
-        );
-        assert!(e.message.contains("duplicate"), "{}", e.message);
-    }
-
-    #[test]
-    fn deep_nesting_never_crashes() {
-        // Skipped fields are skipped without recursion: valid, accepted.
-        let mut s =
-            String::from(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"extra":"#);
-        s.push_str(&"[".repeat(100_000));
-        s.push_str(&"]".repeat(100_000));
-        s.push('}');
-        assert!(parse_body(ApiKind::Chat, s.as_bytes()).is_ok());
-        // Unbalanced: a syntax error.
-        let e = parse_body(ApiKind::Chat, &s.as_bytes()[..s.len() - 50]).unwrap_err();
-        assert_eq!(e.code, "invalid_json");
-        // Nesting where a field is read: a type error, from the first level.
-        let mut s = String::from(r#"{"model":"m","messages":"#);
-        s.push_str(&"[".repeat(100_000));
-        s.push_str(&"]".repeat(100_000));
-        s.push('}');
-        let e = parse_body(ApiKind::Chat, s.as_bytes()).unwrap_err();
-        assert_eq!((e.code, e.param), ("invalid_type", Some("messages")));
-    }
-}
+#[path = "request_tests.rs"]
+mod tests;

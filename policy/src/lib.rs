@@ -70,9 +70,17 @@
 //! guard's scope by sending a header, and a guard keeps protecting when its
 //! pool is saturated.
 //!
-//! A request is **guarded** when its prompt contains PII (any enabled
-//! detector fires) and it is inside the scope of at least one guard,
-//! wherever that guard sits in the list. For a guarded request:
+//! A request is **guarded** when it contains PII (any enabled detector
+//! fires) and it is inside the scope of at least one guard, wherever that
+//! guard sits in the list. "Contains" means anywhere it would carry to a
+//! provider: the scan reads [`PromptText::visit_strings`], which in the
+//! filter is every string value and object key of the body at any depth
+//! (tool-call arguments, message names, tool descriptions, `user`, any
+//! content part, Anthropic `tool_use` inputs and `tool_result`s), and
+//! integer literals long enough to be a card number. A request that cannot
+//! be fully scanned (a token-id prompt, a body the walk cannot finish)
+//! counts as PII ([`PiiKinds::UNSCANNABLE`]): what cannot be read stays
+//! inside. The same scan answers `pii` conditions. For a guarded request:
 //!
 //! 1. every policy whose action is `provider` is skipped, even when it
 //!    matches and comes first;
@@ -143,7 +151,7 @@ pub use config::{
 pub use glob::{Glob, GlobError};
 pub use matcher::{
     estimate_tokens, Decision, Headers, Matched, NoHeaders, NoText, Outcome, PoolSample,
-    PoolStates, PromptText, RequestFacts,
+    PoolStates, PromptText, RequestFacts, Unscannable,
 };
 pub use parse::{deserialize_with_path, parse_json, parse_json_slice, ParseError, PathError};
 pub use pii::PiiKinds;

@@ -68,13 +68,35 @@ impl Headers for NoHeaders {
     }
 }
 
-/// Access to the prompt's text for classification: the message contents
-/// (system prompt included), visited piece by piece so the filter can hand
-/// over what it parsed without concatenating it.
+/// Access to the request's text for classification, visited piece by
+/// piece so the filter can hand over what it parsed without concatenating
+/// it.
+///
+/// Two views: [`PromptText::visit`] is the prompt proper (the message
+/// contents, system prompt included), which the "easy" classification and
+/// token estimates read; [`PromptText::visit_strings`] is every string the
+/// request would carry to a provider (tool calls, names, tool schemas,
+/// `user`, any field at any depth), which the PII scan reads.
 pub trait PromptText {
-    /// Calls `f` on each piece of text until it breaks.
+    /// Calls `f` on each piece of prompt text until it breaks.
     fn visit(&self, f: &mut dyn FnMut(&str) -> ControlFlow<()>) -> ControlFlow<()>;
+
+    /// Calls `f` on every string the request carries until it breaks, or
+    /// says the request cannot be fully scanned as text (token ids, a body
+    /// it cannot walk), which the PII scan counts as PII. By default the
+    /// prompt text is all there is.
+    fn visit_strings(
+        &self,
+        f: &mut dyn FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, Unscannable> {
+        Ok(self.visit(f))
+    }
 }
+
+/// A request holds something the PII scan cannot read as text: it counts
+/// as containing PII ([`PiiKinds::UNSCANNABLE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unscannable;
 
 impl PromptText for str {
     fn visit(&self, f: &mut dyn FnMut(&str) -> ControlFlow<()>) -> ControlFlow<()> {
@@ -113,9 +135,16 @@ impl<T: PromptText + ?Sized> PromptText for &T {
     fn visit(&self, f: &mut dyn FnMut(&str) -> ControlFlow<()>) -> ControlFlow<()> {
         (**self).visit(f)
     }
+
+    fn visit_strings(
+        &self,
+        f: &mut dyn FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, Unscannable> {
+        (**self).visit_strings(f)
+    }
 }
 
-/// No prompt text (e.g. a token-id prompt): classifies as no PII, no code.
+/// No text at all: classifies as no PII, no code.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoText;
 
@@ -344,7 +373,9 @@ impl Cx<'_, '_> {
         let enabled = self.cfg.idx.pii;
         let mut found = PiiKinds::NONE;
         if !enabled.is_empty() {
-            let _ = self.req.prompt.visit(&mut |s| {
+            // Every string that would leave, not just the prompt: PII in a
+            // tool call's arguments leaks as surely as in a message.
+            let walked = self.req.prompt.visit_strings(&mut |s| {
                 for k in pii::scan(s, enabled).iter() {
                     found.insert(k);
                 }
@@ -354,6 +385,10 @@ impl Cx<'_, '_> {
                     ControlFlow::Continue(())
                 }
             });
+            if walked.is_err() {
+                // What cannot be read cannot be cleared.
+                found = found.union(PiiKinds::UNSCANNABLE);
+            }
         }
         self.pii = Some(found);
         found

@@ -65,6 +65,11 @@ impl PiiKinds {
     /// The empty set.
     pub const NONE: PiiKinds = PiiKinds(0);
 
+    /// Not a kind: the request could not be fully scanned (token ids, a
+    /// body the filter cannot walk), which counts as PII. The set is then
+    /// not empty although [`PiiKinds::iter`] may list no kind.
+    pub const UNSCANNABLE: PiiKinds = PiiKinds(128);
+
     /// Every kind.
     pub fn all() -> PiiKinds {
         PiiKinds(31)
@@ -92,6 +97,16 @@ impl PiiKinds {
     /// Whether every kind of `other` is in the set.
     pub fn contains_all(self, other: PiiKinds) -> bool {
         self.0 & other.0 == other.0
+    }
+
+    /// Both sets together.
+    pub fn union(self, other: PiiKinds) -> PiiKinds {
+        PiiKinds(self.0 | other.0)
+    }
+
+    /// Whether the request could not be fully scanned.
+    pub fn is_unscannable(self) -> bool {
+        self.0 & Self::UNSCANNABLE.0 != 0
     }
 
     /// Whether the set is empty.

@@ -5,6 +5,7 @@
 mod common;
 use common::*;
 use kvasir_policy::*;
+use std::ops::ControlFlow;
 
 const PII: &str = "my card is 4111 1111 1111 1111";
 const CLEAN: &str = "what is the capital of France?";
@@ -488,3 +489,112 @@ fn policies_in_order(c: &FilterConfig, policies: &[String]) -> Vec<String> {
 }
 
 use kvasir_policy::pii;
+
+/// A request whose prompt is clean but which carries more: the PII scan
+/// reads `visit_strings`, the easy classification `visit`.
+struct Body<'a> {
+    prompt: &'a str,
+    strings: Result<&'a [&'a str], Unscannable>,
+}
+
+impl PromptText for Body<'_> {
+    fn visit(&self, f: &mut dyn FnMut(&str) -> ControlFlow<()>) -> ControlFlow<()> {
+        f(self.prompt)
+    }
+
+    fn visit_strings(
+        &self,
+        f: &mut dyn FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>, Unscannable> {
+        let strings = self.strings?;
+        if f(self.prompt).is_break() {
+            return Ok(ControlFlow::Break(()));
+        }
+        Ok(strings.visit(f))
+    }
+}
+
+fn eval_body<'c>(c: &'c FilterConfig, body: &Body<'_>) -> Outcome<'c> {
+    let facts = RequestFacts {
+        tenant: Some("a"),
+        api: ApiKind::Chat,
+        model: "m1",
+        headers: &NoHeaders,
+        estimated_prompt_tokens: 10,
+        prompt: body,
+    };
+    c.evaluate(&facts, &PoolStates::new(c), 0)
+}
+
+#[test]
+fn the_guard_scans_every_string_not_just_the_prompt() {
+    let c = cfg(
+        r#"[
+          {"name": "burst", "match": {"easy": true}, "action": {"provider": {"provider": "ext"}}},
+          {"name": "guard", "piiGuard": true, "match": {"tenantClasses": ["gold"]}, "action": {"route": {"pool": "alt"}}}
+        ]"#,
+        r#"{"route": {"pool": "main"}}"#,
+    );
+    let clean: &[&str] = &[
+        "lookup",
+        "{\"city\":\"Paris\"}",
+        "```code in a tool schema```",
+    ];
+    let out = eval_body(
+        &c,
+        &Body {
+            prompt: CLEAN,
+            strings: Ok(clean),
+        },
+    );
+    // Code fences outside the prompt do not make it hard: easy reads the prompt.
+    assert_eq!((out.policy_name(), out.easy), ("burst", Some(true)));
+    let leaky: &[&str] = &["lookup", "{\"email\":\"jane.doe@example.com\"}"];
+    let out = eval_body(
+        &c,
+        &Body {
+            prompt: CLEAN,
+            strings: Ok(leaky),
+        },
+    );
+    assert_eq!(out.policy_name(), "guard");
+    assert!(out.provider_skipped_for_pii && !is_provider(&out));
+    assert_eq!(
+        out.pii.map(|p| p.iter().collect::<Vec<_>>()),
+        Some(vec![PiiKind::Email])
+    );
+}
+
+#[test]
+fn what_cannot_be_scanned_counts_as_pii() {
+    let c = cfg(
+        r#"[
+          {"name": "clean-out", "match": {"pii": false}, "action": {"provider": {"provider": "ext"}}},
+          {"name": "burst", "match": {}, "action": {"provider": {"provider": "ext"}}},
+          {"name": "guard", "piiGuard": true, "match": {"tenantClasses": ["gold"]}, "action": {"route": {"pool": "alt"}}}
+        ]"#,
+        r#"{"provider": {"provider": "ext"}}"#,
+    );
+    let out = eval_body(
+        &c,
+        &Body {
+            prompt: CLEAN,
+            strings: Err(Unscannable),
+        },
+    );
+    assert_eq!(out.policy_name(), "guard");
+    assert!(!is_provider(&out));
+    let pii = out.pii.unwrap();
+    assert!(pii.is_unscannable() && !pii.is_empty());
+    assert_eq!(pii.iter().count(), 0, "no kind was actually found");
+    // Scannable and clean: out it goes.
+    let out = eval_body(
+        &c,
+        &Body {
+            prompt: CLEAN,
+            strings: Ok(&[]),
+        },
+    );
+    assert_eq!(out.policy_name(), "clean-out");
+    assert!(!out.pii.unwrap().is_unscannable());
+}
