@@ -841,6 +841,10 @@ fn pool_state_polls_and_answers() {
     let answer = kvasir_proto::v1::PoolStateResponse {
         pool: "main".into(),
         pool_saturation: 0.95,
+        endpoints: vec![kvasir_proto::v1::EndpointState {
+            healthy: true,
+            ..Default::default()
+        }],
         ..Default::default()
     }
     .encode_to_vec();
@@ -864,6 +868,23 @@ fn pool_state_polls_and_answers() {
     assert_eq!(reply_json(&h).0, 429);
     shared.on_pool_state(0, 14, None, 2_000_000_000);
     assert_eq!(stats.counter("kvasir.pool.main.state_poll.error"), 1);
+    // An answer with no healthy endpoint (an indexer before its first
+    // scrape) is not saturation: the learnt value stays.
+    let cold = kvasir_proto::v1::PoolStateResponse {
+        pool: "main".into(),
+        pool_saturation: 1.0,
+        endpoints: vec![kvasir_proto::v1::EndpointState::default()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    shared.on_pool_state(0, 0, Some(&cold), 2_000_000_000);
+    assert_eq!(
+        stats
+            .gauges
+            .borrow()
+            .get("kvasir.pool.main.saturation_permille"),
+        Some(&950)
+    );
 }
 
 #[test]

@@ -135,7 +135,10 @@ pub struct Picked {
     pub all_saturated: bool,
 }
 
-/// A `Pick` answer's outcome, with the pool saturation it carried.
+/// A `Pick` answer's outcome, with the pool saturation it carried (none
+/// when the answer had no endpoint: "no healthy endpoint known", e.g. an
+/// indexer before its first scrape, is not a full pool and must not feed
+/// `poolState` policies).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PickOutcome {
     /// The endpoints, or why there are none.
@@ -177,10 +180,9 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
         .is_finite()
         .then_some(resp.pool_saturation.clamp(0.0, 1.0));
     if resp.endpoints.is_empty() {
-        return PickOutcome {
-            result: Err(FailOpen::NoEndpoints),
-            saturation,
-        };
+        // Its saturation (1 by the indexer's rule for "none healthy") says
+        // nothing about load: not learnt.
+        return PickOutcome::failed(FailOpen::NoEndpoints);
     }
     if !resp
         .endpoints
@@ -269,12 +271,18 @@ pub fn pool_state_request(pool: &str) -> Vec<u8> {
     .encode_to_vec()
 }
 
-/// The pool saturation of a `PoolState` answer.
+/// The pool saturation of a `PoolState` answer; none for an error, an
+/// undecodable answer, or one with no healthy endpoint (nothing known
+/// about load: an indexer that has not scraped yet, or engines all down,
+/// is not a saturated pool).
 pub fn pool_state_saturation(status: u32, body: Option<&[u8]>) -> Option<f64> {
     if status != 0 {
         return None;
     }
     let r = kvasir_proto::v1::PoolStateResponse::decode(body?).ok()?;
+    if !r.endpoints.iter().any(|e| e.healthy) {
+        return None;
+    }
     r.pool_saturation
         .is_finite()
         .then_some(r.pool_saturation.clamp(0.0, 1.0))
@@ -389,7 +397,8 @@ mod tests {
         let o = pick_outcome(0, Some(&answer(&[], Decision::NoEndpoints, 1.0)));
         assert_eq!(
             (o.result, o.saturation),
-            (Err(FailOpen::NoEndpoints), Some(1.0))
+            (Err(FailOpen::NoEndpoints), None),
+            "no endpoints known is not saturation"
         );
         // An indexer must not be able to inject header syntax.
         for bad in [
@@ -407,6 +416,49 @@ mod tests {
         }
         let o = pick_outcome(0, Some(&answer(&["10.0.0.1:1"], Decision::Load, f64::NAN)));
         assert_eq!(o.saturation, None);
+    }
+
+    #[test]
+    fn only_answers_with_healthy_endpoints_carry_saturation() {
+        // A truly saturated pool still counts, from a pick and a poll.
+        let o = pick_outcome(
+            0,
+            Some(&answer(&["10.0.0.1:1"], Decision::AllSaturated, 1.0)),
+        );
+        assert!(o.result.unwrap().all_saturated);
+        assert_eq!(o.saturation, Some(1.0));
+        let state = |healthy: &[bool], sat: f64| {
+            kvasir_proto::v1::PoolStateResponse {
+                pool: "main".into(),
+                endpoints: healthy
+                    .iter()
+                    .map(|h| kvasir_proto::v1::EndpointState {
+                        healthy: *h,
+                        ..Default::default()
+                    })
+                    .collect(),
+                pool_saturation: sat,
+                ..Default::default()
+            }
+            .encode_to_vec()
+        };
+        assert_eq!(
+            pool_state_saturation(0, Some(&state(&[true, false], 1.0))),
+            Some(1.0)
+        );
+        assert_eq!(
+            pool_state_saturation(0, Some(&state(&[true], 0.3))),
+            Some(0.3)
+        );
+        // Before the first scrape (none healthy), with no endpoints, or an
+        // error (a cold indexer answers UNAVAILABLE): nothing learnt.
+        assert_eq!(
+            pool_state_saturation(0, Some(&state(&[false, false], 1.0))),
+            None
+        );
+        assert_eq!(pool_state_saturation(0, Some(&state(&[], 1.0))), None);
+        assert_eq!(pool_state_saturation(14, Some(&state(&[true], 0.3))), None);
+        assert_eq!(pick_outcome(14, None).saturation, None);
     }
 
     #[test]
