@@ -54,6 +54,46 @@ def _endpoint(host: str, port: int) -> str:
     return f"{{ address: {{ socket_address: {{ address: {host}, port_value: {port} }} }} }}"
 
 
+def sds_secret(name: str, value_file: str) -> str:
+    """A file-based SDS resource: the generic secret `name` read from
+    `value_file` (what envoy/secrets/*.sds.yaml hold)."""
+    return (
+        "resources:\n"
+        '- "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n'
+        f"  name: {name}\n"
+        "  generic_secret:\n"
+        f"    secret: {{ filename: {json.dumps(value_file)} }}\n"
+    )
+
+
+def _edit_block(text: str, marker: str, edit) -> str:
+    """Replaces the lines between `# @marker-begin` and `# @marker-end`
+    with `edit(lines)` (the markers stay)."""
+    rx = re.compile(rf"^(?P<begin> *# @{marker}-begin\n)(?P<body>.*?)(?P<end>^ *# @{marker}-end$)", re.M | re.S)
+    m = rx.search(text)
+    if not m:
+        raise ValueError(f"@{marker} markers not found")
+    return text[: m.start("body")] + edit(m.group("body")) + text[m.end("body") :]
+
+
+def _route_to_pool(body: str) -> str:
+    """The inference route without the filter's cluster header."""
+    out = []
+    skip_next = False
+    for line in body.splitlines(keepends=True):
+        s = line.strip()
+        if skip_next:
+            skip_next = False
+            continue
+        if s == "- name: x-kvasir-cluster":
+            skip_next = True  # its `present_match: true`
+            continue
+        if s.startswith("request_headers_to_remove:") or s.startswith("# Runs after the cluster was chosen"):
+            continue
+        out.append(line.replace("cluster_header: x-kvasir-cluster", "cluster: kvasir_pool"))
+    return "".join(out)
+
+
 def render(
     template: str,
     *,
@@ -68,6 +108,9 @@ def render(
     pre_filters: str | None = None,
     without_filter: bool = False,
     pool_lb: str | None = None,
+    provider_sds: str | None = None,
+    indexer_sds: str | None = None,
+    request_timeout_s: float | None = None,
 ) -> str:
     """The bootstrap text with the given values substituted.
 
@@ -79,6 +122,9 @@ def render(
     Envoy's plain load balancer (a Kubernetes Service's behaviour, for
     baselines; use it with `without_filter`), and the routes then report the
     upstream in `x-gateway-destination-endpoint-served` as the filter does.
+    `provider_sds` / `indexer_sds`: SDS files (see `sds_secret`) holding the
+    provider's credential and the indexer token. `request_timeout_s`: the
+    whole-request receive timeout (tests of slow clients shorten it).
     """
     t = template
     if listen_port is not None:
@@ -97,6 +143,12 @@ def render(
         )
     if wasm is not None:
         t = _sub_marker(t, "wasm-path", r"filename: \S+", f"filename: {wasm}")
+    if provider_sds is not None:
+        t = _sub_marker(t, "provider-sds", r"path: [^ }]+", f"path: {provider_sds}")
+    if indexer_sds is not None:
+        t = _sub_marker(t, "indexer-sds", r"path: [^ }]+", f"path: {indexer_sds}")
+    if request_timeout_s is not None:
+        t = _sub_marker(t, "request-timeout", r"request_timeout: [\d.]+s", f"request_timeout: {request_timeout_s}s")
     if health_interval_s is not None:
         for m in ("health-interval", "health-no-traffic-interval", "indexer-health-interval", "indexer-health-no-traffic-interval"):
             t = _sub_marker(t, m, r"interval: [\d.]+s", f"interval: {health_interval_s}s")
@@ -151,15 +203,18 @@ def render(
             ]
         )
         t = t[: m.start()] + block + t[m.end() :]
-        served = "                response_headers_to_add:\n                - header: { key: x-gateway-destination-endpoint-served, value: \"%UPSTREAM_HOST%\" }\n"
-        t, n = re.subn(r"^(                  cluster: kvasir_pool\n(?:                  .*\n)*)", lambda mm: mm.group(1) + served, t, flags=re.M)
-        if n != 1:
-            raise ValueError("catch-all pool route not found")
+        served = (
+            "                response_headers_to_add:\n"
+            '                - header: { key: x-gateway-destination-endpoint-served, value: "%UPSTREAM_HOST%" }\n'
+        )
+        t = _edit_block(t, "inference-route", lambda body: body + served)
     if without_filter:
         rx = re.compile(r"^ *# @kvasir-filter-begin\n.*?^ *# @kvasir-filter-end\n", re.M | re.S)
         t, n = rx.subn("", t)
         if n != 1:
             raise ValueError("kvasir filter markers not found")
+        # No filter names the cluster: the inference paths go to the pool.
+        t = _edit_block(t, "inference-route", _route_to_pool)
     return t
 
 
@@ -177,6 +232,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--pre-filters", help="file with HTTP filters (YAML list items) to put before the Kvasir filter")
     ap.add_argument("--without-filter", action="store_true", help="the same bootstrap without the Kvasir filter (baseline)")
     ap.add_argument("--pool-lb", choices=sorted(POOL_LB), help="plain load balancer for the pool instead of override-host (baseline)")
+    ap.add_argument("--provider-sds", help="SDS file with the provider's credential")
+    ap.add_argument("--indexer-sds", help="SDS file with the indexer token")
     a = ap.parse_args(argv)
     cfg = Path(a.plugin_config).read_text() if a.plugin_config else None
     sys.stdout.write(
@@ -193,6 +250,8 @@ def main(argv: list[str]) -> int:
             pre_filters=Path(a.pre_filters).read_text() if a.pre_filters else None,
             without_filter=a.without_filter,
             pool_lb=a.pool_lb,
+            provider_sds=a.provider_sds,
+            indexer_sds=a.indexer_sds,
         )
     )
     return 0

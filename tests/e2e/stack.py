@@ -37,6 +37,8 @@ HTTP_TIMEOUT_S = 20.0
 
 # Tenants and keys of the e2e policy set.
 KEYS = {"acme": "sk-e2e-acme", "beta": "sk-e2e-beta"}
+# What Envoy injects on the provider cluster (after "Bearer ").
+PROVIDER_KEY = "sk-e2e-provider"
 
 
 def sha256(s: str) -> str:
@@ -65,7 +67,7 @@ POLICY = {
             "name": "ext",
             "cluster": "provider_example",
             "model": PROVIDER_MODEL,
-            "auth": {"header": "authorization", "value": "Bearer sk-provider"},
+            "auth": {"header": "authorization", "secretRef": {"name": "ext", "key": "api-key"}},
         }
     ],
     "policies": [
@@ -343,7 +345,40 @@ class Indexer:
         return out
 
 
-def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100, extra: list[str] | None = None) -> Indexer:
+@dataclass
+class Secrets:
+    """Envoy's SDS files and the indexer's token file for one log dir."""
+
+    provider_sds: Path
+    indexer_sds: Path
+    token_file: Path
+    token: str
+
+
+def secrets_for(logdir: Path) -> Secrets:
+    """Fresh secrets for the processes of `logdir` (made once, then reused, so
+    every Envoy and indexer started there share the token)."""
+    d = logdir / "secrets"
+    token_file = d / "indexer-token"
+    if not token_file.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        token_file.write_text(os.urandom(16).hex())
+        (d / "provider.key").write_text(PROVIDER_KEY)
+        (d / "provider.sds.yaml").write_text(render.sds_secret("provider-example-credential", str(d / "provider.key")))
+        (d / "indexer.sds.yaml").write_text(render.sds_secret("kvasir-indexer-token", str(token_file)))
+    return Secrets(d / "provider.sds.yaml", d / "indexer.sds.yaml", token_file, token_file.read_text())
+
+
+def _indexer_takes_token() -> bool:
+    try:
+        out = subprocess.run([str(INDEXER_BIN), "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--grpc-token-file" in out
+
+
+def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100, extra: list[str] | None = None,
+                token: bool = True) -> Indexer:
     """An (unstarted) cache-indexer with one pool `main` over `sims`, on free
     ports; `start()` runs it and waits for /readyz. `extra`: more flags."""
     grpc_port, http_port = free_port(), free_port()
@@ -352,6 +387,10 @@ def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100, ex
         "--tokenizer", str(TOKENIZER), "--model", MODEL, "--scrape-interval-ms", str(scrape_interval_ms),
         *(extra or []),
     ]
+    if token and _indexer_takes_token():
+        # Secure by default, as deployed: only Envoy (which injects the
+        # token from the same file) may call the indexer.
+        argv += ["--grpc-token-file", str(secrets_for(logdir).token_file)]
     for s in sims:
         argv += ["--endpoint", f"pool=main,address={s.address},events=tcp://127.0.0.1:{s.events},replay=tcp://127.0.0.1:{s.replay}"]
     return Indexer(None, grpc_port, http_port, argv, logdir)
@@ -395,7 +434,7 @@ class Envoy:
 
 def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provider: str, name: str = "envoy",
                 pre_filters: str | None = None, without_filter: bool = False, concurrency: int = 2,
-                log_level: str = "info", pool_lb: str | None = None) -> Envoy:
+                log_level: str = "info", pool_lb: str | None = None, request_timeout_s: float | None = None) -> Envoy:
     """Envoy from the shipped bootstrap; `without_filter` renders the same
     bootstrap minus the Kvasir filter (the benchmark's baseline), `pool_lb`
     swaps the pool's override-host policy for a plain load balancer."""
@@ -413,6 +452,9 @@ def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provid
         pre_filters=pre_filters,
         without_filter=without_filter,
         pool_lb=pool_lb,
+        provider_sds=str(secrets_for(logdir).provider_sds),
+        indexer_sds=str(secrets_for(logdir).indexer_sds),
+        request_timeout_s=request_timeout_s,
     )
     cfg = logdir / f"{name}.yaml"
     cfg.write_text(text)

@@ -10,9 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENVOY_BIN, POLICY, REPO, SETTINGS, WASM, compile_plugin, free_port, render
+from conftest import ENVOY_BIN, POLICY, REPO, SETTINGS, WASM, compile_plugin, free_port, render, secrets_for
 
 SHIPPED = sorted((REPO / "envoy").glob("*.yaml"))
+
+
+def render_in(tmp: Path, **options) -> str:
+    """The template rendered to run from `tmp`: the shipped secret paths are
+    relative to the repository root, so fresh ones are made in `tmp`."""
+    s = secrets_for(tmp)
+    return render.render(render.TEMPLATE.read_text(), provider_sds=str(s.provider_sds),
+                         indexer_sds=str(s.indexer_sds), **options)
 
 
 def validate(path: Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -40,8 +48,8 @@ def test_shipped_plugin_config_is_envoy_policy_json_compiled(artifacts):
 
 
 def test_rendered_bootstrap_validates(artifacts, tmp_path):
-    text = render.render(
-        render.TEMPLATE.read_text(),
+    text = render_in(
+        tmp_path,
         listen_port=free_port(), admin_port=free_port(),
         pool_endpoints=["127.0.0.1:18001", "127.0.0.1:18002", "[::1]:18003", "127.0.0.1:18004"],
         indexer="127.0.0.1:18050", provider="127.0.0.1:18100", wasm=str(WASM),
@@ -57,11 +65,13 @@ def test_rendered_bootstrap_validates(artifacts, tmp_path):
 def test_baseline_bootstraps_validate(artifacts, tmp_path, lb):
     """The routing benchmark's baselines: no filter, a plain load balancer,
     the upstream reported in the served-endpoint header."""
-    text = render.render(render.TEMPLATE.read_text(), pool_endpoints=["127.0.0.1:18001", "127.0.0.1:18002"],
-                         without_filter=True, pool_lb=lb)
+    text = render_in(tmp_path, pool_endpoints=["127.0.0.1:18001", "127.0.0.1:18002"], without_filter=True, pool_lb=lb)
     assert "name: envoy.load_balancing_policies.override_host" not in text
     assert f"name: envoy.load_balancing_policies.{lb}" in text
     assert "x-gateway-destination-endpoint-served" in text and "%UPSTREAM_HOST%" in text
+    # No filter names a cluster: the inference route goes to the pool itself.
+    route = text.split("# @inference-route-begin")[1].split("# @inference-route-end")[0]
+    assert "x-kvasir-cluster" not in route and "cluster: kvasir_pool" in route, route
     p = tmp_path / "envoy.yaml"
     p.write_text(text)
     r = validate(p, cwd=tmp_path)
@@ -79,7 +89,7 @@ def test_baseline_bootstraps_validate(artifacts, tmp_path, lb):
     ],
 )
 def test_bad_plugin_config_is_refused_with_a_reason(artifacts, tmp_path, plugin, reason):
-    text = render.render(render.TEMPLATE.read_text(), wasm=str(WASM), plugin_config=plugin)
+    text = render_in(tmp_path, wasm=str(WASM), plugin_config=plugin)
     p = tmp_path / "envoy.yaml"
     p.write_text(text)
     r = validate(p, cwd=tmp_path)
