@@ -144,15 +144,29 @@ fn spliced(b: &[u8], rw: &Rewrite<'_>) -> Option<Vec<u8>> {
     if rw.include_usage {
         match ms.iter().find(|m| m.key == "stream_options") {
             Some(m) => {
-                let mut v: Value = serde_json::from_slice(&b[m.value.0..m.value.1]).ok()?;
-                match &mut v {
-                    Value::Object(o) => {
-                        o.insert("include_usage".into(), Value::Bool(true));
+                let (start, end) = m.value;
+                match serde_json::from_slice::<Value>(&b[start..end]) {
+                    Ok(mut v) => {
+                        match &mut v {
+                            Value::Object(o) => {
+                                o.insert("include_usage".into(), Value::Bool(true));
+                            }
+                            Value::Null => v = serde_json::json!({"include_usage": true}),
+                            _ => return None,
+                        }
+                        edits.push((start, end, serde_json::to_vec(&v).ok()?));
                     }
-                    Value::Null => v = serde_json::json!({"include_usage": true}),
-                    _ => return None,
+                    // An object too deep for a `Value` (the parser skips
+                    // unknown members at any depth): the member goes last,
+                    // where a JSON reader that keeps the last of duplicate
+                    // keys (Python's, vLLM's) finds it. Never skipped: the
+                    // usage is what the tenant is billed from.
+                    Err(_) if b[start] == b'{' && b[end - 1] == b'}' => {
+                        let ins = b",\"include_usage\":true".to_vec();
+                        edits.push((end - 1, end - 1, ins));
+                    }
+                    Err(_) => return None,
                 }
-                edits.push((m.value.0, m.value.1, serde_json::to_vec(&v).ok()?));
             }
             None => {
                 let sep = if ms.is_empty() { "" } else { "," };
@@ -308,6 +322,25 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn include_usage_reaches_a_stream_options_too_deep_for_a_dom() {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let body =
+            format!(r#"{{"model":"a","stream_options":{{"include_usage":false,"x":{deep}}}}}"#);
+        let out = rewrite_body(
+            body.as_bytes(),
+            &Rewrite {
+                model: None,
+                include_usage: true,
+            },
+        )
+        .unwrap();
+        let want = format!(
+            r#"{{"model":"a","stream_options":{{"include_usage":false,"x":{deep},"include_usage":true}}}}"#
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), want);
     }
 
     #[test]
