@@ -15,8 +15,10 @@ use kvasir_tokenizer::ChatTokenizer;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Authenticator, TokenAuth, TokenError};
 use crate::config::{Config, ConfigError, PoolConfig, TokenizerSource};
 use crate::events::{spawn_subscriber, SubscriberConfig, SubscriberHandle};
+use crate::lifecycle::{GatedIndexer, Lifecycle, Warmup};
 use crate::load::{scrape_all, LoadConfig, LoadTracker};
 use crate::service::{IndexerService, Pool, Pools};
 use crate::tokenize::RequestTokenizer;
@@ -62,6 +64,9 @@ pub enum AppError {
     /// The HTTP client could not be built.
     #[error("building the HTTP client: {0}")]
     HttpClient(#[source] reqwest::Error),
+    /// The gRPC token file is unusable.
+    #[error(transparent)]
+    Token(#[from] TokenError),
 }
 
 /// Builds the pools of a config (no tasks yet). Pools sharing a tokenizer
@@ -117,6 +122,9 @@ fn load_config(pc: &PoolConfig) -> LoadConfig {
         in_flight_timeout: Duration::from_secs(pc.in_flight.timeout_s),
         prefill_horizon: Duration::from_millis(pc.in_flight.prefill_horizon_ms),
         saturation: pc.saturation.clone(),
+        unconfirmed_timeout: Duration::from_millis(pc.in_flight.unconfirmed_timeout_ms),
+        max_unconfirmed_per_endpoint: pc.in_flight.max_unconfirmed_per_endpoint,
+        max_tracked: pc.in_flight.max_tracked,
     }
 }
 
@@ -141,6 +149,8 @@ pub struct Indexer {
     pub grpc_addr: SocketAddr,
     /// Where HTTP listens.
     pub http_addr: SocketAddr,
+    /// Warm-up and shutdown state of the gRPC side.
+    pub lifecycle: Arc<Lifecycle>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -152,7 +162,7 @@ impl Indexer {
     }
 
     /// Stops every task and waits for the servers to finish their
-    /// in-flight calls.
+    /// in-flight calls (at most the shutdown grace).
     pub async fn shutdown(self) {
         self.cancel.cancel();
         self.join().await;
@@ -179,6 +189,14 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
     let pools = Arc::new(Pools::new(pool_list));
     let cancel = CancellationToken::new();
     let mut tasks = Vec::new();
+    let auth = match &cfg.grpc_token_file {
+        Some(path) => Some(Arc::new(TokenAuth::load(path)?)),
+        None => {
+            tracing::warn!("no --grpc-token-file: the gRPC port is unauthenticated; anyone who reaches it can pick and report");
+            None
+        }
+    };
+    let life = Arc::new(Lifecycle::new(&pools, cancel.clone()));
 
     let grpc_listener = tokio::net::TcpListener::bind(cfg.grpc_addr)
         .await
@@ -202,10 +220,12 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
     let http_addr = bound(&http_listener, "HTTP", cfg.http_addr)?;
 
     for (pc, pool) in cfg.pools.iter().zip(pools.iter()) {
+        let warmup = life.warmup(&pool.name);
         match &pc.discovery {
             None => {
                 let specs: Vec<EndpointSpec> = pc.endpoints.iter().map(|e| e.to_spec()).collect();
                 let changes = pool.set_endpoints(specs, |spec| subscribe(pool, spec));
+                warmup.mark_known();
                 tracing::info!(pool = %pool.name, endpoints = ?changes.added, tokenizer = %pc.tokenizer, index = %pc.index, "pool configured");
             }
             Some(d) => {
@@ -219,6 +239,7 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
                     Arc::clone(pool),
                     kube,
                     d.clone(),
+                    Arc::clone(&warmup),
                     cancel.clone(),
                 ));
                 tracing::info!(pool = %pool.name, namespace = %d.namespace, inference_pool = %d.inference_pool, index = %pc.index, "pool discovered from InferencePool");
@@ -229,46 +250,61 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
             client.clone(),
             pc.scrape.interval(),
             pc.scrape.timeout(),
+            warmup,
             cancel.clone(),
         )));
     }
+    if let Some(a) = &auth {
+        tasks.push(tokio::spawn(Arc::clone(a).reload_loop(cancel.clone())));
+    }
 
-    // gRPC: the Indexer service and grpc.health.v1. The overall status ("")
-    // is SERVING while the process runs; `kvasir.v1.Indexer` is SERVING only
-    // while /readyz would answer 200, so an Envoy health check on that
-    // service name routes to replicas whose index is in sync.
+    // gRPC: the Indexer service (behind the token check and the lifecycle
+    // gate) and grpc.health.v1 (open to probes). The overall status ("") is
+    // SERVING once every pool is warm (picks are served) until shutdown;
+    // `kvasir.v1.Indexer` only while /readyz would answer 200, so an Envoy
+    // health check on that service name routes to replicas whose index is
+    // in sync.
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_not_serving::<IndexerServer<IndexerService>>()
-        .await;
-    let svc = IndexerService::new(Arc::clone(&pools));
+    set_health(&reporter, false, false).await;
+    let svc = GatedIndexer::new(IndexerService::new(Arc::clone(&pools)), Arc::clone(&life));
+    let authn = Authenticator::new(auth, Arc::clone(&life.metrics.auth));
     let incoming =
         tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
-    let grpc_cancel = cancel.clone();
-    tasks.push(tokio::spawn(async move {
-        let r = tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(IndexerServer::new(svc))
-            .serve_with_incoming_shutdown(incoming, grpc_cancel.cancelled_owned())
-            .await;
-        if let Err(e) = r {
-            tracing::error!(error = %e, "gRPC server failed");
-        }
-    }));
+    let router = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(IndexerServer::with_interceptor(svc, authn));
+    // The listener closes only once health says NOT_SERVING.
+    let unhealthy = CancellationToken::new();
+    tasks.push(tokio::spawn(crate::lifecycle::serve_bounded(
+        router,
+        incoming,
+        unhealthy.clone().cancelled_owned(),
+        cancel.clone(),
+        Duration::from_millis(cfg.shutdown_grace_ms),
+    )));
     tasks.push(tokio::spawn(readiness_loop(
         Arc::clone(&pools),
+        Arc::clone(&life),
         reporter,
         cancel.clone(),
+        unhealthy,
     )));
 
-    let router = crate::http::router(Arc::clone(&pools));
+    let router = crate::http::router(Arc::clone(&pools), Arc::clone(&life));
     let http_cancel = cancel.clone();
+    let grace = Duration::from_millis(cfg.shutdown_grace_ms);
     tasks.push(tokio::spawn(async move {
-        let r = axum::serve(http_listener, router)
-            .with_graceful_shutdown(http_cancel.cancelled_owned())
-            .await;
-        if let Err(e) = r {
-            tracing::error!(error = %e, "HTTP server failed");
+        let serve = axum::serve(http_listener, router)
+            .with_graceful_shutdown(http_cancel.clone().cancelled_owned());
+        let deadline = async {
+            http_cancel.cancelled().await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            r = serve => if let Err(e) = r {
+                tracing::error!(error = %e, "HTTP server failed");
+            },
+            () = deadline => tracing::warn!("HTTP requests still open after the shutdown grace; closing them"),
         }
     }));
 
@@ -277,6 +313,7 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
         pools,
         grpc_addr,
         http_addr,
+        lifecycle: life,
         cancel,
         tasks,
     })
@@ -300,6 +337,7 @@ fn spawn_discovery(
     pool: Arc<Pool>,
     client: kube::Client,
     d: crate::config::DiscoveryConfig,
+    warmup: Arc<Warmup>,
     cancel: CancellationToken,
 ) -> Vec<JoinHandle<()>> {
     let (tx, mut rx) = tokio::sync::watch::channel(Vec::<EndpointSpec>::new());
@@ -337,6 +375,7 @@ fn spawn_discovery(
             }
             let specs = rx.borrow_and_update().clone();
             let changes = pool.set_endpoints(specs, |spec| subscribe(&pool, spec));
+            warmup.mark_known();
             if !changes.added.is_empty() || !changes.removed.is_empty() {
                 tracing::info!(pool = %pool.name, added = ?changes.added, removed = ?changes.removed, "endpoint set changed");
             }
@@ -346,12 +385,14 @@ fn spawn_discovery(
 }
 
 /// Scrapes every endpoint of `pool` each interval, logs health changes and
-/// expires lost in-flight picks.
+/// expires lost in-flight picks. The first round over a known endpoint set
+/// warms the pool up.
 async fn scrape_loop(
     pool: Arc<Pool>,
     client: reqwest::Client,
     interval: Duration,
     timeout: Duration,
+    warmup: Arc<Warmup>,
     cancel: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(interval);
@@ -361,10 +402,15 @@ async fn scrape_loop(
             () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
+        let known = warmup.known();
         let eps = pool.endpoints();
         let targets: Vec<_> = eps.iter().map(|e| (e.id, e.spec.metrics_url())).collect();
         let before = pool.load.views(eps.iter().map(|e| e.id), Instant::now());
         let failures = scrape_all(&pool.load, &client, &targets, timeout).await;
+        if known && !warmup.warm() {
+            warmup.mark_scraped();
+            tracing::info!(pool = %pool.name, endpoints = eps.len(), healthy = failures.len() < eps.len(), "first scrape done: serving picks");
+        }
         let after = pool.load.views(eps.iter().map(|e| e.id), Instant::now());
         for ((e, b), a) in eps.iter().zip(&before).zip(&after) {
             match (b.healthy, a.healthy) {
@@ -399,33 +445,47 @@ async fn scrape_loop(
     }
 }
 
-/// Keeps `kvasir.v1.Indexer`'s gRPC health in step with readiness.
+/// Keeps gRPC health in step with warm-up and readiness; at shutdown sets
+/// both statuses NOT_SERVING, then cancels `unhealthy` (the listener closes
+/// after that).
 async fn readiness_loop(
     pools: Arc<Pools>,
+    life: Arc<Lifecycle>,
     reporter: tonic_health::server::HealthReporter,
     cancel: CancellationToken,
+    unhealthy: CancellationToken,
 ) {
     let mut last = None;
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         tokio::select! {
-            () = cancel.cancelled() => return,
+            () = cancel.cancelled() => break,
             _ = tick.tick() => {}
         }
-        let (ready, not) = pools.readiness();
-        if last != Some(ready) {
-            if ready {
-                reporter
-                    .set_serving::<IndexerServer<IndexerService>>()
-                    .await;
-                tracing::info!("index in sync with every endpoint: ready");
-            } else {
-                reporter
-                    .set_not_serving::<IndexerServer<IndexerService>>()
-                    .await;
-                tracing::info!(not_in_sync = ?not, "not ready");
+        let warm = life.all_warm();
+        let (in_sync, not) = pools.readiness();
+        let state = (warm, warm && in_sync);
+        if last != Some(state) {
+            set_health(&reporter, state.0, state.1).await;
+            match state {
+                (_, true) => tracing::info!("index in sync with every endpoint: ready"),
+                (true, false) => tracing::info!(not_in_sync = ?not, "not ready"),
+                (false, _) => tracing::info!(cold = ?life.cold_pools(), "warming up: not serving"),
             }
-            last = Some(ready);
+            last = Some(state);
         }
     }
+    set_health(&reporter, false, false).await;
+    tracing::info!("shutting down: gRPC health NOT_SERVING, sessions ending, listener closing");
+    unhealthy.cancel();
+}
+
+/// Sets the overall ("") and `kvasir.v1.Indexer` health statuses.
+async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bool, ready: bool) {
+    use tonic_health::ServingStatus::{NotServing, Serving};
+    let st = |b: bool| if b { Serving } else { NotServing };
+    reporter.set_service_status("", st(serving)).await;
+    reporter
+        .set_service_status(kvasir_proto::INDEXER_SERVICE, st(ready))
+        .await;
 }

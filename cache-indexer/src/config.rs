@@ -144,6 +144,16 @@ pub struct Args {
     /// `--endpoint` (index `picks`, or tokenizer `approx`; default: 25000).
     #[arg(long, value_name = "N")]
     pub pick_history_blocks: Option<usize>,
+    /// File holding the token every `kvasir.v1.Indexer` call must carry as
+    /// `authorization: Bearer <token>` (re-read when it changes, e.g. a
+    /// rotated Kubernetes Secret). Without it the gRPC port is open to
+    /// anyone who reaches it (logged as a warning at start).
+    #[arg(long, env = "KVASIR_GRPC_TOKEN_FILE", value_name = "PATH")]
+    pub grpc_token_file: Option<PathBuf>,
+    /// On SIGTERM/SIGINT, how long in-flight calls may take to finish
+    /// before the indexer exits anyway, ms (default: the file's, else 5000).
+    #[arg(long, value_name = "MS")]
+    pub shutdown_grace_ms: Option<u64>,
 }
 
 /// The whole configuration.
@@ -159,6 +169,13 @@ pub struct Config {
     /// The pools; names are unique.
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
+    /// Token file of the gRPC port (see [`Args::grpc_token_file`]); none:
+    /// unauthenticated.
+    #[serde(default, alias = "grpc_token_file")]
+    pub grpc_token_file: Option<PathBuf>,
+    /// Longest a graceful shutdown waits for in-flight calls, ms.
+    #[serde(default = "default_shutdown_grace_ms", alias = "shutdown_grace_ms")]
+    pub shutdown_grace_ms: u64,
 }
 
 fn default_grpc_addr() -> SocketAddr {
@@ -167,6 +184,13 @@ fn default_grpc_addr() -> SocketAddr {
 fn default_http_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9090))
 }
+/// Default of [`Config::shutdown_grace_ms`]: long enough for a pick (a
+/// render call is at most its timeout), well inside Kubernetes' default
+/// 30 s termination grace.
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 5_000;
+fn default_shutdown_grace_ms() -> u64 {
+    DEFAULT_SHUTDOWN_GRACE_MS
+}
 
 impl Default for Config {
     fn default() -> Self {
@@ -174,6 +198,8 @@ impl Default for Config {
             grpc_addr: default_grpc_addr(),
             http_addr: default_http_addr(),
             pools: Vec::new(),
+            grpc_token_file: None,
+            shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
         }
     }
 }
@@ -438,13 +464,31 @@ pub struct InFlightConfig {
     /// a 2 s horizon forgot while short requests queued behind it.
     #[serde(alias = "prefill_horizon_ms")]
     pub prefill_horizon_ms: u64,
+    /// A pick with no report at all (neither FIRST_TOKEN nor DONE) after
+    /// this long is dropped, ms: a pick no request followed never gets one.
+    /// See `load::LoadConfig::unconfirmed_timeout` for the default.
+    #[serde(alias = "unconfirmed_timeout_ms")]
+    pub unconfirmed_timeout_ms: u64,
+    /// Unconfirmed picks (no report yet) accounted per endpoint; picks past
+    /// it are answered but add no load.
+    #[serde(alias = "max_unconfirmed_per_endpoint")]
+    pub max_unconfirmed_per_endpoint: u32,
+    /// In-flight picks tracked per pool (a memory bound); picks past it
+    /// are answered but not accounted.
+    #[serde(alias = "max_tracked")]
+    pub max_tracked: usize,
 }
 
 impl Default for InFlightConfig {
     fn default() -> Self {
+        let d = crate::load::LoadConfig::default();
         InFlightConfig {
             timeout_s: 300,
             prefill_horizon_ms: 30_000,
+            unconfirmed_timeout_ms: u64::try_from(d.unconfirmed_timeout.as_millis())
+                .unwrap_or(u64::MAX),
+            max_unconfirmed_per_endpoint: d.max_unconfirmed_per_endpoint,
+            max_tracked: d.max_tracked,
         }
     }
 }
@@ -527,6 +571,12 @@ impl Config {
         }
         if let Some(a) = args.http_addr {
             self.http_addr = a;
+        }
+        if let Some(f) = &args.grpc_token_file {
+            self.grpc_token_file = Some(f.clone());
+        }
+        if let Some(g) = args.shutdown_grace_ms {
+            self.shutdown_grace_ms = g;
         }
         let index = match &args.index {
             Some(s) => Some(
@@ -730,6 +780,7 @@ fn validate_pool(pool: &PoolConfig, at: &str) -> Result<(), ConfigError> {
             "must be at least 1",
         ));
     }
+    validate_in_flight_bounds(&pool.in_flight, at)?;
     if pool.render_timeout_ms == 0 {
         return Err(invalid(
             format!("{at}.renderTimeoutMs"),
@@ -748,6 +799,32 @@ fn validate_pool(pool: &PoolConfig, at: &str) -> Result<(), ConfigError> {
     pool.saturation
         .validate()
         .map_err(|(field, msg)| invalid(format!("{at}.saturation.{field}"), msg))?;
+    Ok(())
+}
+
+fn validate_in_flight_bounds(f: &InFlightConfig, at: &str) -> Result<(), ConfigError> {
+    let max_ms = f.timeout_s.saturating_mul(1000);
+    if f.unconfirmed_timeout_ms == 0 || f.unconfirmed_timeout_ms > max_ms {
+        return Err(invalid(
+            format!("{at}.inFlight.unconfirmedTimeoutMs"),
+            format!(
+                "must be 1..=timeoutS in ms ({max_ms}), got {}",
+                f.unconfirmed_timeout_ms
+            ),
+        ));
+    }
+    if f.max_unconfirmed_per_endpoint == 0 {
+        return Err(invalid(
+            format!("{at}.inFlight.maxUnconfirmedPerEndpoint"),
+            "must be at least 1",
+        ));
+    }
+    if f.max_tracked == 0 {
+        return Err(invalid(
+            format!("{at}.inFlight.maxTracked"),
+            "must be at least 1",
+        ));
+    }
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! The indexer's HTTP side: `/metrics` (Prometheus text), `/healthz`
-//! (process alive) and `/readyz` (200 only when every endpoint's KV-event
-//! stream is in sync).
+//! (process alive) and `/readyz` (200 only once every pool is warm and
+//! every endpoint's KV-event stream is in sync, until shutdown).
 
 use std::sync::Arc;
 
@@ -10,24 +10,29 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
+use crate::lifecycle::Lifecycle;
 use crate::service::Pools;
 
+type Shared = (Arc<Pools>, Arc<Lifecycle>);
+
 /// The HTTP routes over `pools`.
-pub fn router(pools: Arc<Pools>) -> Router {
+pub fn router(pools: Arc<Pools>, life: Arc<Lifecycle>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(pools)
+        .with_state((pools, life))
 }
 
-async fn metrics(State(pools): State<Arc<Pools>>) -> Response {
+async fn metrics(State((pools, life)): State<Shared>) -> Response {
+    let mut text = crate::metrics::render(&pools);
+    text.push_str(&life.render_metrics(&pools));
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::render(&pools),
+        text,
     )
         .into_response()
 }
@@ -36,18 +41,27 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// Ready means: every endpoint of every pool has a subscriber whose stream
-/// is in sync, so the index reflects the engines. A pool with no endpoints
-/// (a discovered pool with no ready pods) does not hold readiness back.
-async fn readyz(State(pools): State<Arc<Pools>>) -> Response {
+/// Ready means: not shutting down, every pool warm (endpoints known and
+/// scraped once), and every endpoint of every pool has a subscriber whose
+/// stream is in sync, so the index reflects the engines. A pool with no
+/// endpoints (a discovered pool with no ready pods) does not hold
+/// readiness back once discovery has said so.
+async fn readyz(State((pools, life)): State<Shared>) -> Response {
+    let unavailable = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    if life.shutting_down() {
+        return unavailable("not ready: shutting down\n".into());
+    }
+    let cold = life.cold_pools();
+    if !cold.is_empty() {
+        return unavailable(format!(
+            "not ready: warming up: pools {} not scraped yet\n",
+            cold.join(", ")
+        ));
+    }
     let (ready, not) = pools.readiness();
     if ready {
         (StatusCode::OK, "ready\n").into_response()
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {} not in sync\n", not.join(", ")),
-        )
-            .into_response()
+        unavailable(format!("not ready: {} not in sync\n", not.join(", ")))
     }
 }

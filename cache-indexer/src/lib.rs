@@ -4,12 +4,14 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod discovery;
 pub mod events;
 pub mod history;
 pub mod http;
 pub mod index;
+pub mod lifecycle;
 pub mod load;
 pub mod metrics;
 pub mod scoring;

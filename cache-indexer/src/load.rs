@@ -271,6 +271,20 @@ pub struct LoadConfig {
     pub prefill_horizon: Duration,
     /// Saturation thresholds.
     pub saturation: SaturationThresholds,
+    /// A pick with no report at all (no FIRST_TOKEN, no DONE) is dropped
+    /// after this long: a pick no request followed is never reported.
+    /// 60 s by default: twice the prefill horizon, so a real request queued
+    /// before its first token keeps its entry; a non-streamed one (whose
+    /// first byte is its whole answer) may lose it earlier, which the
+    /// engine's own scraped `running` count covers.
+    pub unconfirmed_timeout: Duration,
+    /// Unconfirmed picks accounted per endpoint; past it a pick is answered
+    /// but adds no load. 64 by default: that many requests without a first
+    /// token is a deep queue (saturation counts 5 waiting as full), which
+    /// the engine's scraped `waiting` shows by the next scrape anyway.
+    pub max_unconfirmed_per_endpoint: u32,
+    /// In-flight picks tracked per pool (a memory bound on the table).
+    pub max_tracked: usize,
 }
 
 impl Default for LoadConfig {
@@ -280,6 +294,9 @@ impl Default for LoadConfig {
             in_flight_timeout: Duration::from_secs(300),
             prefill_horizon: Duration::from_secs(30),
             saturation: SaturationThresholds::default(),
+            unconfirmed_timeout: Duration::from_secs(60),
+            max_unconfirmed_per_endpoint: 64,
+            max_tracked: 65_536,
         }
     }
 }
@@ -327,6 +344,8 @@ struct EndpointLoad {
     scrape_failures: u64,
     healthy: bool,
     in_flight: u32,
+    /// In-flight picks not reported yet (bounded by the config).
+    unconfirmed: u32,
     queued_prefill: u64,
     /// (pick seq, block chain) of picks in prefill, oldest first.
     pending: std::collections::VecDeque<(u64, Arc<[u64]>)>,
@@ -350,6 +369,8 @@ struct InFlight {
     predicted_cached: u32,
     prefill_tokens: u64,
     prefill_pending: bool,
+    /// Some report (FIRST_TOKEN or DONE) came for it.
+    confirmed: bool,
     picked_at: Instant,
 }
 
@@ -358,6 +379,33 @@ struct Inner {
     endpoints: HashMap<EndpointId, EndpointLoad>,
     in_flight: HashMap<String, InFlight>,
     next_seq: u64,
+    bounds: BoundStats,
+}
+
+/// What the bounds on unreported picks did (see [`LoadConfig`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BoundStats {
+    /// Picks not accounted: their endpoint had its unconfirmed cap.
+    pub capped_endpoint: u64,
+    /// Picks not accounted: the pool tracked its most picks.
+    pub capped_pool: u64,
+    /// Picks dropped by the unconfirmed timeout.
+    pub unconfirmed_expired: u64,
+    /// Unconfirmed picks now.
+    pub unconfirmed: u64,
+}
+
+/// How [`LoadTracker::record_pick`] accounted a pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accounting {
+    /// In flight on its endpoint.
+    Accounted,
+    /// Not accounted: no request id, or an unknown endpoint.
+    Ignored,
+    /// Not accounted: the endpoint has its most unconfirmed picks.
+    EndpointCap,
+    /// Not accounted: the pool tracks its most picks.
+    PoolCap,
 }
 
 /// Result of a [`LoadTracker::report`].
@@ -508,7 +556,8 @@ impl LoadTracker {
     /// request's prompt, remembered while it is in prefill so that requests
     /// sharing its prefix see it as about to be cached there. An empty id is
     /// not accounted (nothing could report it). Picking an id again (a
-    /// retry) moves it.
+    /// retry) moves it. Past the unconfirmed cap of the endpoint or the
+    /// pool's tracking cap the pick is not accounted (and counted).
     pub fn record_pick(
         &self,
         request_id: &str,
@@ -517,25 +566,35 @@ impl LoadTracker {
         predicted_cached: u32,
         chain: Option<Arc<[u64]>>,
         now: Instant,
-    ) {
+    ) -> Accounting {
         if request_id.is_empty() {
-            return;
+            return Accounting::Ignored;
         }
         let mut g = self.inner.lock();
         let Inner {
             endpoints,
             in_flight,
             next_seq,
+            bounds,
         } = &mut *g;
         if let Some(old) = in_flight.remove(request_id) {
             release(endpoints, &old, true);
         }
         let Some(e) = endpoints.get_mut(&endpoint) else {
-            return;
+            return Accounting::Ignored;
         };
+        if e.unconfirmed >= self.cfg.max_unconfirmed_per_endpoint {
+            bounds.capped_endpoint += 1;
+            return Accounting::EndpointCap;
+        }
+        if in_flight.len() >= self.cfg.max_tracked {
+            bounds.capped_pool += 1;
+            return Accounting::PoolCap;
+        }
         let seq = *next_seq;
         *next_seq += 1;
         e.in_flight += 1;
+        e.unconfirmed += 1;
         e.queued_prefill += prefill_tokens;
         if let Some(chain) = chain.filter(|c| !c.is_empty()) {
             e.remember_pending(seq, chain);
@@ -548,9 +607,20 @@ impl LoadTracker {
                 predicted_cached,
                 prefill_tokens,
                 prefill_pending: true,
+                confirmed: false,
                 picked_at: now,
             },
         );
+        Accounting::Accounted
+    }
+
+    /// What the bounds on unreported picks did so far.
+    pub fn bound_stats(&self) -> BoundStats {
+        let g = self.inner.lock();
+        BoundStats {
+            unconfirmed: g.endpoints.values().map(|e| u64::from(e.unconfirmed)).sum(),
+            ..g.bounds
+        }
     }
 
     /// Accounts a report. Unknown ids (never picked, already done, expired)
@@ -581,6 +651,7 @@ impl LoadTracker {
             },
             Phase::FirstToken => match in_flight.get_mut(request_id) {
                 Some(f) => {
+                    confirm(endpoints, f);
                     if f.prefill_pending {
                         release(endpoints, f, false);
                         f.prefill_pending = false;
@@ -603,12 +674,15 @@ impl LoadTracker {
         let Inner {
             endpoints,
             in_flight,
+            bounds,
             ..
         } = &mut *g;
         let mut expired = 0;
         in_flight.retain(|_, f| {
             let age = now.saturating_duration_since(f.picked_at);
-            if age >= self.cfg.in_flight_timeout {
+            let unconfirmed = !f.confirmed && age >= self.cfg.unconfirmed_timeout;
+            if age >= self.cfg.in_flight_timeout || unconfirmed {
+                bounds.unconfirmed_expired += u64::from(unconfirmed);
                 release(endpoints, f, true);
                 expired += 1;
                 return false;
@@ -709,6 +783,19 @@ fn release(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &InFlight, whol
         }
         if whole {
             e.in_flight = e.in_flight.saturating_sub(1);
+            if !f.confirmed {
+                e.unconfirmed = e.unconfirmed.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// Marks `f` reported (once), freeing its place under the unconfirmed cap.
+fn confirm(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &mut InFlight) {
+    if !f.confirmed {
+        f.confirmed = true;
+        if let Some(e) = endpoints.get_mut(&f.endpoint) {
+            e.unconfirmed = e.unconfirmed.saturating_sub(1);
         }
     }
 }
@@ -837,6 +924,10 @@ pub async fn scrape_all(
 }
 
 #[cfg(test)]
+#[path = "load_bounds_tests.rs"]
+mod bounds_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -939,6 +1030,7 @@ vllm:cache_config_info{block_size="16",weird="a\"b,c}d"} 1 1700000000000
             in_flight_timeout: Duration::from_secs(10),
             prefill_horizon: Duration::from_secs(1),
             saturation: SaturationThresholds::default(),
+            ..LoadConfig::default()
         });
         let (a, b) = (EndpointId(1), EndpointId(2));
         t.add_endpoint(a);

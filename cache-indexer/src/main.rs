@@ -7,15 +7,36 @@
 //! ```
 //!
 //! Logs go to stderr (`RUST_LOG`, default `info`). SIGINT / SIGTERM stop it
-//! gracefully: servers finish their in-flight calls, subscribers stop.
+//! gracefully: gRPC health goes NOT_SERVING, `Session` streams end with
+//! UNAVAILABLE, in-flight calls get `--shutdown-grace-ms`, subscribers stop;
+//! it exits 0 within the grace plus about a second whatever callers do.
+
+use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use kvasir_cache_indexer::app;
 use kvasir_cache_indexer::config::{Args, Config};
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+/// Longest the runtime waits, after the indexer stopped, for tasks that
+/// still run (connections a caller holds open, blocking work).
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
+
+fn main() -> ExitCode {
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cache-indexer: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = rt.block_on(run());
+    rt.shutdown_timeout(RUNTIME_SHUTDOWN);
+    code
+}
+
+async fn run() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
@@ -29,14 +50,14 @@ async fn main() -> std::process::ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("cache-indexer: {e}");
-            return std::process::ExitCode::from(2);
+            return ExitCode::from(2);
         }
     };
     let indexer = match app::start(&cfg).await {
         Ok(i) => i,
         Err(e) => {
             eprintln!("cache-indexer: {e}");
-            return std::process::ExitCode::FAILURE;
+            return ExitCode::FAILURE;
         }
     };
     let cancel = indexer.cancel_token();
@@ -46,7 +67,7 @@ async fn main() -> std::process::ExitCode {
         cancel.cancel();
     });
     indexer.join().await;
-    std::process::ExitCode::SUCCESS
+    ExitCode::SUCCESS
 }
 
 async fn shutdown_signal() {

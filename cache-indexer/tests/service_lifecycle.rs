@@ -98,22 +98,33 @@ async fn readiness_health_and_metrics() {
         async move { http.get(url).send().await.expect("http") }
     };
     assert_eq!(get("/healthz").await.status(), 200);
-    let r = get("/readyz").await;
-    assert_eq!(r.status(), 503);
-    assert!(
-        r.text().await.expect("body").contains(&late.address()),
-        "names the endpoint not in sync"
-    );
 
     let channel = connect(ix.indexer.grpc_addr).await;
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     let check = |service: &str| tonic_health::pb::HealthCheckRequest {
         service: service.into(),
     };
-    let overall = health.check(check("")).await.expect("health").into_inner();
-    assert_eq!(
-        overall.status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    // Overall health is SERVING once the first scrape round is done (picks
+    // are served), whatever the sync state.
+    wait_for(
+        "overall gRPC health SERVING",
+        Duration::from_secs(5),
+        || {
+            let mut h = health.clone();
+            async move {
+                h.check(check("")).await.is_ok_and(|r| {
+                    r.into_inner().status
+                        == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+                })
+            }
+        },
+    )
+    .await;
+    let r = get("/readyz").await;
+    assert_eq!(r.status(), 503);
+    assert!(
+        r.text().await.expect("body").contains(&late.address()),
+        "names the endpoint not in sync"
     );
     let svc = health
         .check(check(kvasir_proto::INDEXER_SERVICE))
@@ -290,6 +301,12 @@ async fn binary_runs_from_flags_and_stops_on_sigterm() {
         .await
         .unwrap_or_else(|| panic!("cache-indexer did not exit on SIGTERM; {}", bin.proc.tail()));
     assert!(exit.success(), "clean exit on SIGTERM: {exit}");
+    assert!(
+        bin.proc
+            .log_text()
+            .contains("the gRPC port is unauthenticated"),
+        "without --grpc-token-file the open port is logged"
+    );
 
     // A bad flag is a usage error naming the problem (exit 2).
     let out = Command::new(indexer_bin())

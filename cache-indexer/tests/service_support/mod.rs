@@ -598,6 +598,7 @@ pub fn config(sims: &[&Sim]) -> Config {
         grpc_addr: "127.0.0.1:0".parse().expect("addr"),
         http_addr: "127.0.0.1:0".parse().expect("addr"),
         pools: vec![pool],
+        ..Config::default()
     }
 }
 
@@ -609,6 +610,65 @@ pub async fn connect(addr: SocketAddr) -> Channel {
         .connect()
         .await
         .expect("connect to indexer")
+}
+
+/// Adds `authorization: Bearer <token>` to every call (none: nothing).
+#[derive(Debug, Clone)]
+pub struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl Bearer {
+    /// The interceptor for `token`.
+    pub fn new(token: Option<&str>) -> Bearer {
+        Bearer(token.map(|t| format!("Bearer {t}").parse().expect("ascii token")))
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A client whose calls carry `token` (see [`Bearer`]).
+pub type AuthedClient =
+    IndexerClient<tonic::service::interceptor::InterceptedService<Channel, Bearer>>;
+
+/// An [`AuthedClient`] on `channel`.
+pub fn authed_client(channel: Channel, token: Option<&str>) -> AuthedClient {
+    IndexerClient::with_interceptor(channel, Bearer::new(token))
+}
+
+/// A token file in the temp folder holding `token`; removed on drop.
+pub struct TokenFile(pub PathBuf);
+
+impl TokenFile {
+    /// Writes `token` (plus a newline, as `kubectl create secret` files
+    /// often have) to a fresh file.
+    pub fn new(token: &str) -> TokenFile {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "kvasir-test-token-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let f = TokenFile(path);
+        f.write(&format!("{token}\n"));
+        f
+    }
+
+    /// Replaces the content.
+    pub fn write(&self, text: &str) {
+        std::fs::write(&self.0, text).unwrap_or_else(|e| panic!("write {}: {e}", self.0.display()));
+    }
+}
+
+impl Drop for TokenFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// The `/metrics` page under `base_url`.
@@ -741,10 +801,17 @@ impl Running {
     }
 }
 
-/// Starts an indexer for `cfg` and connects a client.
+/// Starts an indexer for `cfg`, waits (bounded) until every pool is warm
+/// (scraped once: picks are served) and connects a client.
 pub async fn start_indexer(cfg: &Config) -> Running {
     cfg.validate().expect("test config is valid");
     let indexer = app::start(cfg).await.expect("indexer starts");
+    let life = std::sync::Arc::clone(&indexer.lifecycle);
+    wait_for("every pool warm", Duration::from_secs(10), || {
+        let warm = life.all_warm();
+        async move { warm }
+    })
+    .await;
     let channel = connect(indexer.grpc_addr).await;
     Running {
         indexer,
