@@ -66,6 +66,15 @@ def indexer_table(ingest, pick):
             cold.append(f"{case}: {ce['mean_us'] / 1e3:.1f} ms")
     if cold:
         rows += ["", "Cold tokenization (fresh tokenizer, no segment cache), reported apart from Pick: " + "; ".join(cold) + "."]
+    worst = pick.get("worst_case_1mb")
+    if worst:
+        cols = [("events_no_budget", "events, no budget"), ("events_default_budget", "events, default"),
+                ("picks_no_budget", "picks, no budget"), ("picks_default_budget", "picks, default")]
+        rows += ["", "| 1 MB message, Pick p50 / max | " + " | ".join(c for _, c in cols) + " |",
+                 "| --- |" + " ---: |" * len(cols)]
+        for case in worst[cols[0][0]]:
+            cells = [f"{worst[k][case]['p50_ms']:.1f} / {worst[k][case]['max_ms']:.1f} ms" for k, _ in cols]
+            rows.append(f"| {case} | " + " | ".join(cells) + " |")
     rows += ["", "Targets (issue 3): ingestion >= 1 M blocks/s on one core; Pick p50 <= 0.5 ms at 4k tokens, "
              "<= 2 ms for a 32k-token chat whose earlier turns were seen."]
     return "\n".join(rows)

@@ -278,6 +278,7 @@ impl Cluster {
                     healthy: true,
                     saturated: waiting >= self.saturation_waiting,
                     left_out: false,
+                    failing: false,
                 }
             })
             .collect();

@@ -19,8 +19,12 @@
 //! calls) and through gRPC on loopback (tonic client -> tonic server, one
 //! connection), reporting p50/p99/mean in microseconds. Cold tokenization
 //! (a fresh tokenizer with no segment cache) and warm template+encode
-//! times are reported separately. Needs the Qwen3 tokenizer
-//! (`$KVASIR_TOKENIZER_DIR` or `.tools/tokenizers/qwen3`).
+//! times are reported separately. The worst case: picks of 1 MB chat
+//! messages built to be expensive to tokenize (one repeated character,
+//! whitespace, punctuation, base64, and plain words for scale), each new
+//! to the segment cache, with the pool's default `tokenizeBudget` and with
+//! none. Needs the Qwen3 tokenizer (`$KVASIR_TOKENIZER_DIR` or
+//! `.tools/tokenizers/qwen3`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -30,8 +34,8 @@ use kvasir_cache_indexer::events::EngineHash;
 use kvasir_cache_indexer::load::{EngineLoad, LoadConfig, LoadTracker};
 use kvasir_cache_indexer::scoring::Weights;
 use kvasir_cache_indexer::service::{stored_batch, IndexerService, Pool, Pools};
-use kvasir_cache_indexer::tokenize::RequestTokenizer;
-use kvasir_cache_indexer::types::EndpointSpec;
+use kvasir_cache_indexer::tokenize::{RequestTokenizer, TokenizeBudget};
+use kvasir_cache_indexer::types::{EndpointSpec, IndexSource};
 use kvasir_proto::v1 as pb;
 use kvasir_tokenizer::{ChatMessage, ChatTokenizer};
 use serde_json::json;
@@ -151,6 +155,102 @@ fn pick_request(id: String, messages: &[ChatMessage]) -> pb::PickRequest {
         max_endpoints: 3,
         ..Default::default()
     }
+}
+
+/// 1 MB messages that are expensive to tokenize (the first four are single
+/// pre-tokenizer pieces, or pieces without whole-token shortcuts).
+fn worst_texts(rng: &mut Rng) -> Vec<(&'static str, String)> {
+    const MB: usize = 1 << 20;
+    const B64: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let base64: String = (0..MB)
+        .map(|_| B64[(rng.next() % 64) as usize] as char)
+        .collect();
+    let mut words = prose(rng, MB / 6);
+    words.truncate(MB);
+    vec![
+        ("one_character", "a".repeat(MB)),
+        ("spaces", " ".repeat(MB)),
+        ("json_punctuation", "{[\"".repeat(MB / 3)),
+        ("base64", base64),
+        ("words", words),
+    ]
+}
+
+/// Pick latency (ms) of each worst-case text with `budget`: 8 idle
+/// endpoints, an empty index, each pick's text new (a unique first line).
+/// With index `events` tokenization also stops where no engine holds the
+/// prompt (at once here); with `picks` only the budget stops it.
+async fn worst_case(
+    tok: &Arc<ChatTokenizer>,
+    texts: &[(&'static str, String)],
+    (source, budget): (IndexSource, TokenizeBudget),
+    iters: usize,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let load = LoadTracker::new(LoadConfig::default());
+    let pool = Arc::new(
+        Pool::new(
+            "bench",
+            "Qwen/Qwen3-8B",
+            BLOCK,
+            RequestTokenizer::Local(Arc::clone(tok)),
+            load,
+            Weights::default(),
+        )
+        .with_index(source, 25_000)
+        .with_tokenize_budget(budget),
+    );
+    let specs: Vec<EndpointSpec> = (0..8)
+        .map(|i| EndpointSpec {
+            address: format!("10.1.0.{}:8000", i + 1),
+            kv_events: format!("tcp://10.1.0.{}:5557", i + 1),
+            replay: None,
+            metrics_url: None,
+            topic: String::new(),
+        })
+        .collect();
+    pool.set_endpoints(specs, |_| None);
+    for e in pool.endpoints().iter() {
+        let idle = EngineLoad {
+            running: 0,
+            waiting: 0,
+            kv_usage: 0.1,
+        };
+        pool.load.record_scrape(e.id, Some(idle), Instant::now());
+    }
+    let mut out = serde_json::Map::new();
+    for (name, text) in texts {
+        let mut ms = Vec::new();
+        let mut prompt_tokens = 0;
+        for i in 0..iters {
+            let m = [ChatMessage::new("user", format!("{name} {i}\n{text}"))];
+            let id = format!("worst-{name}-{i}");
+            let t = Instant::now();
+            let resp = pool.pick(pick_request(id.clone(), &m)).await?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+            prompt_tokens = resp.prompt_tokens;
+            pool.report(&pb::ReportRequest {
+                pool: "bench".into(),
+                request_id: id,
+                ..Default::default()
+            })?;
+            // Let a stopped pick's background chain completion finish, so
+            // it is not timed in the next pick.
+            while pool.chain_completions_running() > 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        ms.sort_by(f64::total_cmp);
+        out.insert(
+            (*name).into(),
+            json!({
+                "bytes": text.len(),
+                "prompt_tokens": prompt_tokens,
+                "p50_ms": (pct(&ms, 0.5) * 100.0).round() / 100.0,
+                "max_ms": (ms.last().copied().unwrap_or(0.0) * 100.0).round() / 100.0,
+            }),
+        );
+    }
+    Ok(serde_json::Value::Object(out))
 }
 
 struct Case {
@@ -422,12 +522,39 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
+    let texts = worst_texts(&mut rng);
+    let iters = if quick { 2 } else { 5 };
+    let unbounded = TokenizeBudget {
+        max_bytes: usize::MAX,
+        max_piece_bytes: usize::MAX,
+    };
+    let mut worst = serde_json::Map::new();
+    worst.insert("default_budget".into(), json!(TokenizeBudget::default()));
+    for (key, source, budget) in [
+        (
+            "events_default_budget",
+            IndexSource::Events,
+            TokenizeBudget::default(),
+        ),
+        ("events_no_budget", IndexSource::Events, unbounded.clone()),
+        (
+            "picks_default_budget",
+            IndexSource::Picks,
+            TokenizeBudget::default(),
+        ),
+        ("picks_no_budget", IndexSource::Picks, unbounded.clone()),
+    ] {
+        let r = worst_case(&tok, &texts, (source, budget), iters).await?;
+        worst.insert(key.into(), r);
+    }
+
     let out = json!({
         "benchmark": "pick_latency",
         "notes": "in_process = IndexerService::pick (what the gRPC handler runs: tokenize, match, score, account); grpc_loopback = tonic client->server on 127.0.0.1, one connection, same process. Each pick has a new final user message; the rest of the chat was seen before (segment cache warm). Index filled via PoolIndex::apply.",
         "machine": {"cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
         "tokenization": tokenization,
         "pick": results,
+        "worst_case_1mb": worst,
     });
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(())

@@ -110,7 +110,9 @@ pub fn build_pools(cfg: &Config, client: &reqwest::Client) -> Result<Vec<Arc<Poo
                 load,
                 pc.scoring.clone(),
             )
-            .with_index(pc.index, pc.pick_history_blocks),
+            .with_index(pc.index, pc.pick_history_blocks)
+            .with_tokenize_budget(pc.tokenize_budget.clone())
+            .with_failures(pc.failures.clone()),
         ));
     }
     Ok(pools)

@@ -36,9 +36,11 @@ use clap::Parser;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::discovery::DiscoveryDefaults;
+use crate::health::FailureConfig;
 use crate::history::DEFAULT_PICK_HISTORY_BLOCKS;
 use crate::load::SaturationThresholds;
 use crate::scoring::Weights;
+use crate::tokenize::TokenizeBudget;
 use crate::types::{EndpointSpec, IndexSource};
 
 /// Default tokens per KV block (vLLM's default).
@@ -307,6 +309,12 @@ pub struct PoolConfig {
     /// Timeout of one `render` call, ms.
     #[serde(default = "default_render_timeout_ms", alias = "render_timeout_ms")]
     pub render_timeout_ms: u64,
+    /// Bounds on one pick's in-process tokenization.
+    #[serde(default, alias = "tokenize_budget")]
+    pub tokenize_budget: TokenizeBudget,
+    /// When an endpoint whose requests fail is ranked last.
+    #[serde(default)]
+    pub failures: FailureConfig,
 }
 
 fn default_block_size() -> u32 {
@@ -339,6 +347,8 @@ impl PoolConfig {
             scrape: ScrapeConfig::default(),
             in_flight: InFlightConfig::default(),
             render_timeout_ms: default_render_timeout_ms(),
+            tokenize_budget: TokenizeBudget::default(),
+            failures: FailureConfig::default(),
         }
     }
 }
@@ -799,6 +809,12 @@ fn validate_pool(pool: &PoolConfig, at: &str) -> Result<(), ConfigError> {
     pool.saturation
         .validate()
         .map_err(|(field, msg)| invalid(format!("{at}.saturation.{field}"), msg))?;
+    pool.tokenize_budget
+        .validate()
+        .map_err(|(field, msg)| invalid(format!("{at}.tokenizeBudget.{field}"), msg))?;
+    pool.failures
+        .validate()
+        .map_err(|(field, msg)| invalid(format!("{at}.failures.{field}"), msg))?;
     Ok(())
 }
 

@@ -117,6 +117,8 @@ pub struct PoolMetrics {
     /// Picks whose prompt was tokenized only up to where no engine (nor a
     /// pick in prefill) holds its blocks: the rest cannot be a hit.
     pub tokenize_stopped: Counter,
+    /// Picks whose tokenization the pool's `tokenizeBudget` stopped.
+    pub tokenize_limited: Counter,
     /// Estimated prompt tokens those picks did not tokenize.
     pub tokens_not_tokenized: Counter,
     /// Stopped picks whose whole chain was not computed afterwards because
@@ -452,6 +454,7 @@ pub fn render(pools: &crate::service::Pools) -> String {
         }
     }
 
+    crate::health::render_metrics(&mut w, &pool_list);
     w.header(
         "kvasir_indexer_pool_saturation",
         "gauge",
@@ -541,9 +544,17 @@ pub fn render(pools: &crate::service::Pools) -> String {
     per_pool(
         &mut w,
         &pool_list,
+        "kvasir_indexer_tokenize_limited_total",
+        "counter",
+        "Picks whose tokenization stopped at the pool's tokenizeBudget (bytes, or a pre-token piece too long): the head was matched, the rest estimated.",
+        |p| p.metrics.tokenize_limited.get() as f64,
+    );
+    per_pool(
+        &mut w,
+        &pool_list,
         "kvasir_indexer_tokens_not_tokenized_total",
         "counter",
-        "Estimated prompt tokens those picks left untokenized (counted in their prompt length as an estimate).",
+        "Estimated prompt tokens stopped or limited picks left untokenized (counted in their prompt length as an estimate).",
         |p| p.metrics.tokens_not_tokenized.get() as f64,
     );
     per_pool(

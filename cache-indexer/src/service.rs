@@ -12,27 +12,23 @@
 //! decision `no_endpoints`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Instant;
 
-use dynamo_kv_router::protocols::LocalBlockHash;
 use kvasir_proto::v1 as pb;
-use kvasir_tokenizer::{ChatMessage, ChatTokenizer, PrefixIds};
+use kvasir_tokenizer::ChatMessage;
 use parking_lot::RwLock;
 
 use crate::events::{DecodedBatch, EngineEvent, EngineHash, SubscriberHandle, SyncState};
+use crate::health::{FailureConfig, Failures};
 use crate::history::{PickHistory, DEFAULT_PICK_HISTORY_BLOCKS};
 use crate::index::PoolIndex;
-use crate::load::{
-    block_chain, extend_block_chain, pool_saturation, LoadTracker, LoadView, PendingChains, Phase,
-};
+use crate::load::{pool_saturation, LoadTracker, LoadView, Phase};
 use crate::metrics::{PoolMetrics, SessionMetrics};
+use crate::pick_tokens::{complete_chain_later, OwnedPrompt, PrefixHashes};
 use crate::scoring::{self, Candidate, Decision, Weights};
-use crate::tokenize::{
-    tokenize_local, tokenize_local_prefix, PromptInput, RequestTokenizer, TokenizeError,
-    TokenizeMode, Tokenized,
-};
+use crate::tokenize::{RequestTokenizer, TokenizeBudget, TokenizeMode};
 use crate::types::{EndpointId, EndpointSpec, IndexSource};
 
 /// A request the service refuses.
@@ -117,8 +113,12 @@ pub struct Pool {
     /// Hot-path metrics.
     pub metrics: PoolMetrics,
     endpoints: RwLock<Arc<Vec<Arc<Endpoint>>>>,
+    /// Bounds on a pick's in-process tokenization.
+    pub tokenize_budget: TokenizeBudget,
+    /// Endpoints whose requests fail, from the reports.
+    pub failures: Failures,
     /// Chain completions in progress (see `complete_chain_later`).
-    completions: Arc<AtomicUsize>,
+    pub(crate) completions: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -139,79 +139,6 @@ pub struct EndpointChanges {
     pub added: Vec<String>,
     /// Addresses removed.
     pub removed: Vec<String>,
-}
-
-/// A Pick's prompt, owned (moved out of the request).
-enum OwnedPrompt {
-    Chat(Vec<ChatMessage>),
-    Text(String),
-    TokenIds(Vec<u32>),
-}
-
-impl OwnedPrompt {
-    fn input(&self) -> PromptInput<'_> {
-        match self {
-            OwnedPrompt::Chat(m) => PromptInput::Chat(m),
-            OwnedPrompt::Text(t) => PromptInput::Text(t),
-            OwnedPrompt::TokenIds(ids) => PromptInput::TokenIds(ids),
-        }
-    }
-}
-
-/// A prompt's block hashes, grown with its ids: the index's per-block
-/// hashes and the chained ones picks in prefill are matched by.
-#[derive(Default)]
-struct PrefixHashes {
-    local: Vec<LocalBlockHash>,
-    chain: Vec<u64>,
-}
-
-impl PrefixHashes {
-    /// Hashes the full blocks of `ids` (which extend the ids hashed so
-    /// far) not hashed yet.
-    fn extend(&mut self, index: &PoolIndex, ids: &[u32], block_size: u32) {
-        let bs = block_size.max(1) as usize;
-        if let Some(new) = ids.get(self.local.len() * bs..) {
-            self.local.extend(index.block_hashes(new));
-        }
-        extend_block_chain(&mut self.chain, ids, block_size);
-    }
-}
-
-/// Most chain completions running at once per pool. Each is CPU work (a
-/// long prompt is a millisecond); past this, a burst of fresh prompts
-/// would only queue threads, so further picks keep their short chain
-/// (counted in `kvasir_indexer_chain_completions_skipped_total`).
-const MAX_COMPLETIONS: usize = 4;
-
-/// Tokenizes `prompt` whole and hands its chain to the pick's pending
-/// entry, on the blocking pool; `running` counts the pool's completions
-/// in progress (at most [`MAX_COMPLETIONS`]). False when skipped.
-fn complete_chain_later(
-    tok: Arc<ChatTokenizer>,
-    prompt: OwnedPrompt,
-    block_size: u32,
-    request_id: String,
-    pending: PendingChains,
-    running: &Arc<AtomicUsize>,
-) -> bool {
-    if running.fetch_add(1, Ordering::AcqRel) >= MAX_COMPLETIONS {
-        running.fetch_sub(1, Ordering::AcqRel);
-        return false;
-    }
-    let running = Arc::clone(running);
-    let work = move || {
-        // It tokenized up to here, so an error is the template's: nothing to add.
-        if let Ok(ids) = tokenize_local(&tok, prompt.input()) {
-            pending.complete(&request_id, block_chain(&ids, block_size).into());
-        }
-        running.fetch_sub(1, Ordering::AcqRel);
-    };
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) => drop(h.spawn_blocking(work)),
-        Err(_) => work(),
-    }
-    true
 }
 
 impl Pool {
@@ -239,6 +166,8 @@ impl Pool {
             weights,
             metrics: PoolMetrics::default(),
             endpoints: RwLock::new(Arc::new(Vec::new())),
+            tokenize_budget: TokenizeBudget::default(),
+            failures: Failures::default(),
             completions: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -250,6 +179,18 @@ impl Pool {
         let wants_history =
             source == IndexSource::Picks || matches!(self.tokenizer, RequestTokenizer::Approx);
         self.history = wants_history.then(|| RwLock::new(PickHistory::new(history_blocks)));
+        self
+    }
+
+    /// Sets the bounds on a pick's in-process tokenization.
+    pub fn with_tokenize_budget(mut self, budget: TokenizeBudget) -> Self {
+        self.tokenize_budget = budget;
+        self
+    }
+
+    /// Sets when an endpoint counts as failing.
+    pub fn with_failures(mut self, cfg: FailureConfig) -> Self {
+        self.failures = Failures::new(cfg);
         self
     }
 
@@ -354,6 +295,7 @@ impl Pool {
             h.write().remove_endpoint(id);
         }
         self.load.remove_endpoint(id);
+        self.failures.remove_endpoint(id);
     }
 
     /// Whether every endpoint's event stream is in sync, and the addresses
@@ -456,51 +398,13 @@ impl Pool {
         } else {
             None
         };
-        let t0 = Instant::now();
-        // In-process tokenization against the engines' events stops where
-        // no engine holds the prompt's blocks (see `tokenize_prefix`).
-        let local = match (&self.tokenizer, &input) {
-            (_, PromptInput::TokenIds(_)) => None,
-            (RequestTokenizer::Local(tok), _) if self.index_source == IndexSource::Events => {
-                Some(tok)
-            }
-            _ => None,
-        };
         let mut hashes = PrefixHashes::default();
-        let (tokenized, estimated_len) = match local {
-            Some(tok) => match self.tokenize_prefix(tok, input, salted, &mut hashes) {
-                Ok(p) => {
-                    let est = p.estimated_len();
-                    (
-                        Ok(Tokenized {
-                            ids: p.ids,
-                            mode: TokenizeMode::Tokenizer,
-                        }),
-                        p.stopped_at.map(|_| est),
-                    )
-                }
-                Err(e) => (Err(e), None),
-            },
-            None => (self.tokenizer.tokenize(input, render_via).await, None),
-        };
-        let (ids, mode, tokenized_ok) = match tokenized {
-            Ok(t) => {
-                self.metrics.observe_tokenize(t.mode, t0.elapsed());
-                (t.ids, t.mode, true)
-            }
-            Err(e) if e.is_caller_error() => return Err(invalid("chat.messages", e.to_string())),
-            Err(e) => {
-                tracing::debug!(pool = %self.name, error = %e, "tokenization failed; picking by load");
-                self.metrics.tokenize_failures.inc();
-                (Vec::new(), self.tokenizer.mode(), false)
-            }
-        };
-        if let Some(est) = estimated_len {
-            self.metrics.tokenize_stopped.inc();
-            self.metrics
-                .tokens_not_tokenized
-                .add(est.saturating_sub(ids.len()) as u64);
-        }
+        let tokens = self
+            .tokenize_pick(input, salted, render_via, &mut hashes)
+            .await
+            .map_err(|e| invalid("chat.messages", e.to_string()))?;
+        let (ids, mode, tokenized_ok) = (tokens.ids, tokens.mode, tokens.ok);
+        let estimated_len = tokens.estimated_len;
         let prompt_tokens = u32::try_from(estimated_len.unwrap_or(ids.len())).unwrap_or(u32::MAX);
 
         // Match against the prefix index: the engines' events, or this
@@ -544,12 +448,19 @@ impl Pool {
             started,
             pending_chain.as_deref(),
         );
+        let failing = self
+            .failures
+            .ranked_last_all(endpoints.iter().map(|e| e.id), started);
         let candidates: Vec<Candidate<'_>> = endpoints
             .iter()
             .zip(&views)
-            .map(|(e, v)| {
+            .zip(failing)
+            .map(|((e, v), failing)| {
                 let indexed_blocks = overlap.as_ref().map_or(0, |o| o.blocks_for(e.id));
-                candidate(e, v, indexed_blocks.max(v.pending_matched_blocks))
+                Candidate {
+                    failing,
+                    ..candidate(e, v, indexed_blocks.max(v.pending_matched_blocks))
+                }
             })
             .collect();
         let sreq = scoring::Request {
@@ -563,6 +474,7 @@ impl Pool {
 
         if let Some(first) = ranking.order.first() {
             let e = &endpoints[first.candidate];
+            self.failures.picked(e.id, started);
             self.load.record_pick(
                 &request_id,
                 e.id,
@@ -577,15 +489,15 @@ impl Pool {
             // A stopped tokenization left the pick's chain short: finish it
             // off the pick's path, so that requests sharing this prompt's
             // fresh part while it is in prefill see it there.
-            if let (Some(_), Some(RequestTokenizer::Local(tok)), false) = (
-                estimated_len,
-                Some(&self.tokenizer),
+            if let (true, RequestTokenizer::Local(tok), false) = (
+                tokens.complete_later,
+                &self.tokenizer,
                 request_id.is_empty() || salted,
             ) {
                 let started = complete_chain_later(
                     Arc::clone(tok),
                     owned,
-                    self.block_size,
+                    (self.block_size, self.tokenize_budget.limits()),
                     request_id.clone(),
                     self.load.pending_chains(),
                     &self.completions,
@@ -633,33 +545,6 @@ impl Pool {
         })
     }
 
-    /// Tokenizes in process only as far as the ids can matter: at block
-    /// boundaries inside text the tokenizer has not seen (its segment
-    /// cache), it asks whether some engine's blocks (the index) or a pick
-    /// still in prefill hold the prompt up to there, and stops at the
-    /// first no: nothing after a miss can be a hit. A salted request is
-    /// never matched, so it stops at the first new text. The length of
-    /// the rest is estimated (the scoring's prefill work uses it).
-    fn tokenize_prefix(
-        &self,
-        tok: &ChatTokenizer,
-        input: PromptInput<'_>,
-        salted: bool,
-        hashes: &mut PrefixHashes,
-    ) -> Result<PrefixIds, TokenizeError> {
-        let block = self.block_size.max(1) as usize;
-        let mut go_on = |ids: &[u32]| -> bool {
-            if salted {
-                return false;
-            }
-            hashes.extend(&self.index, ids, self.block_size);
-            let full = ids.len() / block;
-            self.index.overlap_of(&hashes.local).max_blocks() >= full
-                || self.load.pending_holds(&hashes.chain)
-        };
-        tokenize_local_prefix(tok, input, block, &mut go_on)
-    }
-
     /// Accounts a report.
     pub fn report(&self, req: &pb::ReportRequest) -> Result<pb::ReportResponse, ServiceError> {
         if req.request_id.is_empty() {
@@ -686,6 +571,7 @@ impl Pool {
                 pb::Outcome::Rejected => 4,
             };
             self.metrics.reports_by_outcome[i].inc();
+            self.count_outcome(&req.endpoint, m.endpoint, outcome);
             // Prediction accuracy, only where the picked endpoint served.
             let served_by_pick = m.endpoint.is_some_and(|id| {
                 req.endpoint.is_empty() || EndpointId::from_address(&req.endpoint) == id
@@ -770,6 +656,7 @@ fn candidate<'a>(e: &'a Endpoint, v: &LoadView, matched: usize) -> Candidate<'a>
         healthy: v.healthy,
         saturated: v.saturated,
         left_out: v.left_out,
+        failing: false,
     }
 }
 
@@ -936,7 +823,7 @@ impl pb::indexer_server::Indexer for IndexerService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::{EngineLoad, LoadConfig};
+    use crate::load::{block_chain, EngineLoad, LoadConfig};
 
     fn pool_with(n: usize, tokenizer: RequestTokenizer) -> Pool {
         pool_indexed(

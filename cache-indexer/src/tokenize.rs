@@ -32,8 +32,65 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvasir_tokenizer::{ChatMessage, ChatTokenizer, PrefixIds};
+use kvasir_tokenizer::{ChatMessage, ChatTokenizer, EncodeLimits, PrefixIds};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// Bounds on one pick's in-process tokenization (`tokenizeBudget` in a
+/// pool's config): BPE over a long piece is superlinear, so without them
+/// one prompt of a repeated character could hold a core for a quarter of a
+/// second. Past them the pick matches the prefix it tokenized (exact ids)
+/// and estimates the rest's length; text the segment cache holds is free.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TokenizeBudget {
+    /// Most bytes of not-yet-seen prompt text one pick tokenizes.
+    #[serde(alias = "max_bytes")]
+    pub max_bytes: usize,
+    /// Longest pre-tokenizer piece tokenized (a run of one character or of
+    /// punctuation is one piece); a longer one ends the tokenization.
+    #[serde(alias = "max_piece_bytes")]
+    pub max_piece_bytes: usize,
+}
+
+impl Default for TokenizeBudget {
+    fn default() -> Self {
+        TokenizeBudget {
+            max_bytes: 128 * 1024,
+            max_piece_bytes: 4096,
+        }
+    }
+}
+
+impl TokenizeBudget {
+    /// The tokenizer's form of the bounds.
+    pub fn limits(&self) -> EncodeLimits {
+        EncodeLimits {
+            max_bytes: self.max_bytes,
+            max_piece_bytes: self.max_piece_bytes,
+        }
+    }
+
+    /// Checks ranges; on error, the field name and what is wrong.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        if self.max_bytes < 1024 {
+            return Err((
+                "maxBytes",
+                format!("must be at least 1024, got {}", self.max_bytes),
+            ));
+        }
+        if !(16..=self.max_bytes).contains(&self.max_piece_bytes) {
+            return Err((
+                "maxPieceBytes",
+                format!(
+                    "must be 16..=maxBytes ({}), got {}",
+                    self.max_bytes, self.max_piece_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// The request's prompt.
 #[derive(Debug, Clone, Copy)]
@@ -223,23 +280,26 @@ pub fn tokenize_local(
     }
 }
 
-/// [`tokenize_local`] that stops where `go_on` says no (see
-/// [`ChatTokenizer::encode_prefix`]); token ids are taken whole.
+/// [`tokenize_local`] that stops where `go_on` says no or past `limits`
+/// (see [`ChatTokenizer::encode_prefix_limited`]); token ids are taken
+/// whole.
 pub fn tokenize_local_prefix(
     tok: &ChatTokenizer,
     prompt: PromptInput<'_>,
     block: usize,
     go_on: &mut dyn FnMut(&[u32]) -> bool,
+    limits: EncodeLimits,
 ) -> Result<PrefixIds, TokenizeError> {
     match prompt {
         PromptInput::Chat(messages) => tok
-            .encode_chat_prefix(messages, true, block, go_on)
+            .encode_chat_prefix_limited(messages, true, block, go_on, limits)
             .map_err(|e| TokenizeError::Template(e.to_string())),
-        PromptInput::Text(text) => Ok(tok.encode_prefix(text, block, go_on)),
+        PromptInput::Text(text) => Ok(tok.encode_prefix_limited(text, block, go_on, limits)),
         PromptInput::TokenIds(ids) => Ok(PrefixIds {
             ids: ids.to_vec(),
             stopped_at: None,
             text_len: 0,
+            limited: false,
         }),
     }
 }

@@ -185,6 +185,28 @@ enum Part<'t> {
 /// The caller's answer to "go on past these ids?".
 pub(crate) type GoOn<'a> = &'a mut dyn FnMut(&[u32]) -> bool;
 
+/// Bounds on the work of one encode: past them it stops before the next
+/// piece, as if the caller had said no. The ids stay exact (a prefix of the
+/// whole text's); only how far they reach is bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncodeLimits {
+    /// Most bytes of text run through the pre-tokenizer and BPE (text the
+    /// segment cache holds costs nothing and is not counted).
+    pub max_bytes: usize,
+    /// Longest pre-tokenizer piece encoded. BPE over one piece is
+    /// superlinear (a run of one character is a single piece), so a longer
+    /// piece stops the encoding before it.
+    pub max_piece_bytes: usize,
+}
+
+impl EncodeLimits {
+    /// No bounds: the whole text is encoded.
+    pub const NONE: EncodeLimits = EncodeLimits {
+        max_bytes: usize::MAX,
+        max_piece_bytes: usize::MAX,
+    };
+}
+
 /// When [`Encoder::encode_prefix`] asks whether to go on: at the first
 /// full block that holds uncached text, then 2, 4, 8... blocks further, so
 /// a long prompt that does keep matching costs O(log n) checks.
@@ -195,6 +217,11 @@ pub(crate) struct Probe<'a> {
     next: Option<usize>,
     step_blocks: usize,
     go_on: Option<GoOn<'a>>,
+    limits: EncodeLimits,
+    /// Bytes the limits have let through so far.
+    spent: usize,
+    /// Whether a limit stopped the encoding.
+    pub(crate) limited: bool,
 }
 
 impl<'a> Probe<'a> {
@@ -204,7 +231,27 @@ impl<'a> Probe<'a> {
             next: None,
             step_blocks: 1,
             go_on: Some(go_on),
+            limits: EncodeLimits::NONE,
+            spent: 0,
+            limited: false,
         }
+    }
+
+    /// The same probe, also bounded by `limits`.
+    pub(crate) fn with_limits(mut self, limits: EncodeLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Whether a piece of `len` bytes may be encoded; charges it if so.
+    fn admit(&mut self, len: usize) -> bool {
+        let spent = self.spent.saturating_add(len);
+        if len > self.limits.max_piece_bytes || spent > self.limits.max_bytes {
+            self.limited = true;
+            return false;
+        }
+        self.spent = spent;
+        true
     }
 
     /// A probe that never asks: the whole text is encoded.
@@ -214,6 +261,9 @@ impl<'a> Probe<'a> {
             next: None,
             step_blocks: 1,
             go_on: None,
+            limits: EncodeLimits::NONE,
+            spent: 0,
+            limited: false,
         }
     }
 
@@ -546,8 +596,8 @@ impl Encoder {
     }
 
     /// Pre-tokenizes and BPE-encodes normalized text holding no added
-    /// token, asking `probe` after each piece; breaks with the bytes of
-    /// `text` encoded when told to stop.
+    /// token, asking `probe` after each piece (and its limits before each);
+    /// breaks with the bytes of `text` encoded when told to stop.
     fn encode_pieces(
         &self,
         text: &str,
@@ -555,10 +605,23 @@ impl Encoder {
         out: &mut Vec<u32>,
         probe: &mut Probe<'_>,
     ) -> ControlFlow<usize> {
-        pretok::try_for_each_piece(self.classes, text, |piece| {
+        // Pieces cover the text in order, so their lengths give offsets.
+        let mut at = 0;
+        let mut refused = None;
+        let r = pretok::try_for_each_piece(self.classes, text, |piece| {
+            if !probe.admit(piece.len()) {
+                refused = Some(at);
+                return ControlFlow::Break(());
+            }
+            at += piece.len();
             self.bpe.encode_piece(piece.as_bytes(), scratch, out);
             probe.check(out)
-        })
+        });
+        match (r, refused) {
+            // A refused piece was not encoded: the stop is at its start.
+            (ControlFlow::Break(_), Some(start)) => ControlFlow::Break(start),
+            (r, _) => r,
+        }
     }
 
     /// The segment NFC-normalized when the tokenizer says so (borrowed when

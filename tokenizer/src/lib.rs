@@ -35,6 +35,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use encoder::EncodeLimits;
 pub use error::TokenizerError;
 
 use encoder::Encoder;
@@ -118,6 +119,9 @@ pub struct PrefixIds {
     pub stopped_at: Option<usize>,
     /// The text's length in bytes.
     pub text_len: usize,
+    /// Whether an [`EncodeLimits`] bound stopped it (rather than the
+    /// caller's `go_on`).
+    pub limited: bool,
 }
 
 impl PrefixIds {
@@ -291,12 +295,27 @@ impl ChatTokenizer {
         block: usize,
         go_on: &mut dyn FnMut(&[u32]) -> bool,
     ) -> PrefixIds {
-        let mut probe = encoder::Probe::new(block, go_on);
+        self.encode_prefix_limited(text, block, go_on, EncodeLimits::NONE)
+    }
+
+    /// [`encode_prefix`](Self::encode_prefix) that also stops before the
+    /// first piece past `limits` (see [`EncodeLimits`]): the work of one
+    /// call is bounded whatever the text. The ids are still a prefix of
+    /// `encode(text)`'s; [`PrefixIds::limited`] says a limit stopped it.
+    pub fn encode_prefix_limited(
+        &self,
+        text: &str,
+        block: usize,
+        go_on: &mut dyn FnMut(&[u32]) -> bool,
+        limits: EncodeLimits,
+    ) -> PrefixIds {
+        let mut probe = encoder::Probe::new(block, go_on).with_limits(limits);
         let (ids, stopped_at) = self.encoder.encode_prefix(text, &mut probe);
         PrefixIds {
             ids,
             stopped_at,
             text_len: text.len(),
+            limited: probe.limited,
         }
     }
 
@@ -309,8 +328,27 @@ impl ChatTokenizer {
         block: usize,
         go_on: &mut dyn FnMut(&[u32]) -> bool,
     ) -> Result<PrefixIds, TokenizerError> {
+        self.encode_chat_prefix_limited(
+            messages,
+            add_generation_prompt,
+            block,
+            go_on,
+            EncodeLimits::NONE,
+        )
+    }
+
+    /// [`render_chat`](Self::render_chat) then
+    /// [`encode_prefix_limited`](Self::encode_prefix_limited).
+    pub fn encode_chat_prefix_limited(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        block: usize,
+        go_on: &mut dyn FnMut(&[u32]) -> bool,
+        limits: EncodeLimits,
+    ) -> Result<PrefixIds, TokenizerError> {
         let text = self.render_chat(messages, add_generation_prompt)?;
-        Ok(self.encode_prefix(&text, block, go_on))
+        Ok(self.encode_prefix_limited(&text, block, go_on, limits))
     }
 
     /// Text of `ids`, special tokens included; unknown ids are skipped and
