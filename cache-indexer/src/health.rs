@@ -315,6 +315,14 @@ impl Verdict {
 impl crate::service::Pool {
     /// Counts a DONE report's outcome for the endpoint that served it (the
     /// report's, when it names one of the pool's, else the picked one).
+    ///
+    /// When another member served, the picked endpoint did not: Envoy
+    /// retried the request away from it (refused or reset before any
+    /// response) or could not reach it. That is a failure of the picked
+    /// endpoint even though the request succeeded; without it an engine
+    /// that resets every request would look idle, keep being picked first
+    /// and cost every request a retry (Envoy's override-host ignores
+    /// outlier ejection).
     pub(crate) fn count_outcome(
         &self,
         served: &str,
@@ -327,8 +335,14 @@ impl crate::service::Pool {
         let named = (!served.is_empty())
             .then(|| EndpointId::from_address(served))
             .filter(|id| self.endpoints().iter().any(|e| e.id == *id));
+        let now = Instant::now();
+        if let (Some(n), Some(p)) = (named, picked) {
+            if n != p {
+                self.failures.record(p, Verdict::Failure, now);
+            }
+        }
         if let Some(id) = named.or(picked) {
-            self.failures.record(id, verdict, Instant::now());
+            self.failures.record(id, verdict, now);
         }
     }
 }

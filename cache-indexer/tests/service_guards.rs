@@ -176,3 +176,42 @@ pools:
     )
     .is_err());
 }
+
+/// An engine that resets every request before answering: Envoy retries each
+/// on the pick's next endpoint, so every report is a SUCCESS, but served by
+/// another engine than the one picked. That counts against the picked one,
+/// so it stops being picked first (Envoy's override-host would keep
+/// sending it every request's first attempt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_whose_requests_are_served_elsewhere_counts_as_failing() {
+    let sims = Sim::start_many(3).await;
+    let mut cfg: Config = config(&sims.iter().collect::<Vec<_>>());
+    cfg.pools[0].failures.min_requests = 5.0;
+    let ix = start_indexer(&cfg).await;
+    ix.wait_ready().await;
+    let bad = sims[0].address();
+    let other = sims[1].address();
+    let mut first_on_bad = 0;
+    for i in 0..60 {
+        let id = format!("retried-{i}");
+        let ids: Vec<u32> = (0..64).map(|k| 5000 + (i * 64 + k) as u32).collect();
+        let p = ix.pick(ids_pick(&id, ids)).await;
+        let first = p.endpoints[0].address.clone();
+        let served = if first == bad {
+            first_on_bad += 1;
+            other.clone()
+        } else {
+            first
+        };
+        ix.report(done(&id, &served, pb::Outcome::Success)).await;
+    }
+    assert!(first_on_bad >= 5, "the bad endpoint was never picked first");
+    let m = ix.metrics().await;
+    assert_eq!(gauge(&m, "kvasir_indexer_endpoint_failing", &bad), 1.0);
+    assert_eq!(gauge(&m, "kvasir_indexer_endpoint_failing", &other), 0.0);
+    // Failing: ranked after the others (its cool-down is 5 s by default).
+    let p = ix
+        .pick(ids_pick("after", (0..64).map(|k| 90_000 + k).collect()))
+        .await;
+    assert_ne!(p.endpoints[0].address, bad);
+}
