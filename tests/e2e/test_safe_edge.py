@@ -198,7 +198,7 @@ def test_requests_that_never_reached_an_engine_are_retried_and_the_engine_avoide
                                    f"127.0.0.1:{free_port()}"))
             wait_envoy(e, [stub_addr, sim.address])
             hits = []
-            for i in range(40):
+            for i in range(50):
                 before = handler.hits
                 status, h, b = e.post("/v1/chat/completions", chat(content=f"retry {i} {uuid.uuid4().hex}"))
                 assert status == 200, b
@@ -212,7 +212,7 @@ def test_requests_that_never_reached_an_engine_are_retried_and_the_engine_avoide
             # stub is picked last, so later requests no longer try it (one
             # cool-down probe at most).
             assert sum(hits) <= 12, hits
-            assert sum(hits[25:]) <= 1, hits
+            assert sum(hits[35:]) <= 1, hits
     finally:
         stub.shutdown()
 
@@ -233,7 +233,7 @@ def test_an_engine_answering_500_is_avoided(artifacts, logdir):
         status, _, b = request("POST", bad.port, "/sim/faults", json.dumps({"fail_rate": 1.0}))
         assert status == 200, b
         codes, served = [], []
-        for i in range(60):
+        for i in range(90):
             status, h, _ = e.post("/v1/chat/completions", chat(content=f"fail {i} {uuid.uuid4().hex}"))
             codes.append(status)
             served.append(h.get(SERVED))
@@ -244,7 +244,9 @@ def test_an_engine_answering_500_is_avoided(artifacts, logdir):
         # be replayed on the next one.)
         assert codes.count(500) <= 12, codes
         assert served.count(bad.address) <= 12, served
-        assert codes[30:].count(500) <= 1, codes
+        # It takes ~40 requests on idle engines to collect those 10 (it gets
+        # about a third of the picks until then).
+        assert codes[60:].count(500) <= 1, codes
         assert e.stat("cluster.kvasir_pool.outlier_detection.ejections_enforced_total") >= 1
 
 
