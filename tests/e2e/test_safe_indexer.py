@@ -149,3 +149,22 @@ def test_a_restarting_indexer_loses_nothing_and_never_reads_as_saturated(artifac
             status, _, b = e.post("/v1/chat/completions", chat(content=f"after {i} {uuid.uuid4().hex}"))
             assert status == 200, b
         assert e.stat("wasmcustom.kvasir.pool.main.pick.ok") - ok == 3
+
+
+def test_a_pathological_prompt_is_picked_within_the_pick_timeout(stack: Stack):
+    """A megabyte of one repeated character cost 230-290 ms of tokenizer CPU
+    per pick, past the e2e pool's 200 ms pick timeout, so every such request
+    (and the picks queued behind it) failed open. The indexer's per-pick
+    tokenization budget answers it in about a millisecond."""
+    stack.need_indexer()
+    e = stack.envoy
+    ok, fo = "wasmcustom.kvasir.pool.main.pick.ok", "wasmcustom.kvasir.pool.main.failopen"
+    limited = stack.indexer.metric("kvasir_indexer_tokenize_limited_total")
+    before_ok, before_fo = e.stat(ok), e.stat(fo)
+    for ch in "ab":
+        status, h, b = e.post("/v1/chat/completions", chat(content=ch * 1_000_000, max_tokens=1))
+        # Routed to an engine, which refuses a prompt past its context
+        # length (125k tokens against 40,960) as vLLM does.
+        assert "x-kvasir-reply" not in h and h.get(SERVED) in stack.by_address(), (status, b[:300])
+    assert (e.stat(ok) - before_ok, e.stat(fo) - before_fo) == (2, 0)
+    assert stack.indexer.metric("kvasir_indexer_tokenize_limited_total") - limited >= 2
