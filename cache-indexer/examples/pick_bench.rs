@@ -21,7 +21,8 @@
 //! (a fresh tokenizer with no segment cache) and warm template+encode
 //! times are reported separately. The worst case: picks of 1 MB chat
 //! messages built to be expensive to tokenize (one repeated character,
-//! whitespace, punctuation, base64, and plain words for scale), each new
+//! whitespace, punctuation, base64, decomposed accents that NFC must
+//! compose, and plain words for scale), each new
 //! to the segment cache, with the pool's default `tokenizeBudget` and with
 //! none. Needs the Qwen3 tokenizer (`$KVASIR_TOKENIZER_DIR` or
 //! `.tools/tokenizers/qwen3`).
@@ -172,6 +173,10 @@ fn worst_texts(rng: &mut Rng) -> Vec<(&'static str, String)> {
         ("spaces", " ".repeat(MB)),
         ("json_punctuation", "{[\"".repeat(MB / 3)),
         ("base64", base64),
+        (
+            "decomposed_accents",
+            "cafe\u{301} na\u{308}ive ".repeat(MB / 16),
+        ),
         ("words", words),
     ]
 }

@@ -182,6 +182,14 @@ enum Part<'t> {
     Token(u32),
 }
 
+/// Normalized bytes a segment's head keeps past the budget's room: pieces
+/// ending well before the cut are the whole segment's.
+const NFC_MARGIN: usize = 4096;
+
+/// Longer than any added token: one matched this close to a head's cut
+/// might have been a longer one's start.
+const MAX_ADDED_BYTES: usize = 256;
+
 /// The caller's answer to "go on past these ids?".
 pub(crate) type GoOn<'a> = &'a mut dyn FnMut(&[u32]) -> bool;
 
@@ -243,10 +251,16 @@ impl<'a> Probe<'a> {
         self
     }
 
+    /// Bytes the budget has left.
+    fn room(&self) -> usize {
+        self.limits.max_bytes.saturating_sub(self.spent)
+    }
+
     /// Whether a piece of `len` bytes may be encoded; charges it if so.
-    fn admit(&mut self, len: usize) -> bool {
+    /// `cut`: the piece reaches past a truncated text's exact part.
+    fn admit(&mut self, len: usize, cut: bool) -> bool {
         let spent = self.spent.saturating_add(len);
-        if len > self.limits.max_piece_bytes || spent > self.limits.max_bytes {
+        if cut || len > self.limits.max_piece_bytes || spent > self.limits.max_bytes {
             self.limited = true;
             return false;
         }
@@ -560,47 +574,65 @@ impl Encoder {
         probe: &mut Probe<'_>,
     ) -> ControlFlow<usize> {
         probe.arm(out.len());
-        let normalized = self.normalize(seg);
+        let (normalized, exact_to) = self.normalize(seg, probe.room());
         // Offsets in the normalized text, scaled back to `seg` (exact when
-        // nothing was normalized).
-        let scale = |n: usize| n * seg.len() / normalized.len().max(1);
+        // nothing was normalized; about right in a head).
+        let scale = |n: usize| match exact_to {
+            Some(_) => n.min(seg.len()),
+            None => n * seg.len() / normalized.len().max(1),
+        };
+        let cut = exact_to.unwrap_or(usize::MAX);
+        // A truncated head is never encoded to its end (the budget stops
+        // first); if it were, it must still not pass for the whole.
+        let whole = |r: ControlFlow<usize>| match (r, exact_to) {
+            (ControlFlow::Continue(()), Some(e)) => ControlFlow::Break(scale(e)),
+            (ControlFlow::Break(n), _) => ControlFlow::Break(scale(n)),
+            (r, None) => r,
+        };
         if self.normalized_added.is_empty() {
-            return match self.encode_pieces(&normalized, scratch, out, probe) {
-                ControlFlow::Break(n) => ControlFlow::Break(scale(n)),
-                ControlFlow::Continue(()) => ControlFlow::Continue(()),
-            };
+            return whole(self.encode_pieces(&normalized, cut, scratch, out, probe));
         }
         let mut stopped = None;
         let _ = self
             .normalized_added
             .try_split(&normalized, |part, at| match part {
+                // (Near a head's cut a longer token might have matched.)
+                Part::Token(_) if at.saturating_add(MAX_ADDED_BYTES) > cut => {
+                    probe.limited = true;
+                    stopped = Some(at);
+                    ControlFlow::Break(())
+                }
                 Part::Token(id) => {
                     out.push(id);
                     match probe.check(out) {
                         ControlFlow::Break(()) => {
-                            stopped = Some(scale(at));
+                            stopped = Some(at);
                             ControlFlow::Break(())
                         }
                         c => c,
                     }
                 }
-                Part::Text(s) => match self.encode_pieces(s, scratch, out, probe) {
-                    ControlFlow::Break(n) => {
-                        stopped = Some(scale(at + n));
-                        ControlFlow::Break(())
+                Part::Text(s) => {
+                    match self.encode_pieces(s, cut.saturating_sub(at), scratch, out, probe) {
+                        ControlFlow::Break(n) => {
+                            stopped = Some(at + n);
+                            ControlFlow::Break(())
+                        }
+                        ControlFlow::Continue(()) => ControlFlow::Continue(()),
                     }
-                    ControlFlow::Continue(()) => ControlFlow::Continue(()),
-                },
+                }
             });
-        stopped.map_or(ControlFlow::Continue(()), ControlFlow::Break)
+        whole(stopped.map_or(ControlFlow::Continue(()), ControlFlow::Break))
     }
 
     /// Pre-tokenizes and BPE-encodes normalized text holding no added
-    /// token, asking `probe` after each piece (and its limits before each);
-    /// breaks with the bytes of `text` encoded when told to stop.
+    /// token, asking `probe` after each piece (and its limits before each,
+    /// refusing pieces that end past `cut`); breaks with the bytes of
+    /// `text` encoded when told to stop.
     fn encode_pieces(
         &self,
         text: &str,
+        cut: usize,
         scratch: &mut Scratch,
         out: &mut Vec<u32>,
         probe: &mut Probe<'_>,
@@ -609,7 +641,7 @@ impl Encoder {
         let mut at = 0;
         let mut refused = None;
         let r = pretok::try_for_each_piece(self.classes, text, |piece| {
-            if !probe.admit(piece.len()) {
+            if !probe.admit(piece.len(), at + piece.len() > cut) {
                 refused = Some(at);
                 return ControlFlow::Break(());
             }
@@ -625,15 +657,31 @@ impl Encoder {
     }
 
     /// The segment NFC-normalized when the tokenizer says so (borrowed when
-    /// that changes nothing, the usual case).
-    fn normalize<'a>(&self, seg: &'a str) -> Cow<'a, str> {
+    /// that changes nothing, the usual case). With only `room` bytes of
+    /// budget left, a long one is normalized only as far as
+    /// `room + NFC_MARGIN` bytes (normalizing is linear but not cheap):
+    /// then also the offset up to which the head's pieces are the whole
+    /// segment's (before its trailing whitespace run, whose pieces depend
+    /// on where the run ends, and a few bytes short of the cut, for the
+    /// contractions' lookahead).
+    fn normalize<'a>(&self, seg: &'a str, room: usize) -> (Cow<'a, str>, Option<usize>) {
         let needs_nfc =
             self.nfc && !seg.is_ascii() && is_nfc_quick(seg.chars()) != IsNormalized::Yes;
-        if needs_nfc {
-            Cow::Owned(seg.nfc().map(|(c, _)| c).collect())
-        } else {
-            Cow::Borrowed(seg)
+        if !needs_nfc {
+            return (Cow::Borrowed(seg), None);
         }
+        let cap = room.saturating_add(NFC_MARGIN);
+        let mut head = String::with_capacity(seg.len().min(cap).saturating_add(4));
+        // The streamed output's prefix is the whole normalization's prefix.
+        for (c, _) in seg.nfc() {
+            if head.len() >= cap {
+                let tail = pretok::trailing_space_start(self.classes, &head);
+                let exact_to = tail.min(head.len() - 4);
+                return (Cow::Owned(head), Some(exact_to));
+            }
+            head.push(c);
+        }
+        (Cow::Owned(head), None)
     }
 
     pub(crate) fn vocab_size(&self) -> usize {

@@ -126,6 +126,16 @@ pub(crate) fn try_for_each_piece<'t>(
     ControlFlow::Continue(())
 }
 
+/// Start of the run of whitespace that ends `text` (its length when it
+/// ends otherwise).
+pub(crate) fn trailing_space_start(classes: &Classes, text: &str) -> usize {
+    text.char_indices()
+        .rev()
+        .take_while(|&(_, c)| classes.of(c) == SPACE)
+        .last()
+        .map_or(text.len(), |(i, _)| i)
+}
+
 struct Scanner<'a> {
     classes: &'a Classes,
     text: &'a str,

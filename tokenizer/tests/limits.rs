@@ -137,3 +137,33 @@ fn pathological_texts_stop_within_the_limits() {
         assert_eq!(&FAST.encode(&text[..p.stopped_at.unwrap_or(0)]), &p.ids);
     }
 }
+
+#[test]
+fn long_text_to_normalize_is_normalized_only_as_far_as_the_budget_reaches() {
+    let tok = ChatTokenizer::from_dir(tokenizer_dir())
+        .expect("load")
+        .with_cache_bytes(0);
+    let small = EncodeLimits {
+        max_bytes: 1000,
+        max_piece_bytes: 4096,
+    };
+    // Decomposed accents (NFC composes them), words of them, 1 MB.
+    let words = "cafe\u{301} ou\u{300} na\u{308}ive ".repeat(1 << 15);
+    // The head is cut inside a whitespace run with one early newline: the
+    // whole text's piece is `\n` + the run + `\n` (too long, refused); the
+    // head's would have been a lone `\n`.
+    let run = format!("{}\n{}\nafter", "e\u{301}".repeat(300), " ".repeat(9000));
+    for (label, text, limits) in [
+        ("words", &words, small),
+        ("words, defaults", &words, DEFAULTS),
+        ("run", &run, small),
+    ] {
+        let p = limited(&tok, text, limits);
+        assert!(p.limited, "{label}");
+        let whole = tok.encode(text);
+        assert!(p.ids.len() < whole.len(), "{label}");
+        assert_eq!(&whole[..p.ids.len()], &p.ids[..], "{label}");
+    }
+    let p = limited(&tok, &run, small);
+    assert_eq!(p.ids, tok.encode(&"e\u{301}".repeat(300)));
+}
