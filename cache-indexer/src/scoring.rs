@@ -82,6 +82,10 @@
 //! a hash of the request's seed (its request id) and the endpoint address:
 //! stable across replicas, and spread across endpoints over requests.
 //!
+//! *Failing* endpoints (most of their recent requests ended in ERROR or
+//! TIMEOUT, `crate::health`) go after every other one whatever their cost:
+//! failing fast makes an engine look idle.
+//!
 //! Unhealthy endpoints are left out, and so are *KV-full* ones (KV usage at
 //! the saturation threshold: admitting more there preempts running
 //! sequences) unless every healthy one is KV-full. An endpoint saturated by
