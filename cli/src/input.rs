@@ -1,0 +1,276 @@
+//! Reading `FILE|DIR...` into per-namespace [`Resources`], and turning
+//! every problem into a [`Diagnostic`] with file, line, column and path.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use kvasir_api::{Document, DocumentError, Finding, ObjectRef, Resources};
+use kvasir_policy::Severity;
+use serde::Serialize;
+
+use crate::yaml::{self, Doc};
+
+/// One problem, located. The `--output json` shape (see the README).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Diagnostic {
+    /// The file, as given on the command line (joined with the directory
+    /// walked); `null` for a problem of a target that no file holds.
+    pub file: Option<String>,
+    /// 1-based line (`null` with `file`).
+    pub line: Option<usize>,
+    /// 1-based column.
+    pub column: Option<usize>,
+    /// 1-based index of the YAML document in its file.
+    pub document: Option<usize>,
+    /// The resource's kind, when known.
+    pub kind: Option<String>,
+    /// The resource's `metadata.name`, when known.
+    pub name: Option<String>,
+    /// The resource's namespace, when known.
+    pub namespace: Option<String>,
+    /// The field, e.g. `spec.match.models[0]`; empty for the whole resource.
+    pub path: String,
+    /// Why.
+    pub message: String,
+    /// `error` or `warning`.
+    pub severity: Severity,
+}
+
+impl std::fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(file) = &self.file {
+            write!(
+                f,
+                "{file}:{}:{}: ",
+                self.line.unwrap_or(1),
+                self.column.unwrap_or(1)
+            )?;
+        }
+        f.write_str(if self.severity == Severity::Error {
+            "error"
+        } else {
+            "warning"
+        })?;
+        if let (Some(k), Some(n)) = (&self.kind, &self.name) {
+            write!(f, ": {k}/{n}")?;
+        }
+        if !self.path.is_empty() {
+            write!(f, ": {}", self.path)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// An I/O or usage problem (exit status 2).
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// A path could not be read.
+    #[error("{path}: {error}")]
+    Io {
+        /// The path.
+        path: String,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// A directory held no YAML or JSON file.
+    #[error("{0}: no .yaml, .yml or .json file")]
+    Empty(String),
+}
+
+/// Where a resource was read.
+#[derive(Debug, Clone)]
+struct Source {
+    file: String,
+    doc: Doc,
+}
+
+/// Everything read from the inputs.
+#[derive(Debug, Default)]
+pub struct Input {
+    /// Resources by namespace.
+    pub namespaces: BTreeMap<String, Resources>,
+    /// Problems found while reading (syntax, shape).
+    pub diagnostics: Vec<Diagnostic>,
+    sources: BTreeMap<(String, String, String), Source>,
+}
+
+fn files_of(arg: &Path) -> Result<Vec<PathBuf>, InputError> {
+    let io = |error| InputError::Io {
+        path: arg.display().to_string(),
+        error,
+    };
+    let meta = std::fs::metadata(arg).map_err(io)?;
+    if !meta.is_dir() {
+        return Ok(vec![arg.to_owned()]);
+    }
+    let mut out = Vec::new();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(arg)
+        .map_err(io)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()
+        .map_err(io)?;
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            out.extend(files_of(&p)?);
+        } else if matches!(
+            p.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) {
+            out.push(p);
+        }
+    }
+    if out.is_empty() {
+        return Err(InputError::Empty(arg.display().to_string()));
+    }
+    Ok(out)
+}
+
+fn diag(file: &str, doc: Option<&Doc>, path: &str, message: String) -> Diagnostic {
+    let pos = doc.map(|d| d.position(path));
+    Diagnostic {
+        file: Some(file.to_owned()),
+        line: pos.map(|p| p.line),
+        column: pos.map(|p| p.column),
+        document: doc.map(|d| d.index),
+        kind: doc.and_then(|d| d.value.get("kind")?.as_str().map(str::to_owned)),
+        name: doc.and_then(|d| {
+            d.value
+                .get("metadata")?
+                .get("name")?
+                .as_str()
+                .map(str::to_owned)
+        }),
+        namespace: doc.and_then(|d| {
+            d.value
+                .get("metadata")?
+                .get("namespace")?
+                .as_str()
+                .map(str::to_owned)
+        }),
+        path: path.to_owned(),
+        message,
+        severity: Severity::Error,
+    }
+}
+
+impl Input {
+    /// Reads every document of every file under `args`. Resources without
+    /// a namespace go to `default_ns`.
+    pub fn read(args: &[PathBuf], default_ns: &str) -> Result<Input, InputError> {
+        let mut input = Input::default();
+        for arg in args {
+            for file in files_of(arg)? {
+                let text = std::fs::read_to_string(&file).map_err(|error| InputError::Io {
+                    path: file.display().to_string(),
+                    error,
+                })?;
+                input.add_text(&file.display().to_string(), &text, default_ns);
+            }
+        }
+        Ok(input)
+    }
+
+    /// Adds the documents of one file's text.
+    pub fn add_text(&mut self, file: &str, text: &str, default_ns: &str) {
+        let docs = match yaml::parse(text) {
+            Ok(d) => d,
+            Err(e) => {
+                let mut d = diag(file, None, "", format!("not valid YAML: {}", e.message));
+                d.line = Some(e.pos.line);
+                d.column = Some(e.pos.column);
+                self.diagnostics.push(d);
+                return;
+            }
+        };
+        for doc in docs {
+            self.add_doc(file, doc, default_ns);
+        }
+    }
+
+    fn add_doc(&mut self, file: &str, doc: Doc, default_ns: &str) {
+        match kvasir_api::document::parse(doc.value.clone()) {
+            Ok(d) => {
+                let ns = d.namespace().unwrap_or(default_ns).to_owned();
+                let (kind, name) = kind_name(&d);
+                let key = (ns.clone(), kind.to_owned(), name.clone());
+                if let Some(prev) = self.sources.get(&key) {
+                    self.diagnostics.push(diag(
+                        file,
+                        Some(&doc),
+                        "metadata.name",
+                        format!("{kind} `{name}` is also defined in {}", prev.file),
+                    ));
+                    return;
+                }
+                self.sources.insert(
+                    key,
+                    Source {
+                        file: file.to_owned(),
+                        doc,
+                    },
+                );
+                let res = self
+                    .namespaces
+                    .entry(ns.clone())
+                    .or_insert_with(|| Resources {
+                        namespace: ns,
+                        ..Resources::default()
+                    });
+                res.insert(d);
+            }
+            Err(DocumentError::Unsupported { .. }) => {
+                let e = kvasir_api::document::parse(doc.value.clone()).unwrap_err();
+                let mut d = diag(file, Some(&doc), "kind", e.to_string());
+                d.severity = Severity::Warning;
+                self.diagnostics.push(d);
+            }
+            Err(DocumentError::Invalid { path, message, .. }) => {
+                self.diagnostics
+                    .push(diag(file, Some(&doc), &path, message));
+            }
+        }
+    }
+
+    /// Locates a compile finding in the files.
+    pub fn locate(&self, namespace: &str, f: &Finding) -> Diagnostic {
+        let source = f.object.as_ref().and_then(|o: &ObjectRef| {
+            self.sources
+                .get(&(namespace.to_owned(), o.kind.to_owned(), o.name.clone()))
+        });
+        let mut d = match source {
+            Some(s) => diag(&s.file, Some(&s.doc), &f.path, f.message.clone()),
+            None => Diagnostic {
+                file: None,
+                line: None,
+                column: None,
+                document: None,
+                kind: None,
+                name: None,
+                namespace: None,
+                path: f.path.clone(),
+                message: f.message.clone(),
+                severity: f.severity,
+            },
+        };
+        if let Some(o) = &f.object {
+            d.kind = Some(o.kind.to_owned());
+            d.name = Some(o.name.clone());
+        }
+        d.namespace = Some(namespace.to_owned());
+        d.severity = f.severity;
+        d
+    }
+}
+
+fn kind_name(d: &Document) -> (&'static str, String) {
+    let (kind, meta) = match d {
+        Document::Policy(r) => ("InferencePolicy", &r.metadata),
+        Document::Tenant(r) => ("InferenceTenant", &r.metadata),
+        Document::Provider(r) => ("InferenceProvider", &r.metadata),
+        Document::Settings(r) => ("InferenceSettings", &r.metadata),
+        Document::Pool(r) => ("InferencePool", &r.metadata),
+        Document::Secret(r) => ("Secret", &r.metadata),
+    };
+    (kind, meta.name.clone().unwrap_or_default())
+}

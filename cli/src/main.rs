@@ -1,0 +1,360 @@
+//! `kvasirctl`: validate, compile and explain Kvasir resources offline.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use kvasir_api::Options;
+use kvasir_policy::ApiKind;
+use kvasirctl::explain::{explain, Sample};
+use kvasirctl::{choose_target, parse_target, validate, Input, Outcome, EXIT_OK, EXIT_USAGE};
+
+/// Validate, compile and explain Kvasir policy resources (kvasir.dev/v1alpha1)
+/// offline: no cluster, no network.
+///
+/// Inputs are YAML or JSON files or directories (read recursively, *.yaml,
+/// *.yml, *.json), every document of every file, as one set of resources per
+/// namespace. Tenants' API keys come from `v1` Secret documents in the same
+/// inputs; only their SHA-256 is kept.
+///
+/// Exit status: 0 valid, 1 invalid, 2 usage or I/O error.
+#[derive(Parser, Debug)]
+#[command(name = "kvasirctl", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Debug)]
+struct Common {
+    /// Files or directories to read.
+    #[arg(required = true, value_name = "FILE|DIR")]
+    inputs: Vec<PathBuf>,
+    /// Namespace of resources that set none; with `compile`/`explain` also
+    /// selects the target's namespace.
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// The Envoy cluster of the cache-indexer's gRPC service.
+    #[arg(long, default_value = "kvasir-indexer")]
+    indexer_cluster: String,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum Format {
+    /// For people.
+    Text,
+    /// A stable JSON object (see the README's kvasirctl section).
+    Json,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum Api {
+    Chat,
+    Completions,
+    AnthropicMessages,
+}
+
+/// The sample request of `explain`.
+#[derive(clap::Args, Debug)]
+struct RequestArgs {
+    /// The tenant by name (skips identification).
+    #[arg(long, conflicts_with = "api_key")]
+    tenant: Option<String>,
+    /// An API key, sent as `authorization: Bearer KEY`.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// A request header, `name: value` (repeatable).
+    #[arg(short = 'H', long = "header")]
+    headers: Vec<String>,
+    /// A verified JWT claim value (`payloadInMetadata` tenant source).
+    #[arg(long)]
+    jwt_claim: Option<String>,
+    /// The model (default: the body's `model`).
+    #[arg(short, long)]
+    model: Option<String>,
+    /// The API.
+    #[arg(long, value_enum, default_value = "chat")]
+    api: Api,
+    /// A JSON request body file.
+    #[arg(long)]
+    body: Option<PathBuf>,
+    /// A prompt text (a one-message chat body), instead of --body.
+    #[arg(long, conflicts_with = "body")]
+    prompt: Option<String>,
+    /// A pool's saturation, POOL=0..1 (repeatable); unset pools are unknown.
+    #[arg(long = "saturation", value_name = "POOL=VALUE")]
+    saturation: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Check every document and compile every target; each problem with
+    /// file:line:column, resource and field path.
+    Validate {
+        #[command(flatten)]
+        common: Common,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value = "text")]
+        output: Format,
+    },
+    /// Print the compiled filter configuration (kvasir.filter/v1) of one
+    /// target: exactly the bytes the controller writes.
+    Compile {
+        #[command(flatten)]
+        common: Common,
+        /// The target: Gateway/NAME or HTTPRoute/NAME (needed when the inputs
+        /// have several).
+        #[arg(short, long)]
+        target: Option<String>,
+        /// Write to this file instead of stdout.
+        #[arg(short = 'O', long)]
+        out: Option<PathBuf>,
+    },
+    /// Explain what the filter would do with a sample request: which policy
+    /// matched, why each earlier one did not, and the action.
+    Explain {
+        #[command(flatten)]
+        common: Common,
+        /// The target: Gateway/NAME or HTTPRoute/NAME.
+        #[arg(short, long)]
+        target: Option<String>,
+        #[command(flatten)]
+        request: RequestArgs,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value = "text")]
+        output: Format,
+    },
+    /// Print the CustomResourceDefinitions (YAML), or write one file per CRD.
+    Crds {
+        /// Write `kvasir.dev_<plural>.yaml` files into this directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+fn read(c: &Common) -> Result<(Input, Options), Outcome> {
+    let ns = c.namespace.as_deref().unwrap_or("default");
+    let input = Input::read(&c.inputs, ns).map_err(Outcome::usage)?;
+    let opts = Options {
+        indexer_cluster: c.indexer_cluster.clone(),
+    };
+    Ok((input, opts))
+}
+
+fn json_line<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    let mut b = serde_json::to_vec_pretty(v).unwrap_or_default();
+    b.push(b'\n');
+    b
+}
+
+fn run_validate(common: &Common, output: Format) -> Result<Outcome, Outcome> {
+    let (input, opts) = read(common)?;
+    let report = validate(&input, &opts);
+    let (stdout, stderr) = match output {
+        Format::Json => (json_line(&report), String::new()),
+        Format::Text => (report.text().into_bytes(), String::new()),
+    };
+    Ok(Outcome {
+        stdout,
+        stderr,
+        code: report.code(),
+    })
+}
+
+fn target_of(
+    input: &Input,
+    common: &Common,
+    target: Option<&str>,
+) -> Result<kvasirctl::Scoped, Outcome> {
+    let t = target
+        .map(parse_target)
+        .transpose()
+        .map_err(Outcome::usage)?;
+    choose_target(input, t.as_ref(), common.namespace.as_deref()).map_err(Outcome::usage)
+}
+
+fn run_compile(
+    common: &Common,
+    target: Option<&str>,
+    out: Option<&PathBuf>,
+) -> Result<Outcome, Outcome> {
+    let (input, opts) = read(common)?;
+    let scoped = target_of(&input, common, target)?;
+    match kvasirctl::compile(&input, &scoped, &opts) {
+        Ok(c) => match out {
+            Some(path) => {
+                std::fs::write(path, &c.bytes)
+                    .map_err(|e| Outcome::usage(format!("{}: {e}", path.display())))?;
+                Ok(Outcome {
+                    stdout: Vec::new(),
+                    stderr: String::new(),
+                    code: EXIT_OK,
+                })
+            }
+            None => Ok(Outcome {
+                stdout: c.bytes,
+                stderr: String::new(),
+                code: EXIT_OK,
+            }),
+        },
+        Err(report) => Ok(Outcome {
+            stdout: Vec::new(),
+            stderr: report.text(),
+            code: report.code().max(1),
+        }),
+    }
+}
+
+struct ExplainArgs<'a> {
+    target: Option<&'a str>,
+    sample: Sample,
+    output: Format,
+}
+
+fn sample_of(r: RequestArgs) -> Result<Sample, Outcome> {
+    let mut hs = Vec::new();
+    for h in &r.headers {
+        let (k, v) = h
+            .split_once(':')
+            .ok_or_else(|| Outcome::usage(format!("--header `{h}`: expected `name: value`")))?;
+        hs.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+    }
+    if let Some(k) = r.api_key {
+        hs.push(("authorization".into(), format!("Bearer {k}")));
+    }
+    let body = match (&r.body, r.prompt) {
+        (Some(p), _) => {
+            let text =
+                std::fs::read(p).map_err(|e| Outcome::usage(format!("{}: {e}", p.display())))?;
+            Some(
+                serde_json::from_slice(&text)
+                    .map_err(|e| Outcome::usage(format!("{}: not JSON: {e}", p.display())))?,
+            )
+        }
+        (None, Some(t)) => Some(serde_json::json!({"messages": [{"role": "user", "content": t}]})),
+        (None, None) => None,
+    };
+    let mut sat = BTreeMap::new();
+    for s in &r.saturation {
+        let parsed = s
+            .split_once('=')
+            .and_then(|(p, v)| Some((p.to_owned(), v.parse::<f64>().ok()?)));
+        match parsed {
+            Some((p, v)) if (0.0..=1.0).contains(&v) => {
+                sat.insert(p, v);
+            }
+            _ => {
+                return Err(Outcome::usage(format!(
+                    "--saturation `{s}`: expected POOL=VALUE with VALUE in 0..1"
+                )))
+            }
+        }
+    }
+    let api = match r.api {
+        Api::Chat => ApiKind::Chat,
+        Api::Completions => ApiKind::Completions,
+        Api::AnthropicMessages => ApiKind::AnthropicMessages,
+    };
+    Ok(Sample {
+        tenant: r.tenant,
+        headers: hs,
+        jwt_claim: r.jwt_claim,
+        api: Some(api),
+        model: r.model,
+        body,
+        saturation: sat,
+    })
+}
+
+fn run_explain(common: &Common, a: ExplainArgs<'_>) -> Result<Outcome, Outcome> {
+    let (input, opts) = read(common)?;
+    let scoped = target_of(&input, common, a.target)?;
+    let c = match kvasirctl::compile(&input, &scoped, &opts) {
+        Ok(c) => c,
+        Err(report) => {
+            return Ok(Outcome {
+                stdout: Vec::new(),
+                stderr: report.text(),
+                code: report.code().max(1),
+            })
+        }
+    };
+    let e = explain(&scoped.to_string(), &c, &a.sample).map_err(Outcome::usage)?;
+    let stdout = match a.output {
+        Format::Json => json_line(&e),
+        Format::Text => e.text().into_bytes(),
+    };
+    Ok(Outcome {
+        stdout,
+        stderr: String::new(),
+        code: EXIT_OK,
+    })
+}
+
+fn run_crds(dir: Option<&PathBuf>) -> Result<Outcome, Outcome> {
+    let err = |e: &dyn std::fmt::Display| Outcome::usage(e);
+    match dir {
+        None => {
+            let y = kvasir_api::crds::yaml().map_err(|e| err(&e))?;
+            Ok(Outcome {
+                stdout: y.into_bytes(),
+                stderr: String::new(),
+                code: EXIT_OK,
+            })
+        }
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| err(&e))?;
+            for (name, text) in kvasir_api::crds::files().map_err(|e| err(&e))? {
+                std::fs::write(d.join(&name), text).map_err(|e| err(&format!("{name}: {e}")))?;
+            }
+            Ok(Outcome {
+                stdout: Vec::new(),
+                stderr: String::new(),
+                code: EXIT_OK,
+            })
+        }
+    }
+}
+
+fn run(cli: Cli) -> Outcome {
+    let r = match cli.command {
+        Command::Validate { common, output } => run_validate(&common, output),
+        Command::Compile {
+            common,
+            target,
+            out,
+        } => run_compile(&common, target.as_deref(), out.as_ref()),
+        Command::Explain {
+            common,
+            target,
+            request,
+            output,
+        } => sample_of(request).and_then(|sample| {
+            run_explain(
+                &common,
+                ExplainArgs {
+                    target: target.as_deref(),
+                    sample,
+                    output,
+                },
+            )
+        }),
+        Command::Crds { dir } => run_crds(dir.as_ref()),
+    };
+    r.unwrap_or_else(|o| o)
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let out = run(cli);
+    let mut so = std::io::stdout().lock();
+    let wrote = so.write_all(&out.stdout).and_then(|()| so.flush());
+    eprint!("{}", out.stderr);
+    if let Err(e) = wrote {
+        eprintln!("kvasirctl: stdout: {e}");
+        std::process::exit(EXIT_USAGE);
+    }
+    std::process::exit(out.code);
+}
