@@ -307,7 +307,7 @@ impl Verdict {
         match outcome {
             pb::Outcome::Success | pb::Outcome::Unspecified => Some(Verdict::Success),
             pb::Outcome::Error | pb::Outcome::Timeout => Some(Verdict::Failure),
-            pb::Outcome::Cancelled | pb::Outcome::Rejected => None,
+            pb::Outcome::Cancelled | pb::Outcome::Rejected | pb::Outcome::ClientError => None,
         }
     }
 }

@@ -128,8 +128,9 @@ pub struct PoolMetrics {
     pub reports_matched: Counter,
     /// Reports for unknown request ids.
     pub reports_unmatched: Counter,
-    /// DONE reports by outcome: success, error, cancelled, timeout, rejected.
-    pub reports_by_outcome: [Counter; 5],
+    /// DONE reports by outcome: success, error, cancelled, timeout, rejected,
+    /// client_error.
+    pub reports_by_outcome: [Counter; 6],
     /// In-flight picks dropped by the lost-report timeout.
     pub in_flight_expired: Counter,
     /// Predicted cached tokens of picks whose DONE report came from the
@@ -622,7 +623,7 @@ pub fn render(pools: &crate::service::Pools) -> String {
         "DONE reports by outcome.",
     );
     for p in &pool_list {
-        for (i, o) in ["success", "error", "cancelled", "timeout", "rejected"]
+        for (i, o) in ["success", "error", "cancelled", "timeout", "rejected", "client_error"]
             .iter()
             .enumerate()
         {

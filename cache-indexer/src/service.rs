@@ -569,6 +569,7 @@ impl Pool {
                 pb::Outcome::Cancelled => 2,
                 pb::Outcome::Timeout => 3,
                 pb::Outcome::Rejected => 4,
+                pb::Outcome::ClientError => 5,
             };
             self.metrics.reports_by_outcome[i].inc();
             self.count_outcome(&req.endpoint, m.endpoint, outcome);

@@ -812,6 +812,10 @@ impl Flow {
             Outcome::Timeout
         } else if ok {
             Outcome::Success
+        } else if self.status.is_some_and(|s| (400..500).contains(&s)) {
+            // The request's fault, not the engine's: a tenant sending
+            // invalid requests must not make an engine look failing.
+            Outcome::ClientError
         } else {
             Outcome::Error
         };

@@ -1123,3 +1123,47 @@ fn a_stream_cut_by_the_upstream_is_counted_and_reported_as_an_error() {
 
 #[path = "engine_body_tests.rs"]
 mod body;
+
+/// A 4xx from the engine is the request's fault: reported as a client
+/// error, which the indexer never counts against the engine; a 5xx is an
+/// error.
+#[test]
+fn engine_4xx_is_reported_as_a_client_error_and_5xx_as_an_error() {
+    for (status, outcome) in [
+        ("400", kvasir_proto::v1::Outcome::ClientError),
+        ("404", kvasir_proto::v1::Outcome::ClientError),
+        ("500", kvasir_proto::v1::Outcome::Error),
+        ("503", kvasir_proto::v1::Outcome::Error),
+    ] {
+        let (shared, _) = config(api_key(), json!({}));
+        let mut flow = Flow::new(shared);
+        let mut h = Fake::new(
+            "/v1/chat/completions",
+            &[("authorization", "Bearer key-acme")],
+            &chat("qwen", false),
+        );
+        headers(&mut flow, &mut h);
+        body(&mut flow, &mut h);
+        grpc(
+            &mut flow,
+            &mut h,
+            7,
+            0,
+            Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
+        );
+        h.resp_headers = vec![
+            (":status".into(), status.into()),
+            ("content-type".into(), "application/json".into()),
+        ];
+        h.cb = Cb::RespHeaders;
+        flow.on_response_headers(&mut h, false);
+        h.cb = Cb::RespBody;
+        h.resp_chunk = br#"{"error":{"message":"x"}}"#.to_vec();
+        let n = h.resp_chunk.len();
+        flow.on_response_body(&mut h, n, true);
+        h.cb = Cb::Log;
+        flow.on_log(&mut h);
+        let r = ReportRequest::decode(h.detached[0].2.as_slice()).unwrap();
+        assert_eq!(r.outcome, outcome as i32, "{status}");
+    }
+}
