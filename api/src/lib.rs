@@ -11,6 +11,7 @@ pub mod assemble;
 pub mod crds;
 pub mod document;
 pub mod schema;
+pub mod status;
 pub mod types;
 
 pub use assemble::{compile, targets, Compiled, Finding, ObjectRef, Options, Resources, Secrets};

@@ -21,7 +21,17 @@ use kvasirctl::{choose_target, parse_target, validate, Input, Outcome, EXIT_OK, 
 ///
 /// Exit status: 0 valid, 1 invalid, 2 usage or I/O error.
 #[derive(Parser, Debug)]
-#[command(name = "kvasirctl", version)]
+#[command(
+    name = "kvasirctl",
+    version,
+    after_help = "Examples:\n  \
+    kvasirctl validate crds/examples/\n  \
+    kvasirctl validate -o json policies/ | jq '.errors[] | \"\\(.file):\\(.line): \\(.path): \\(.message)\"'\n  \
+    kvasirctl compile crds/examples/ --target Gateway/inference-gateway > policy.json\n  \
+    kvasirctl explain crds/examples/ --api-key sk-acme-example-1 -m llama-3.1-8b-instruct --prompt hi --saturation main=0.9\n  \
+    kvasirctl crds | kubectl apply -f -\n\n\
+    The README's kvasirctl section documents the JSON shapes."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
