@@ -1,7 +1,9 @@
 //! The CRDs as YAML: what `kvasirctl crds` prints and `make crds` writes
 //! under `crds/` (a test fails when the committed files drift).
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, ValidationRule,
+};
 use kube_core::CustomResourceExt;
 
 use crate::types::{InferencePolicy, InferenceProvider, InferenceSettings, InferenceTenant};
@@ -13,11 +15,39 @@ pub const HEADER: &str =
 /// The Kvasir CRDs, in a fixed order.
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
-        InferencePolicy::crd(),
-        InferenceTenant::crd(),
-        InferenceProvider::crd(),
+        label_names(InferencePolicy::crd()),
+        label_names(InferenceTenant::crd()),
+        label_names(InferenceProvider::crd()),
         InferenceSettings::crd(),
     ]
+}
+
+/// Policy, tenant and provider names are stats labels and segments of
+/// dotted stat names, so they must be DNS-1123 labels (Kubernetes allows
+/// dots and 253 characters): a root CEL rule says so at admission.
+fn label_names(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let kind = crd.spec.names.kind.clone();
+    for v in &mut crd.spec.versions {
+        if let Some(root) = v
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            root.x_kubernetes_validations
+                .get_or_insert_with(Vec::new)
+                .push(ValidationRule {
+                    rule: format!(
+                        "self.metadata.name.size() <= 63 && self.metadata.name.matches('{}')",
+                        crate::schema::LABEL_PATTERN
+                    ),
+                    message: Some(format!(
+                        "an {kind} name is a DNS-1123 label (lowercase letters, digits and '-', at most 63): it is a stats label"
+                    )),
+                    ..ValidationRule::default()
+                });
+        }
+    }
+    crd
 }
 
 /// `(file name, YAML)` for each CRD: `kvasir.dev_<plural>.yaml`.
