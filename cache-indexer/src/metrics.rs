@@ -623,9 +623,16 @@ pub fn render(pools: &crate::service::Pools) -> String {
         "DONE reports by outcome.",
     );
     for p in &pool_list {
-        for (i, o) in ["success", "error", "cancelled", "timeout", "rejected", "client_error"]
-            .iter()
-            .enumerate()
+        for (i, o) in [
+            "success",
+            "error",
+            "cancelled",
+            "timeout",
+            "rejected",
+            "client_error",
+        ]
+        .iter()
+        .enumerate()
         {
             w.sample(
                 "kvasir_indexer_report_outcomes_total",
