@@ -161,6 +161,18 @@ pub fn provider_cluster(namespace: &str, provider: &InferenceProvider) -> String
         .unwrap_or_else(|| format!("kvasir/{namespace}/provider/{}", provider.name_any()))
 }
 
+impl Resources {
+    /// The Secrets the tenants name: what a controller fetches into
+    /// [`Resources::secrets`] (it need not read any other Secret).
+    pub fn secret_names(&self) -> BTreeSet<String> {
+        self.tenants
+            .iter()
+            .filter_map(|t| t.spec.identity.api_keys.as_ref())
+            .map(|k| k.secret_ref.name.clone())
+            .collect()
+    }
+}
+
 /// Every target named by a policy or a settings resource.
 pub fn targets(res: &Resources) -> BTreeSet<TargetRef> {
     let p = res.policies.iter().flat_map(|p| p.spec.target_refs.iter());

@@ -73,6 +73,12 @@ fn examples_compile_in_precedence_order() {
 }
 
 #[test]
+fn secret_names_are_the_tenants_key_secrets() {
+    let names: Vec<_> = load(EXAMPLES).secret_names().into_iter().collect();
+    assert_eq!(names, ["acme-api-keys", "nightly-eval-api-keys"]);
+}
+
+#[test]
 fn same_resources_in_any_order_give_the_same_bytes() {
     let a = compile(&load(EXAMPLES), &gateway(), &Options::default()).unwrap();
     let mut rev: Vec<&str> = EXAMPLES.to_vec();

@@ -219,8 +219,7 @@ impl Input {
                     });
                 res.insert(d);
             }
-            Err(DocumentError::Unsupported { .. }) => {
-                let e = kvasir_api::document::parse(doc.value.clone()).unwrap_err();
+            Err(e @ DocumentError::Unsupported { .. }) => {
                 let mut d = diag(file, Some(&doc), "kind", e.to_string());
                 d.severity = Severity::Warning;
                 self.diagnostics.push(d);
