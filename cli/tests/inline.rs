@@ -187,3 +187,61 @@ spec: {identity: {headerValue: Blue Team}}
     assert_eq!(e.decided_by, "default");
     assert_eq!(e.decision["status"], 403);
 }
+
+#[test]
+fn each_target_compiles_its_own_policies() {
+    let docs = r#"
+apiVersion: kvasir.dev/v1alpha1
+kind: InferenceSettings
+metadata: {name: s}
+spec:
+  targetRefs: [{kind: Gateway, name: edge}, {kind: HTTPRoute, name: chat}]
+  tenantSource: {header: x-team}
+  defaultAction: {reject: {status: 403}}
+---
+apiVersion: kvasir.dev/v1alpha1
+kind: InferenceTenant
+metadata: {name: blue}
+spec: {}
+---
+apiVersion: kvasir.dev/v1alpha1
+kind: InferencePolicy
+metadata: {name: both}
+spec:
+  precedence: 5
+  targetRefs: [{kind: Gateway, name: edge}, {kind: HTTPRoute, name: chat}]
+  match: {tenants: [blue]}
+  action: {reject: {status: 418}}
+---
+apiVersion: kvasir.dev/v1alpha1
+kind: InferencePolicy
+metadata: {name: chat-only}
+spec:
+  precedence: 5
+  targetRefs: [{kind: HTTPRoute, name: chat}]
+  action: {shed: {retryAfterS: 1}}
+"#;
+    let i = input(&[("a.yaml", docs)]);
+    // `both` and `chat-only` share precedence 5 on HTTPRoute/chat only.
+    let r = validate(&i, &Options::default());
+    assert_eq!(r.targets, ["team/Gateway/edge", "team/HTTPRoute/chat"]);
+    assert_eq!(r.errors.len(), 1, "{}", r.text());
+    assert_eq!(r.errors[0].path, "spec.precedence");
+    assert!(
+        r.errors[0].message.contains("on HTTPRoute/chat"),
+        "{}",
+        r.text()
+    );
+    let err = choose_target(&i, None, None).unwrap_err();
+    assert!(err.contains("several targets"), "{err}");
+    let edge = kvasirctl::parse_target("Gateway/edge").unwrap();
+    let t = choose_target(&i, Some(&edge), None).unwrap();
+    let c = kvasir_api::compile(&i.namespaces["team"], &t.target, &Options::default()).unwrap();
+    let names: Vec<_> = c
+        .config
+        .policies()
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(names, ["both"]);
+}
