@@ -1,0 +1,509 @@
+"""gateway-api/: the manifests a platform engineer applies on a cluster with
+Envoy Gateway (issue 19 point 4), checked with no cluster:
+
+- every document validates against its real schema: the upstream CRDs in
+  ../shared/upstream-crds/ (Gateway API, Envoy Gateway, InferencePool) and
+  ours (crds/), turned into JSON Schema with unknown fields refused (as
+  `kubectl apply`'s strict field validation does); core kinds against the
+  Kubernetes 1.34 OpenAPI schemas bundled in PyPI's `kubernetes-validate`
+  (offline, strict). CEL rules (`x-kubernetes-validations`) are skipped
+  here: crds/' own are evaluated by the Rust tests (kube-cel); the
+  upstream ones are not evaluated anywhere in this repository.
+- `kubectl kustomize` renders the base, the examples and both together;
+- `kvasirctl validate gateway-api/` passes; the EnvoyExtensionPolicy's
+  `config` is exactly `kvasirctl compile`'s output;
+- the HTTPRoute's allowlist, the timeouts, retries and override-host field
+  say what issue 18 asks;
+- that compiled configuration loads in the real Envoy 1.40 with the built
+  filter (`envoy --mode validate` runs its on_configure), and the four
+  example policies do what they say on requests through a real Envoy, the
+  real cache-indexer and vllm-sims, with the compiled configuration as it
+  is in the EnvoyExtensionPolicy (cluster names unchanged: the bootstrap
+  gets clusters of those names).
+
+Not proven here (no Envoy Gateway, no cluster): that Envoy Gateway accepts
+these resources beyond their schemas, the xDS names the EnvoyPatchPolicy
+patches, and header-matched re-routing by HTTPRoute rules; see
+gateway-api/README.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+jsonschema = pytest.importorskip("jsonschema")
+
+from conftest import (ENVOY_BIN, INDEXER_BIN, TOKENIZER, WASM, Envoy, Proc, Processes, free_port, render, request,  # noqa: E402
+                      secrets_for, start_sim, wait_sim, wait_until)
+
+REPO = Path(__file__).resolve().parents[2]
+GW = REPO / "gateway-api"
+UPSTREAM = REPO.parent / "shared" / "upstream-crds"
+KVASIRCTL = REPO / "target" / "release" / "kvasirctl"
+K8S_VERSION = "1.34"
+
+
+# ---------------------------------------------------------------------------
+# Documents and schemas
+# ---------------------------------------------------------------------------
+
+
+def manifest_files() -> list[Path]:
+    return sorted(p for p in GW.rglob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for p in manifest_files():
+        for i, d in enumerate(yaml.safe_load_all(p.read_text())):
+            if d:
+                out.append((f"{p.relative_to(GW)}#{i + 1}", d))
+    return out
+
+
+def structural_to_json_schema(s: Any) -> Any:
+    """A CRD's structural schema as JSON Schema: `nullable` allows null,
+    `x-kubernetes-int-or-string` is integer or string, objects with
+    `properties` refuse unknown fields unless
+    `x-kubernetes-preserve-unknown-fields`; other `x-kubernetes-*` keys (CEL
+    rules included) are dropped."""
+    if isinstance(s, list):
+        return [structural_to_json_schema(x) for x in s]
+    if not isinstance(s, dict):
+        return s
+    out = {k: structural_to_json_schema(v) for k, v in s.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if s.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if "properties" in s and "additionalProperties" not in s and not s.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    if s.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def crd_schemas() -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
+    """(apiVersion, kind) -> (source file, JSON Schema) of every served version."""
+    files = sorted(UPSTREAM.glob("*.yaml")) + sorted((REPO / "crds").glob("*.yaml"))
+    out = {}
+    for f in files:
+        for d in yaml.safe_load_all(f.read_text()):
+            if not d or d.get("kind") != "CustomResourceDefinition":
+                continue
+            group, kind = d["spec"]["group"], d["spec"]["names"]["kind"]
+            for v in d["spec"]["versions"]:
+                if v.get("served") and "schema" in v:
+                    s = structural_to_json_schema(v["schema"]["openAPIV3Schema"])
+                    # apiVersion, kind and metadata are the API server's at the
+                    # root of every object, whatever the CRD's schema lists.
+                    s.setdefault("properties", {})["metadata"] = {"type": "object"}
+                    s["properties"].setdefault("apiVersion", {"type": "string"})
+                    s["properties"].setdefault("kind", {"type": "string"})
+                    out[(f"{group}/{v['name']}", kind)] = (f.name, s)
+    return out
+
+
+def test_the_schema_conversion_refuses_what_the_api_server_refuses():
+    """The converter is what the manifest test trusts: a misspelt field, a
+    wrong enum value and a missing required field are errors; an
+    int-or-string takes both; a nullable field takes null."""
+    schemas = crd_schemas()
+    _, btp = schemas[("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy")]
+    ok = {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "BackendTrafficPolicy", "metadata": {"name": "x"},
+          "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "r"}],
+                   "retry": {"numRetries": 2}}}
+    jsonschema.validate(ok, btp)
+    for bad in ({"retry": {"numRetrys": 2}}, {"loadBalancer": {"type": "Fastest"}}, {"loadBalancer": {"endpointOverride": {}}}):
+        d = copy.deepcopy(ok)
+        d["spec"].update(bad)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(d, btp)
+    _, ctp = schemas[("gateway.envoyproxy.io/v1alpha1", "ClientTrafficPolicy")]
+    base = {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "ClientTrafficPolicy", "metadata": {"name": "x"}}
+    for limit in ("2Mi", 2097152):
+        jsonschema.validate({**base, "spec": {"connection": {"bufferLimit": limit}}}, ctp)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**base, "spec": {"connection": {"bufferLimit": [1]}}}, ctp)
+
+
+@pytest.mark.parametrize("where, doc", documents(), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_manifest_validates_against_its_schema(where, doc):
+    api, kind = doc.get("apiVersion", ""), doc.get("kind", "")
+    schemas = crd_schemas()
+    if (api, kind) in schemas:
+        src, schema = schemas[(api, kind)]
+        errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
+        assert not errors, f"{where}: {kind} against {src}: " + "; ".join(
+            f"{'.'.join(map(str, e.path))}: {e.message[:300]}" for e in errors)
+        return
+    import kubernetes_validate
+
+    assert "/" not in api or api.split("/")[0].endswith(".k8s.io") or api.startswith("apps/"), \
+        f"{where}: {api} {kind} has no schema here (neither a CRD in upstream-crds/ or crds/ nor a core kind)"
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        pytest.fail(f"{where}: {kind} against Kubernetes {K8S_VERSION}: {str(e)[:600]}")
+
+
+def test_every_kind_the_issue_asks_for_is_there():
+    kinds = [d["kind"] for _, d in documents()]
+    for k in ("Gateway", "HTTPRoute", "InferencePool", "EnvoyExtensionPolicy", "EnvoyPatchPolicy", "ClientTrafficPolicy",
+              "BackendTrafficPolicy", "Deployment", "Service", "ServiceAccount", "ClusterRole", "Role", "ConfigMap",
+              "InferencePolicy", "InferenceTenant", "InferenceSettings", "InferenceProvider"):
+        assert k in kinds, k
+    policies = {d["metadata"]["name"] for _, d in documents() if d["kind"] == "InferencePolicy"}
+    assert {"cheaper-model-for-easy-prompts", "batch-when-idle", "burst-to-provider", "pii-stays-inside"} <= policies
+
+
+def doc(kind: str, name: str) -> dict[str, Any]:
+    found = [d for _, d in documents() if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, (kind, name, len(found))
+    return found[0]
+
+
+# ---------------------------------------------------------------------------
+# What the manifests say (issue 18 on Envoy Gateway)
+# ---------------------------------------------------------------------------
+
+INFERENCE_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
+
+
+def test_the_route_lets_only_the_inference_apis_through():
+    route = doc("HTTPRoute", "inference")
+    seen = set()
+    for rule in route["spec"]["rules"]:
+        assert rule["matches"], "a rule without matches matches every path"
+        for m in rule["matches"]:
+            assert m["path"]["type"] == "Exact", m
+            seen.add((m["method"], m["path"]["value"]))
+    assert seen == {("POST", p) for p in INFERENCE_PATHS} | {("GET", "/v1/models")}
+    # Each cluster the compiled configuration can name has a rule that
+    # matches it in x-kvasir-cluster, for every inference path.
+    cfg = doc("EnvoyExtensionPolicy", "kvasir")["spec"]["wasm"][0]["config"]
+    clusters = {p["cluster"] for p in cfg["pools"]} | {p["cluster"] for p in cfg["providers"]}
+    by_header: dict[str, set[str]] = {}
+    for rule in route["spec"]["rules"]:
+        for m in rule["matches"]:
+            for h in m.get("headers", []):
+                assert h["name"] == "x-kvasir-cluster" and h["type"] == "Exact"
+                by_header.setdefault(h["value"], set()).add(m["path"]["value"])
+    assert by_header == {c: INFERENCE_PATHS for c in clusters}
+
+
+def test_client_and_backend_traffic_policies_carry_the_safe_defaults():
+    ctp = doc("ClientTrafficPolicy", "inference-gateway")["spec"]
+    assert ctp["timeout"]["http"] == {"requestReceivedTimeout": "60s", "requestHeadersReceivedTimeout": "10s",
+                                      "streamIdleTimeout": "300s", "idleTimeout": "300s"}
+    assert ctp["connection"]["bufferLimit"] == "2Mi"
+    # The filter's body limit fits under Envoy's buffer.
+    settings_limit = 1048575
+    assert settings_limit < 2 * 1024 * 1024
+    btp = doc("BackendTrafficPolicy", "inference")["spec"]
+    assert btp["retry"]["retryOn"]["triggers"] == ["connect-failure", "refused-stream", "reset"]
+    assert btp["retry"]["numRetries"] == 2
+    assert btp["loadBalancer"]["endpointOverride"]["extractFrom"] == [{"header": "x-gateway-destination-endpoint"}]
+    errors = doc("BackendTrafficPolicy", "inference-gateway-errors")["spec"]["responseOverride"]
+    for o in errors:
+        json.loads(o["response"]["body"]["inline"])
+        assert o["response"]["contentType"] == "application/json"
+
+
+def test_the_extension_policy_does_not_fail_open_and_pins_the_module():
+    w = doc("EnvoyExtensionPolicy", "kvasir")["spec"]["wasm"]
+    assert len(w) == 1 and w[0]["failOpen"] is False
+    assert w[0]["code"]["type"] == "HTTP" and re.fullmatch(r"[0-9a-f]{64}", w[0]["code"]["http"]["sha256"])
+    # The digest is of a build, not necessarily of the one in target/ now
+    # (other work changes the filter); the controller writes the served one.
+    patch = doc("EnvoyPatchPolicy", "kvasir")["spec"]["jsonPatches"]
+    assert any(p["operation"].get("path", "").endswith("allow_on_headers_stop_iteration") and p["operation"]["value"] is True
+               for p in patch)
+    indexer = [p for p in patch if p["name"] == "kvasir-indexer"]
+    assert indexer and indexer[0]["operation"]["value"]["name"] == "kvasir-indexer"
+
+
+def test_the_indexer_runs_twice_with_probes_resources_and_its_token():
+    dep = doc("Deployment", "kvasir-indexer")
+    assert dep["spec"]["replicas"] == 2
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert {"readinessProbe", "livenessProbe", "resources"} <= set(c)
+    cfg = yaml.safe_load(doc("ConfigMap", "kvasir-indexer")["data"]["indexer.yaml"])
+    token_dir = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "token")
+    assert cfg["grpcTokenFile"].startswith(token_dir + "/")
+    vol = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "token")
+    assert vol["secret"]["secretName"] == "kvasir-indexer-token"
+    # No Secret with a value is shipped for the token or the provider key.
+    for _, d in documents():
+        if d["kind"] == "Secret":
+            assert d["metadata"]["name"].endswith("-api-keys"), d["metadata"]["name"]
+
+
+def test_the_controller_rbac_is_least_privilege():
+    rules = doc("ClusterRole", "kvasir-controller")["rules"]
+    for r in rules:
+        assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"], r
+        assert "delete" not in r["verbs"], r
+        assert "secrets" not in r["resources"], "Secrets are read per namespace, never cluster-wide"
+    writes = {res for r in rules for res in r["resources"] if {"create", "patch", "update"} & set(r["verbs"])}
+    assert writes == {"envoyextensionpolicies", "events", "inferencepolicies/status", "inferencetenants/status",
+                      "inferenceproviders/status", "inferencesettings/status"}
+    secrets = doc("Role", "kvasir-controller-secrets")["rules"]
+    assert secrets == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}]
+    lease = doc("Role", "kvasir-controller-leader-election")["rules"]
+    assert {g for r in lease for g in r["apiGroups"]} == {"coordination.k8s.io"}
+
+
+# ---------------------------------------------------------------------------
+# kustomize and kvasirctl
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("root", ["base", "examples", "."])
+def test_kustomize_renders(root):
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        pytest.skip("kubectl is not installed (scripts/setup.sh installs Debian's kubernetes-client)")
+    r = subprocess.run([kubectl, "kustomize", str(GW / root)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rendered = [d for d in yaml.safe_load_all(r.stdout) if d]
+    # Every file of the directory (or directories) is in the kustomization.
+    dirs = [GW / "base", GW / "examples"] if root == "." else [GW / root]
+    want = sorted((d["kind"], d["metadata"]["name"]) for p in dirs for f in sorted(p.glob("*.yaml"))
+                  if f.name != "kustomization.yaml" for d in yaml.safe_load_all(f.read_text()) if d)
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in rendered) == want
+
+
+def kvasirctl(*args: str) -> subprocess.CompletedProcess:
+    if not KVASIRCTL.exists():
+        pytest.fail(f"{KVASIRCTL} is missing: run `make build`")
+    return subprocess.run([str(KVASIRCTL), *args], capture_output=True, text=True, timeout=60, cwd=REPO)
+
+
+def test_kvasirctl_validates_the_directory():
+    r = kvasirctl("validate", "-o", "json", "gateway-api/")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["valid"] and out["errors"] == [] and out["targets"] == ["serving/Gateway/inference-gateway"]
+    # Only kinds kvasirctl does not read are warned about.
+    assert all("is not a kind kvasirctl reads" in w["message"] for w in out["warnings"]), out["warnings"]
+
+
+def compiled() -> dict[str, Any]:
+    r = kvasirctl("compile", "gateway-api/", "--target", "Gateway/inference-gateway")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_the_extension_policy_config_is_kvasirctl_compile_output():
+    """In git the config is kvasirctl's output: they cannot drift."""
+    assert doc("EnvoyExtensionPolicy", "kvasir")["spec"]["wasm"][0]["config"] == compiled()
+
+
+# ---------------------------------------------------------------------------
+# The compiled configuration in a real Envoy with the filter
+# ---------------------------------------------------------------------------
+
+MAIN_MODEL = "llama-3.1-8b-instruct"
+SMALL_MODEL = "llama-3.2-1b-instruct"
+PROVIDER_MODEL = "gpt-4o-mini"
+ACME = "sk-acme-example-1"      # gateway-api/examples/tenants-and-provider.yaml
+BATCH = "sk-eval-example"       # nightly-eval's key (base64 in the example Secret)
+
+
+def eep_config() -> str:
+    return json.dumps(doc("EnvoyExtensionPolicy", "kvasir")["spec"]["wasm"][0]["config"])
+
+
+def bootstrap(tmp: Path, main: list[str], small: list[str], indexer: str, provider: str) -> tuple[str, int, int]:
+    """The shipped bootstrap (envoy/render.py) with the EnvoyExtensionPolicy's
+    config as the plugin configuration, unchanged, and clusters named as
+    in it: the pool cluster copied to `kvasir/serving/pool/{main,small}`,
+    the provider's renamed `kvasir/serving/provider/openai`, the indexer's
+    `kvasir-indexer`."""
+    s = secrets_for(tmp)
+    port, admin = free_port(), free_port()
+    text = render.render(render.TEMPLATE.read_text(), listen_port=port, admin_port=admin, pool_endpoints=main,
+                         indexer=indexer, provider=provider, wasm=str(WASM), plugin_config=eep_config(),
+                         health_interval_s=0.5, provider_sds=str(s.provider_sds), indexer_sds=str(s.indexer_sds))
+    b = yaml.safe_load(text)
+    clusters = b["static_resources"]["clusters"]
+    by_name = {c["name"]: c for c in clusters}
+    cfg = json.loads(eep_config())
+
+    def endpoints(addrs):
+        return [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": a.rsplit(":", 1)[0],
+                                                                              "port_value": int(a.rsplit(":", 1)[1])}}}}
+                                  for a in addrs]}]
+
+    for pool, addrs in (("main", main), ("small", small)):
+        name = next(p["cluster"] for p in cfg["pools"] if p["name"] == pool)
+        c = copy.deepcopy(by_name["kvasir_pool"])
+        c["name"] = name
+        c["load_assignment"] = {"cluster_name": name, "endpoints": endpoints(addrs)}
+        clusters.append(c)
+    prov = by_name["provider_example"]
+    prov["name"] = prov["load_assignment"]["cluster_name"] = cfg["providers"][0]["cluster"]
+    idx = by_name["kvasir_indexer"]
+    idx["name"] = idx["load_assignment"]["cluster_name"] = cfg["pools"][0]["indexerCluster"]
+    return yaml.safe_dump(b, sort_keys=False), port, admin
+
+
+def test_the_compiled_example_config_loads_in_envoy(artifacts, tmp_path):
+    text, _, _ = bootstrap(tmp_path, ["127.0.0.1:18001"], ["127.0.0.1:18002"], "127.0.0.1:18050", "127.0.0.1:18100")
+    p = tmp_path / "envoy.yaml"
+    p.write_text(text)
+    r = subprocess.run([str(ENVOY_BIN), "--mode", "validate", "-c", str(p), "--disable-hot-restart", "-l", "info"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    # on_configure ran and accepted the document.
+    assert "kvasir: configured sha256:" in out, out[-3000:]
+
+
+class FakeLoad:
+    """Serves an engine's real /metrics with the queue and KV usage replaced:
+    the numbers a busy or idle vLLM reports, read by the real indexer."""
+
+    def __init__(self, sims: dict[str, Any]):
+        self.sims = sims
+        self.waiting = {k: 0.0 for k in sims}
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                name = self.path.strip("/").split("/")[0]
+                _, _, b = request("GET", outer.sims[name].port, "/metrics", timeout=2)
+                lines = []
+                for line in b.decode().splitlines():
+                    if line.startswith("vllm:num_requests_waiting"):
+                        line = line.rsplit(" ", 1)[0] + f" {outer.waiting[name]}"
+                    lines.append(line)
+                data = ("\n".join(lines) + "\n").encode()
+                self.send_response(200)
+                self.send_header("content-type", "text/plain; version=0.0.4")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/{name}/metrics"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def post(envoy: Envoy, key: str, content: str, model: str = MAIN_MODEL) -> tuple[int, dict[str, str], bytes]:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
+    return request("POST", envoy.port, "/v1/chat/completions", json.dumps(body),
+                   {"content-type": "application/json", "authorization": f"Bearer {key}"})
+
+
+def served(sim) -> float:
+    return sim.metric("vllm:request_success_total")
+
+
+HARD = "Explain this code:\n```python\nprint('" + "x" * 40 + "')\n```\n"
+
+
+def test_the_four_example_policies_do_what_they_say(artifacts, logdir, tmp_path):
+    if not INDEXER_BIN.exists():
+        pytest.fail(f"{INDEXER_BIN} is missing: run `make build`")
+    with Processes() as procs:
+        main = procs.add(start_sim(logdir, "gw-main", model=MAIN_MODEL))
+        small = procs.add(start_sim(logdir, "gw-small", model=SMALL_MODEL))
+        provider = procs.add(start_sim(logdir, "gw-provider", model=PROVIDER_MODEL))
+        for s in (main, small, provider):
+            wait_sim(s)
+        load = procs.add(FakeLoad({"main": main, "small": small}))
+        grpc, http = free_port(), free_port()
+        argv = [str(INDEXER_BIN), "--grpc-addr", f"127.0.0.1:{grpc}", "--http-addr", f"127.0.0.1:{http}",
+                "--tokenizer", str(TOKENIZER), "--model", MAIN_MODEL, "--scrape-interval-ms", "100",
+                "--grpc-token-file", str(secrets_for(tmp_path).token_file)]
+        for name, s in (("main", main), ("small", small)):
+            argv += ["--endpoint", f"pool={name},address={s.address},events=tcp://127.0.0.1:{s.events},"
+                                   f"replay=tcp://127.0.0.1:{s.replay},metrics={load.url(name)}"]
+        indexer = procs.add(Proc("gw-indexer", argv, logdir))
+        wait_until("indexer /readyz", lambda: indexer.alive() and request("GET", http, "/readyz", timeout=2)[0] == 200)
+        text, port, admin = bootstrap(tmp_path, [main.address], [small.address], f"127.0.0.1:{grpc}", provider.address)
+        cfg = tmp_path / "envoy.yaml"
+        cfg.write_text(text)
+        proc = procs.add(Proc("gw-envoy", [str(ENVOY_BIN), "-c", str(cfg), "--concurrency", "1", "--disable-hot-restart",
+                                           "-l", "info"], logdir))
+        envoy = Envoy(proc, port, admin, cfg)
+        wait_until("envoy /ready", lambda: proc.alive() and request("GET", admin, "/ready", timeout=2)[0] == 200)
+        wait_until("pools and indexer healthy", lambda: envoy.healthy("kvasir/serving/pool/main", [main.address])
+                   and envoy.healthy("kvasir/serving/pool/small", [small.address])
+                   and envoy.healthy("kvasir-indexer", [f"127.0.0.1:{grpc}"]))
+
+        # 1. Cheaper model for easy prompts: a short prompt for the 8B model
+        #    is answered by the 1B model on the small pool.
+        s0, m0 = served(small), served(main)
+        status, h, b = post(envoy, ACME, "What is the capital of France?")
+        assert status == 200, b
+        assert json.loads(b)["model"] == SMALL_MODEL
+        assert served(small) == s0 + 1 and served(main) == m0
+        # ...a prompt with code is not easy: the 8B model on main.
+        status, _, b = post(envoy, ACME, HARD + uuid.uuid4().hex)
+        assert status == 200 and json.loads(b)["model"] == MAIN_MODEL, b
+
+        # 2. Batch work only when GPUs are idle: main idle (saturation 0,
+        #    known to the filter from the indexer) -> served at low urgency.
+        def batch_served():
+            st, _, body = post(envoy, BATCH, HARD + uuid.uuid4().hex)
+            return st == 200 and json.loads(body)["model"] == MAIN_MODEL
+        wait_until("batch served while main is idle", batch_served, timeout=20, interval=0.3)
+
+        # Main becomes busy: 10 requests waiting on its only engine
+        # (saturation 1 at the indexer's default `waiting: 5`).
+        load.waiting["main"] = 10.0
+
+        # 3. Burst to a provider when the pool is saturated.
+        p0 = served(provider)
+
+        def burst():
+            st, _, body = post(envoy, ACME, HARD + uuid.uuid4().hex)
+            return st == 200 and json.loads(body)["model"] == PROVIDER_MODEL
+        wait_until("requests burst to the provider", burst, timeout=20, interval=0.3)
+        assert served(provider) > p0
+        # ...and batch work is told to come back later.
+        status, h, b = post(envoy, BATCH, HARD + uuid.uuid4().hex)
+        assert status == 429, b
+        assert h["retry-after"] == "60"
+        assert "GPUs are idle" in json.loads(b)["error"]["message"]
+
+        # 4. Prompts with personal data stay inside, even while bursting.
+        p1, m1 = served(provider), served(main)
+        status, _, b = post(envoy, ACME, HARD + "Reply to bob@example.com about it. " + uuid.uuid4().hex)
+        assert status == 200, b
+        assert json.loads(b)["model"] == MAIN_MODEL
+        assert served(provider) == p1 and served(main) == m1 + 1
+        # (The same request without the address does go out.)
+        assert burst()
+
+        # Idle again: batch work runs again.
+        load.waiting["main"] = 0.0
+        wait_until("batch served again once main is idle", batch_served, timeout=20, interval=0.3)
+        assert not [l for l in proc.log().splitlines() if "panicked" in l], proc.log()[-2000:]
