@@ -272,6 +272,25 @@ def test_the_indexer_runs_twice_with_probes_resources_and_its_token():
             assert d["metadata"]["name"].endswith("-api-keys"), d["metadata"]["name"]
 
 
+def test_the_indexer_accepts_its_configmap(tmp_path):
+    """The ConfigMap's indexer.yaml passes the real cache-indexer's own
+    configuration checks (exit 2 and a named field on a bad one); it then
+    stops at discovery, which needs a Kubernetes API server (exit 1)."""
+    if not INDEXER_BIN.exists():
+        pytest.fail(f"{INDEXER_BIN} is missing: run `make build`")
+    text = doc("ConfigMap", "kvasir-indexer")["data"]["indexer.yaml"]
+    token = tmp_path / "token"
+    token.write_text("t")
+    good = tmp_path / "indexer.yaml"
+    good.write_text(text.replace(yaml.safe_load(text)["grpcTokenFile"], str(token)))
+    r = subprocess.run([str(INDEXER_BIN), "--config", str(good)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "discovery needs a Kubernetes client" in r.stderr, (r.returncode, r.stderr)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("blockSize: 16", "blockSizes: 16", 1))
+    r = subprocess.run([str(INDEXER_BIN), "--config", str(bad)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "blockSizes" in r.stderr, (r.returncode, r.stderr)
+
+
 def test_the_controller_rbac_is_least_privilege():
     rules = doc("ClusterRole", "kvasir-controller")["rules"]
     for r in rules:
@@ -434,10 +453,13 @@ class FakeLoad:
         self.server.server_close()
 
 
-def post(envoy: Envoy, key: str, content: str, model: str = MAIN_MODEL) -> tuple[int, dict[str, str], bytes]:
+def post(envoy: Envoy, key: str | None, content: str, model: str = MAIN_MODEL,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": 4}
-    return request("POST", envoy.port, "/v1/chat/completions", json.dumps(body),
-                   {"content-type": "application/json", "authorization": f"Bearer {key}"})
+    h = {"content-type": "application/json", **(headers or {})}
+    if key is not None:
+        h["authorization"] = f"Bearer {key}"
+    return request("POST", envoy.port, "/v1/chat/completions", json.dumps(body), h)
 
 
 def served(sim) -> float:
@@ -487,6 +509,17 @@ def test_the_four_example_policies_do_what_they_say(artifacts, logdir, tmp_path)
         # ...a prompt with code is not easy: the 8B model on main.
         status, _, b = post(envoy, ACME, HARD + uuid.uuid4().hex)
         assert status == 200 and json.loads(b)["model"] == MAIN_MODEL, b
+
+        # The example tenants are enforced: no key, or an unknown one, is 401.
+        assert post(envoy, None, "hi")[0] == 401
+        assert post(envoy, "sk-not-a-tenant", "hi")[0] == 401
+        # A client cannot pick the provider by naming its cluster (the header
+        # the HTTPRoute's rules match under Envoy Gateway).
+        p0 = served(provider)
+        status, _, b = post(envoy, ACME, HARD + uuid.uuid4().hex,
+                            headers={"x-kvasir-cluster": "kvasir/serving/provider/openai"})
+        assert status == 200 and json.loads(b)["model"] == MAIN_MODEL, b
+        assert served(provider) == p0
 
         # 2. Batch work only when GPUs are idle: main idle (saturation 0,
         #    known to the filter from the indexer) -> served at low urgency.
