@@ -1064,6 +1064,45 @@ fn a_new_request_sends_the_reports_still_queued_before_it_is_picked() {
     assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 1);
 }
 
+#[path = "engine_body_tests.rs"]
+mod body;
+
+/// A chat request picked (to 127.0.0.1:9001) whose response started with
+/// `status` and one body chunk, `stream` deciding SSE or JSON.
+fn answered(status: &str, stream: bool, chunk: &[u8]) -> (Flow, Fake, Rc<MemStats>) {
+    let (shared, stats) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/chat/completions",
+        &[("authorization", "Bearer key-acme")],
+        &chat("qwen", stream),
+    );
+    headers(&mut flow, &mut h);
+    body(&mut flow, &mut h);
+    grpc(
+        &mut flow,
+        &mut h,
+        7,
+        0,
+        Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
+    );
+    let ct = if stream {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    h.resp_headers = vec![
+        (":status".into(), status.into()),
+        ("content-type".into(), ct.into()),
+    ];
+    h.cb = Cb::RespHeaders;
+    flow.on_response_headers(&mut h, false);
+    h.cb = Cb::RespBody;
+    h.resp_chunk = chunk.to_vec();
+    flow.on_response_body(&mut h, chunk.len(), !stream);
+    (flow, h, stats)
+}
+
 /// An engine that dies mid-stream: Envoy cannot retry once bytes flowed, so
 /// the stream is counted as cut (not as a client that went away) and
 /// reported as an error, which the indexer counts against the engine.
@@ -1082,32 +1121,7 @@ fn a_stream_cut_by_the_upstream_is_counted_and_reported_as_an_error() {
         ),
         (None, "cancelled", kvasir_proto::v1::Outcome::Cancelled),
     ] {
-        let (shared, stats) = config(api_key(), json!({}));
-        let mut flow = Flow::new(shared);
-        let mut h = Fake::new(
-            "/v1/chat/completions",
-            &[("authorization", "Bearer key-acme")],
-            &chat("qwen", true),
-        );
-        headers(&mut flow, &mut h);
-        body(&mut flow, &mut h);
-        grpc(
-            &mut flow,
-            &mut h,
-            7,
-            0,
-            Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
-        );
-        h.resp_headers = vec![
-            (":status".into(), "200".into()),
-            ("content-type".into(), "text/event-stream".into()),
-        ];
-        h.cb = Cb::RespHeaders;
-        flow.on_response_headers(&mut h, false);
-        h.cb = Cb::RespBody;
-        h.resp_chunk = b"data: {\"choices\":[{}]}\n\n".to_vec();
-        let n = h.resp_chunk.len();
-        flow.on_response_body(&mut h, n, false);
+        let (mut flow, mut h, stats) = answered("200", true, b"data: {\"choices\":[{}]}\n\n");
         h.cb = Cb::Log;
         h.code_details = details.map(str::to_string);
         flow.on_log(&mut h);
@@ -1121,9 +1135,6 @@ fn a_stream_cut_by_the_upstream_is_counted_and_reported_as_an_error() {
     }
 }
 
-#[path = "engine_body_tests.rs"]
-mod body;
-
 /// A 4xx from the engine is the request's fault: reported as a client
 /// error, which the indexer never counts against the engine; a 5xx is an
 /// error.
@@ -1135,32 +1146,7 @@ fn engine_4xx_is_reported_as_a_client_error_and_5xx_as_an_error() {
         ("500", kvasir_proto::v1::Outcome::Error),
         ("503", kvasir_proto::v1::Outcome::Error),
     ] {
-        let (shared, _) = config(api_key(), json!({}));
-        let mut flow = Flow::new(shared);
-        let mut h = Fake::new(
-            "/v1/chat/completions",
-            &[("authorization", "Bearer key-acme")],
-            &chat("qwen", false),
-        );
-        headers(&mut flow, &mut h);
-        body(&mut flow, &mut h);
-        grpc(
-            &mut flow,
-            &mut h,
-            7,
-            0,
-            Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
-        );
-        h.resp_headers = vec![
-            (":status".into(), status.into()),
-            ("content-type".into(), "application/json".into()),
-        ];
-        h.cb = Cb::RespHeaders;
-        flow.on_response_headers(&mut h, false);
-        h.cb = Cb::RespBody;
-        h.resp_chunk = br#"{"error":{"message":"x"}}"#.to_vec();
-        let n = h.resp_chunk.len();
-        flow.on_response_body(&mut h, n, true);
+        let (mut flow, mut h, _) = answered(status, false, br#"{"error":{"message":"x"}}"#);
         h.cb = Cb::Log;
         flow.on_log(&mut h);
         let r = ReportRequest::decode(h.detached[0].2.as_slice()).unwrap();

@@ -217,18 +217,24 @@ def test_requests_that_never_reached_an_engine_are_retried_and_the_engine_avoide
         stub.shutdown()
 
 
+def _pool(ps: Processes, sub, n: int, **sim_options):
+    """`n` sims, an indexer over them and an Envoy in front, owned by `ps`."""
+    sims = [ps.add(start_sim(sub, f"sim{i}", **sim_options)) for i in range(n)]
+    for s in sims:
+        wait_sim(s)
+    idx = ps.add(indexer_for(sims, sub))
+    idx.start()
+    e = ps.add(start_envoy(sub, compile_plugin(POLICY, SETTINGS), [s.address for s in sims], idx.address,
+                           f"127.0.0.1:{free_port()}"))
+    wait_envoy(e, [s.address for s in sims])
+    return sims, e
+
+
 def test_an_engine_answering_500_is_avoided(artifacts, logdir):
     sub = logdir / "failing"
     sub.mkdir()
     with Processes() as ps:
-        sims = [ps.add(start_sim(sub, f"sim{i}")) for i in range(3)]
-        for s in sims:
-            wait_sim(s)
-        idx = ps.add(indexer_for(sims, sub))
-        idx.start()
-        e = ps.add(start_envoy(sub, compile_plugin(POLICY, SETTINGS), [s.address for s in sims], idx.address,
-                               f"127.0.0.1:{free_port()}"))
-        wait_envoy(e, [s.address for s in sims])
+        sims, e = _pool(ps, sub, 3)
         bad = sims[0]
         status, _, b = request("POST", bad.port, "/sim/faults", json.dumps({"fail_rate": 1.0}))
         assert status == 200, b
@@ -254,14 +260,7 @@ def test_a_stream_cut_by_a_dying_engine_is_counted(artifacts, logdir):
     sub = logdir / "cut"
     sub.mkdir()
     with Processes() as ps:
-        sims = [ps.add(start_sim(sub, f"sim{i}", profile="h100-8b", time_scale=1.0)) for i in range(2)]
-        for s in sims:
-            wait_sim(s)
-        idx = ps.add(indexer_for(sims, sub))
-        idx.start()
-        e = ps.add(start_envoy(sub, compile_plugin(POLICY, SETTINGS), [s.address for s in sims], idx.address,
-                               f"127.0.0.1:{free_port()}"))
-        wait_envoy(e, [s.address for s in sims])
+        sims, e = _pool(ps, sub, 2, profile="h100-8b", time_scale=1.0)
         body = json.dumps(chat(content="tell a long story", stream=True, max_tokens=2000))
         c = socket.create_connection(("127.0.0.1", e.port), timeout=20)
         c.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {KEYS['acme']}\r\n"
