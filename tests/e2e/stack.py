@@ -369,28 +369,20 @@ def secrets_for(logdir: Path) -> Secrets:
     return Secrets(d / "provider.sds.yaml", d / "indexer.sds.yaml", token_file, token_file.read_text())
 
 
-def _indexer_takes_token() -> bool:
-    try:
-        out = subprocess.run([str(INDEXER_BIN), "--help"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "--grpc-token-file" in out
-
-
-def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100, extra: list[str] | None = None,
-                token: bool = True) -> Indexer:
+def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100, extra: list[str] | None = None) -> Indexer:
     """An (unstarted) cache-indexer with one pool `main` over `sims`, on free
-    ports; `start()` runs it and waits for /readyz. `extra`: more flags."""
+    ports, taking only calls with the token of `secrets_for(logdir)` (the one
+    Envoys started there inject); `start()` runs it and waits for /readyz.
+    `extra`: more flags."""
     grpc_port, http_port = free_port(), free_port()
     argv = [
         str(INDEXER_BIN), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
         "--tokenizer", str(TOKENIZER), "--model", MODEL, "--scrape-interval-ms", str(scrape_interval_ms),
         *(extra or []),
     ]
-    if token and _indexer_takes_token():
-        # Secure by default, as deployed: only Envoy (which injects the
-        # token from the same file) may call the indexer.
-        argv += ["--grpc-token-file", str(secrets_for(logdir).token_file)]
+    # Secure by default, as deployed: only Envoy (which injects the token
+    # from the same file) may call the indexer.
+    argv += ["--grpc-token-file", str(secrets_for(logdir).token_file)]
     for s in sims:
         argv += ["--endpoint", f"pool=main,address={s.address},events=tcp://127.0.0.1:{s.events},replay=tcp://127.0.0.1:{s.replay}"]
     return Indexer(None, grpc_port, http_port, argv, logdir)
