@@ -784,32 +784,7 @@ fn non_inference_paths_pass_through() {
 
 #[test]
 fn a_client_that_goes_away_is_accounted_as_cancelled() {
-    let (shared, stats) = config(api_key(), json!({}));
-    let mut flow = Flow::new(shared);
-    let mut h = Fake::new(
-        "/v1/chat/completions",
-        &[("authorization", "Bearer key-acme")],
-        &chat("qwen", true),
-    );
-    headers(&mut flow, &mut h);
-    body(&mut flow, &mut h);
-    grpc(
-        &mut flow,
-        &mut h,
-        7,
-        0,
-        Some(pick_answer(&["127.0.0.1:9001"], 0.1)),
-    );
-    h.resp_headers = vec![
-        (":status".into(), "200".into()),
-        ("content-type".into(), "text/event-stream".into()),
-    ];
-    h.cb = Cb::RespHeaders;
-    flow.on_response_headers(&mut h, false);
-    h.cb = Cb::RespBody;
-    h.resp_chunk = b"data: {\"choices\":[{}]}\n\n".to_vec();
-    let n = h.resp_chunk.len();
-    flow.on_response_body(&mut h, n, false);
+    let (mut flow, mut h, stats) = answered("200", true, b"data: {\"choices\":[{}]}\n\n");
     h.cb = Cb::Log;
     flow.on_log(&mut h);
     assert_eq!(stats.counter(&format!("{P}.responses.cancelled")), 1);
