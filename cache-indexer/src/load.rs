@@ -927,6 +927,16 @@ pub async fn scrape_all(
 #[path = "load_bounds_tests.rs"]
 mod bounds_tests;
 
+/// A tracker with `cfg` and two endpoints (1 and 2), for the tests.
+#[cfg(test)]
+fn two_endpoints(cfg: LoadConfig) -> (LoadTracker, EndpointId, EndpointId, Instant) {
+    let t = LoadTracker::new(cfg);
+    let (a, b) = (EndpointId(1), EndpointId(2));
+    t.add_endpoint(a);
+    t.add_endpoint(b);
+    (t, a, b, Instant::now())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1025,17 +1035,13 @@ vllm:cache_config_info{block_size="16",weird="a\"b,c}d"} 1 1700000000000
     }
 
     fn tracker() -> (LoadTracker, EndpointId, EndpointId, Instant) {
-        let t = LoadTracker::new(LoadConfig {
+        super::two_endpoints(LoadConfig {
             unhealthy_after: 2,
             in_flight_timeout: Duration::from_secs(10),
             prefill_horizon: Duration::from_secs(1),
             saturation: SaturationThresholds::default(),
             ..LoadConfig::default()
-        });
-        let (a, b) = (EndpointId(1), EndpointId(2));
-        t.add_endpoint(a);
-        t.add_endpoint(b);
-        (t, a, b, Instant::now())
+        })
     }
 
     #[test]

@@ -4,17 +4,13 @@
 use super::*;
 
 fn bounded(cap: u32, tracked: usize) -> (LoadTracker, EndpointId, EndpointId, Instant) {
-    let t = LoadTracker::new(LoadConfig {
+    two_endpoints(LoadConfig {
         in_flight_timeout: Duration::from_secs(300),
         unconfirmed_timeout: Duration::from_secs(5),
         max_unconfirmed_per_endpoint: cap,
         max_tracked: tracked,
         ..LoadConfig::default()
-    });
-    let (a, b) = (EndpointId(1), EndpointId(2));
-    t.add_endpoint(a);
-    t.add_endpoint(b);
-    (t, a, b, Instant::now())
+    })
 }
 
 #[test]
