@@ -13,7 +13,9 @@ use prost::Message;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::settings::PluginConfig;
 use crate::stats::testing::MemStats;
+use crate::stats::Stats;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cb {

@@ -20,6 +20,7 @@
 //! - [`reply`]: local replies in OpenAI's or Anthropic's error shape;
 //! - [`pick`]: `Pick` / `Report` messages and the fail-open rules;
 //! - [`session`]: the per-VM `Session` stream's bookkeeping;
+//! - [`shared`]: the state one VM's requests share (config, pool states);
 //! - [`response`]: TTFT / ITL / e2e and `usage` from JSON or SSE;
 //! - [`stats`]: stat names (Prometheus labels via stats tags);
 //! - [`engine`]: the per-request state machine over a [`engine::Host`].
@@ -38,6 +39,7 @@ pub mod rewrite;
 pub mod scan;
 pub mod session;
 pub mod settings;
+pub mod shared;
 pub mod stats;
 
 #[cfg(target_arch = "wasm32")]
