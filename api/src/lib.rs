@@ -10,6 +10,7 @@
 pub mod assemble;
 pub mod crds;
 pub mod document;
+pub mod eep;
 pub mod schema;
 pub mod status;
 pub mod types;
