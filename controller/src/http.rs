@@ -1,1 +1,509 @@
-//! (being written)
+//! The controller's two HTTP ports.
+//!
+//! - `http` ([`router`]): `/healthz`, `/readyz`, and `/kvasir_filter.wasm`,
+//!   the filter module that Envoy Gateway downloads (the URL in the
+//!   `EnvoyExtensionPolicy`'s `code.http.url`).
+//! - `metrics` ([`metrics_router`]): `/metrics`, kept on its own port so
+//!   that a scrape config or NetworkPolicy can open it alone.
+//!
+//! HEAD works wherever GET does; another method on a known path gets 405,
+//! an unknown path 404.
+
+use std::fmt;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use sha2::{Digest, Sha256};
+
+use crate::metrics::Metrics;
+
+/// Path of the filter module on the `http` port.
+pub const WASM_PATH: &str = "/kvasir_filter.wasm";
+
+/// Content type of `/metrics`: OpenMetrics 1.0, which is what
+/// [`Metrics::render`] writes.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The filter module Envoy Gateway downloads (`EnvoyExtensionPolicy`
+/// `code.http.url`): its bytes and their hex sha256, read once at start.
+pub struct WasmModule {
+    /// The module's bytes, served as they are.
+    pub bytes: Vec<u8>,
+    /// Lowercase hex sha256 of `bytes`: the policy's `sha256` and the `ETag`.
+    pub sha256: String,
+}
+
+impl WasmModule {
+    /// Reads the module at `path` and hashes it.
+    pub fn load(path: &Path) -> std::io::Result<WasmModule> {
+        let bytes = std::fs::read(path)?;
+        let sha256 = format!("{:x}", Sha256::digest(&bytes));
+        Ok(WasmModule { bytes, sha256 })
+    }
+}
+
+// By hand: a derived Debug would print the whole module.
+impl fmt::Debug for WasmModule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WasmModule")
+            .field("len", &self.bytes.len())
+            .field("sha256", &self.sha256)
+            .finish()
+    }
+}
+
+/// What the `http` port's handlers read.
+#[derive(Clone, Debug)]
+pub struct HttpState {
+    /// The controller's metrics (unused by these routes today, but shared so
+    /// that handlers can count what they serve).
+    pub metrics: Arc<Metrics>,
+    /// True once the watches have listed everything once.
+    pub ready: tokio::sync::watch::Receiver<bool>,
+    /// The filter module, when one is configured.
+    pub wasm: Option<Arc<WasmModule>>,
+}
+
+/// The `http` port: `GET /healthz` (200 `ok` while the process serves),
+/// `GET /readyz` (200 once `ready` is true, else 503 with a short reason),
+/// `GET /kvasir_filter.wasm` (the module as `application/wasm` with its
+/// sha256 as a quoted `ETag`; 404 when none is configured). Anything else
+/// 404.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route(WASM_PATH, get(wasm))
+        .with_state(state)
+}
+
+/// The `metrics` port: `GET /metrics` in OpenMetrics text
+/// ([`OPENMETRICS_CONTENT_TYPE`]). Anything else 404.
+pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/metrics", get(render_metrics))
+        .with_state(metrics)
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets the
+/// requests in flight finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<HttpState>) -> Response {
+    if *state.ready.borrow() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the watches have not listed everything yet\n",
+        )
+            .into_response()
+    }
+}
+
+async fn wasm(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    let Some(module) = state.wasm else {
+        return (StatusCode::NOT_FOUND, "no filter module configured\n").into_response();
+    };
+    let etag = format!("\"{}\"", module.sha256);
+    // The hash is hex from `load`, but the field is public: a value that is
+    // not a valid header only loses the ETag, not the module.
+    let etag_header = HeaderValue::from_str(&etag).ok();
+    let mut response = if etag_header.is_some() && if_none_match(&headers, &etag) {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        // Shares the module with the response instead of copying it for
+        // every download.
+        let body = Bytes::from_owner(ModuleBytes(module));
+        (
+            [(CONTENT_TYPE, HeaderValue::from_static("application/wasm"))],
+            body,
+        )
+            .into_response()
+    };
+    let response_headers = response.headers_mut();
+    if let Some(value) = etag_header {
+        response_headers.insert(ETAG, value);
+    }
+    // The URL stays the same across controller versions while the module
+    // changes, so caches must revalidate (cheaply, with the ETag).
+    response_headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// Whether `If-None-Match` names `etag` (strong or weak) or is `*`.
+fn if_none_match(headers: &HeaderMap, etag: &str) -> bool {
+    headers
+        .get_all(IF_NONE_MATCH)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(str::trim)
+        .any(|tag| tag == "*" || tag.strip_prefix("W/").unwrap_or(tag) == etag)
+}
+
+/// The module as a [`Bytes`] owner.
+struct ModuleBytes(Arc<WasmModule>);
+
+impl AsRef<[u8]> for ModuleBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.bytes
+    }
+}
+
+async fn render_metrics(State(metrics): State<Arc<Metrics>>) -> Response {
+    (
+        [(
+            CONTENT_TYPE,
+            HeaderValue::from_static(OPENMETRICS_CONTENT_TYPE),
+        )],
+        metrics.render(),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    use tokio::sync::{oneshot, watch};
+    use tokio::task::JoinHandle;
+    use tokio::time::timeout;
+
+    /// Bound on a whole test, so a hung server fails it instead of CI.
+    const TEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+    /// A server on 127.0.0.1:0 and what it takes to stop it.
+    struct Server {
+        base: String,
+        stop: oneshot::Sender<()>,
+        task: JoinHandle<std::io::Result<()>>,
+    }
+
+    async fn start(router: Router) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local_addr");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(serve(listener, router, async move {
+            // A dropped sender stops the server too.
+            let _ = stopped.await;
+        }));
+        Server {
+            base: format!("http://{addr}"),
+            stop,
+            task,
+        }
+    }
+
+    impl Server {
+        /// Stops the server and checks that `serve` returned Ok.
+        async fn stop(self) {
+            let _ = self.stop.send(());
+            let result = timeout(Duration::from_secs(5), self.task)
+                .await
+                .expect("serve did not return after shutdown")
+                .expect("serve task panicked");
+            result.expect("serve failed");
+        }
+    }
+
+    fn client() -> reqwest::Client {
+        // No proxy: an HTTP_PROXY in the environment must not capture
+        // requests to 127.0.0.1.
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("reqwest client")
+    }
+
+    fn state(ready: watch::Receiver<bool>, wasm: Option<Arc<WasmModule>>) -> HttpState {
+        HttpState {
+            metrics: Arc::new(Metrics::new()),
+            ready,
+            wasm,
+        }
+    }
+
+    /// A file under the temp dir, unique to this process and call, removed
+    /// on drop so that a failing test cleans up too.
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(contents: &[u8]) -> TempFile {
+            static SEQ: AtomicUsize = AtomicUsize::new(0);
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let name = format!(
+                "kvasir-controller-http-{}-{nanos}-{}.wasm",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            );
+            let path = std::env::temp_dir().join(name);
+            std::fs::write(&path, contents).expect("write temp file");
+            TempFile(path)
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// A module-like payload: the wasm header, then bytes that are not UTF-8
+    /// and a length that is not a power of two.
+    fn module_bytes() -> Vec<u8> {
+        let mut bytes = b"\0asm\x01\0\0\0".to_vec();
+        bytes.extend((0..70_001u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8));
+        bytes
+    }
+
+    #[test]
+    fn load_hashes_the_file() {
+        let file = TempFile::new(b"abc");
+        let module = WasmModule::load(&file.0).expect("load");
+        assert_eq!(module.bytes, b"abc");
+        // FIPS 180-2's sha256("abc").
+        assert_eq!(
+            module.sha256,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert!(!format!("{module:?}").contains("97, 98"));
+    }
+
+    #[test]
+    fn load_of_a_missing_file_is_an_error() {
+        let file = TempFile::new(b"");
+        let path = file.0.clone();
+        drop(file);
+        let err = WasmModule::load(&path).expect_err("missing file");
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
+    }
+
+    #[tokio::test]
+    async fn healthz_answers_get_and_head() {
+        timeout(TEST_TIMEOUT, async {
+            let (_ready_tx, ready) = watch::channel(false);
+            let server = start(router(state(ready, None))).await;
+            let client = client();
+            let url = format!("{}/healthz", server.base);
+
+            let response = client.get(&url).send().await.expect("GET /healthz");
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.text().await.expect("body"), "ok");
+
+            let response = client.head(&url).send().await.expect("HEAD /healthz");
+            assert_eq!(response.status(), 200);
+            assert!(response.bytes().await.expect("body").is_empty());
+
+            let response = client.post(&url).send().await.expect("POST /healthz");
+            assert_eq!(response.status(), 405);
+
+            let response = client
+                .get(format!("{}/nope", server.base))
+                .send()
+                .await
+                .expect("GET /nope");
+            assert_eq!(response.status(), 404);
+
+            // /metrics lives on the other port only.
+            let response = client
+                .get(format!("{}/metrics", server.base))
+                .send()
+                .await
+                .expect("GET /metrics");
+            assert_eq!(response.status(), 404);
+
+            drop(client);
+            server.stop().await;
+        })
+        .await
+        .expect("test timed out");
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_the_watch() {
+        timeout(TEST_TIMEOUT, async {
+            let (ready_tx, ready) = watch::channel(false);
+            let server = start(router(state(ready, None))).await;
+            let client = client();
+            let url = format!("{}/readyz", server.base);
+
+            let response = client.get(&url).send().await.expect("GET /readyz");
+            assert_eq!(response.status(), 503);
+            let reason = response.text().await.expect("body");
+            assert!(reason.contains("not ready"), "{reason:?}");
+
+            ready_tx.send(true).expect("receiver alive");
+            let response = client.get(&url).send().await.expect("GET /readyz");
+            assert_eq!(response.status(), 200);
+
+            ready_tx.send(false).expect("receiver alive");
+            let response = client.get(&url).send().await.expect("GET /readyz");
+            assert_eq!(response.status(), 503);
+
+            drop(client);
+            server.stop().await;
+        })
+        .await
+        .expect("test timed out");
+    }
+
+    #[tokio::test]
+    async fn wasm_is_served_with_its_sha256_as_etag() {
+        timeout(TEST_TIMEOUT, async {
+            let contents = module_bytes();
+            let file = TempFile::new(&contents);
+            let module = Arc::new(WasmModule::load(&file.0).expect("load"));
+            let sha256 = module.sha256.clone();
+            assert_eq!(sha256, format!("{:x}", Sha256::digest(&contents)));
+            let (_ready_tx, ready) = watch::channel(false);
+            let server = start(router(state(ready, Some(module)))).await;
+            let client = client();
+            let url = format!("{}{WASM_PATH}", server.base);
+            let quoted = format!("\"{sha256}\"");
+
+            // Served whether or not the controller is ready: Envoy may fetch
+            // it from a replica that is still listing.
+            let response = client.get(&url).send().await.expect("GET wasm");
+            assert_eq!(response.status(), 200);
+            let headers = response.headers().clone();
+            assert_eq!(headers[CONTENT_TYPE], "application/wasm");
+            assert_eq!(headers[ETAG].to_str().expect("ascii"), quoted);
+            let body = response.bytes().await.expect("body");
+            assert_eq!(body.len(), contents.len());
+            assert!(body == contents, "body differs from the file");
+
+            let response = client.head(&url).send().await.expect("HEAD wasm");
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.headers()[ETAG].to_str().expect("ascii"), quoted);
+            assert!(response.bytes().await.expect("body").is_empty());
+
+            let response = client
+                .get(&url)
+                .header(IF_NONE_MATCH, format!("\"other\", {quoted}"))
+                .send()
+                .await
+                .expect("conditional GET");
+            assert_eq!(response.status(), 304);
+            assert_eq!(response.headers()[ETAG].to_str().expect("ascii"), quoted);
+            assert!(response.bytes().await.expect("body").is_empty());
+
+            let response = client
+                .get(&url)
+                .header(IF_NONE_MATCH, "\"stale\"")
+                .send()
+                .await
+                .expect("conditional GET");
+            assert_eq!(response.status(), 200);
+            assert!(response.bytes().await.expect("body") == contents);
+
+            drop(client);
+            server.stop().await;
+        })
+        .await
+        .expect("test timed out");
+    }
+
+    #[tokio::test]
+    async fn wasm_without_a_module_is_404() {
+        timeout(TEST_TIMEOUT, async {
+            let (_ready_tx, ready) = watch::channel(true);
+            let server = start(router(state(ready, None))).await;
+            let client = client();
+            let response = client
+                .get(format!("{}{WASM_PATH}", server.base))
+                .send()
+                .await
+                .expect("GET wasm");
+            assert_eq!(response.status(), 404);
+            drop(client);
+            server.stop().await;
+        })
+        .await
+        .expect("test timed out");
+    }
+
+    #[tokio::test]
+    async fn metrics_endpoint_serves_openmetrics() {
+        timeout(TEST_TIMEOUT, async {
+            let metrics = Arc::new(Metrics::new());
+            metrics.reconciled(true, 0.1);
+            metrics.programmed("ns", "pool", 42, 7.0);
+            let server = start(metrics_router(Arc::clone(&metrics))).await;
+            let client = client();
+            let url = format!("{}/metrics", server.base);
+
+            let response = client.get(&url).send().await.expect("GET /metrics");
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.headers()[CONTENT_TYPE], OPENMETRICS_CONTENT_TYPE);
+            let body = response.text().await.expect("body");
+            assert!(body.ends_with("# EOF\n"), "{body}");
+            assert!(
+                body.lines()
+                    .any(|l| l == "kvasir_controller_reconciles_total{result=\"ok\"} 1"),
+                "{body}"
+            );
+            assert!(
+                body.lines()
+                    .any(|l| l
+                        == "kvasir_controller_config_bytes{namespace=\"ns\",target=\"pool\"} 42"),
+                "{body}"
+            );
+
+            // Each scrape renders afresh.
+            metrics.set_leader(true);
+            let body = client
+                .get(&url)
+                .send()
+                .await
+                .expect("GET /metrics")
+                .text()
+                .await
+                .expect("body");
+            assert!(
+                body.lines().any(|l| l == "kvasir_controller_leader 1"),
+                "{body}"
+            );
+
+            let response = client
+                .get(format!("{}/healthz", server.base))
+                .send()
+                .await
+                .expect("GET /healthz");
+            assert_eq!(response.status(), 404);
+
+            drop(client);
+            server.stop().await;
+        })
+        .await
+        .expect("test timed out");
+    }
+}
