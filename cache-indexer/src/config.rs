@@ -178,6 +178,10 @@ pub struct Config {
     /// Longest a graceful shutdown waits for in-flight calls, ms.
     #[serde(default = "default_shutdown_grace_ms", alias = "shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,
+    /// A file of more pools, added to `pools` at load (see [`crate::pools_file`]);
+    /// relative to this file's directory.
+    #[serde(default, alias = "pools_file")]
+    pub pools_file: Option<PathBuf>,
 }
 
 fn default_grpc_addr() -> SocketAddr {
@@ -202,6 +206,7 @@ impl Default for Config {
             pools: Vec::new(),
             grpc_token_file: None,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
+            pools_file: None,
         }
     }
 }
@@ -511,13 +516,16 @@ pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
     })
 }
 
-/// Reads and parses a config file (not yet validated).
+/// Reads and parses a config file, with its `poolsFile`'s pools added
+/// (those are validated; the rest is not yet).
 pub fn load_file(path: &Path) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(&text, path)
+    let mut cfg = parse(&text, path)?;
+    crate::pools_file::add_pools(&mut cfg, path)?;
+    Ok(cfg)
 }
 
 /// Parses one `--endpoint` value into (pool name, endpoint). Whether
@@ -651,7 +659,9 @@ impl Config {
     /// Checks ranges and consistency; the first problem is returned with
     /// its path.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.pools.is_empty() {
+        // The controller's pools file may list none yet; it rolls the
+        // indexer when it does.
+        if self.pools.is_empty() && self.pools_file.is_none() {
             return Err(invalid(
                 "pools",
                 "no pools configured (give --config FILE or --endpoint pool=...,address=...,events=...)",
@@ -672,7 +682,7 @@ impl Config {
     }
 }
 
-fn validate_pool(pool: &PoolConfig, at: &str) -> Result<(), ConfigError> {
+pub(crate) fn validate_pool(pool: &PoolConfig, at: &str) -> Result<(), ConfigError> {
     if pool.name.trim().is_empty() {
         return Err(invalid(format!("{at}.name"), "must not be empty"));
     }

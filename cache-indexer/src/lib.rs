@@ -16,6 +16,7 @@ pub mod lifecycle;
 pub mod load;
 pub mod metrics;
 mod pick_tokens;
+pub mod pools_file;
 pub mod scoring;
 pub mod service;
 pub mod session;
