@@ -14,7 +14,9 @@ pub mod input;
 pub mod yaml;
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
+use kvasir_api::eep::WasmCode;
 use kvasir_api::{Compiled, Options, TargetKind, TargetRef};
 use kvasir_policy::Severity;
 use serde::Serialize;
@@ -227,4 +229,80 @@ pub fn compile(input: &Input, scoped: &Scoped, opts: &Options) -> Result<Compile
         }
         _ => Err(report),
     }
+}
+
+/// The whole `EnvoyExtensionPolicy` that carries one target's filter:
+/// [`kvasir_api::eep::to_json`] of [`compile`]'s bytes, so exactly what the
+/// controller applies for the same resources and `code`. `code` is used
+/// as given; [`wasm_code`] checks what people type.
+pub fn extension_policy(
+    input: &Input,
+    scoped: &Scoped,
+    opts: &Options,
+    code: &WasmCode,
+) -> Result<Vec<u8>, Report> {
+    let compiled = compile(input, scoped, opts)?;
+    kvasir_api::eep::to_json(&scoped.namespace, &scoped.target, &compiled.bytes, code).map_err(
+        // Unreachable while `compile` returns JSON; a report keeps it
+        // exit status 1 instead of a panic.
+        |e| Report {
+            valid: false,
+            errors: vec![Diagnostic {
+                file: None,
+                line: None,
+                column: None,
+                document: None,
+                kind: None,
+                name: None,
+                namespace: Some(scoped.namespace.clone()),
+                path: String::new(),
+                message: format!("{scoped}: cannot build the EnvoyExtensionPolicy: {e}"),
+                severity: Severity::Error,
+            }],
+            warnings: Vec::new(),
+            targets: vec![scoped.to_string()],
+        },
+    )
+}
+
+/// Checks a module's location: `url` is `http://` or `https://` (Envoy
+/// Gateway fetches nothing else), `sha256` 64 lowercase hex digits (the
+/// form Envoy Gateway compares).
+pub fn wasm_code(url: &str, sha256: &str) -> Result<WasmCode, String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    match rest {
+        Some(r) if !r.is_empty() && !url.chars().any(|c| c.is_whitespace() || c.is_control()) => {}
+        _ => {
+            return Err(format!(
+                "--wasm-url `{url}`: expected an http:// or https:// URL of the filter's .wasm"
+            ))
+        }
+    }
+    let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+    if sha256.len() != 64 || !sha256.chars().all(hex) {
+        return Err(format!(
+            "--wasm-sha256 `{sha256}`: expected 64 lowercase hex digits (`sha256sum FILE`), or --wasm-file FILE"
+        ));
+    }
+    Ok(WasmCode {
+        url: url.to_owned(),
+        sha256: sha256.to_owned(),
+    })
+}
+
+/// The hex SHA-256 of a built filter module, for `--wasm-file`. Refuses a
+/// file that is not WebAssembly: a digest of the wrong file would only
+/// show up later, as a gateway that cannot load its filter.
+pub fn wasm_file_sha256(path: &Path) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("--wasm-file {}: {e}", path.display()))?;
+    if !bytes.starts_with(b"\0asm") {
+        return Err(format!(
+            "--wasm-file {}: not a WebAssembly module (no \\0asm header)",
+            path.display()
+        ));
+    }
+    let tagged = kvasir_api::eep::sha256_hex(&bytes);
+    Ok(tagged.strip_prefix("sha256:").unwrap_or(&tagged).to_owned())
 }

@@ -6,10 +6,14 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use kvasir_api::eep::WasmCode;
 use kvasir_api::Options;
 use kvasir_policy::ApiKind;
 use kvasirctl::explain::{explain, Sample};
-use kvasirctl::{choose_target, parse_target, validate, Input, Outcome, EXIT_OK, EXIT_USAGE};
+use kvasirctl::{
+    choose_target, parse_target, validate, wasm_code, wasm_file_sha256, Input, Outcome, EXIT_OK,
+    EXIT_USAGE,
+};
 
 /// Validate, compile and explain Kvasir policy resources (kvasir.dev/v1alpha1)
 /// offline: no cluster, no network.
@@ -28,6 +32,9 @@ use kvasirctl::{choose_target, parse_target, validate, Input, Outcome, EXIT_OK, 
     kvasirctl validate crds/examples/\n  \
     kvasirctl validate -o json policies/ | jq '.errors[] | \"\\(.file):\\(.line): \\(.path): \\(.message)\"'\n  \
     kvasirctl compile crds/examples/ --target Gateway/inference-gateway > policy.json\n  \
+    kvasirctl compile crds/examples/ -o envoyextensionpolicy --format yaml \\\n      \
+    --wasm-url http://kvasir-controller.kvasir-system.svc.cluster.local:8080/kvasir_filter.wasm \\\n      \
+    --wasm-file target/wasm32-wasip1/wasm-release/kvasir_filter.wasm\n  \
     kvasirctl explain crds/examples/ --api-key sk-acme-example-1 -m llama-3.1-8b-instruct --prompt hi --saturation main=0.9\n  \
     kvasirctl crds | kubectl apply -f -\n\n\
     The README's kvasirctl section documents the JSON shapes."
@@ -57,6 +64,44 @@ enum Format {
     Text,
     /// A stable JSON object (see the README's kvasirctl section).
     Json,
+}
+
+/// What `compile` prints.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum CompileOutput {
+    /// The filter's configuration (kvasir.filter/v1 JSON).
+    Config,
+    /// The whole Envoy Gateway EnvoyExtensionPolicy the controller applies:
+    /// the configuration embedded verbatim, plus where to fetch the module
+    /// (needs --wasm-url and --wasm-sha256 or --wasm-file). `eep` for short.
+    #[value(name = "envoyextensionpolicy", alias = "eep")]
+    EnvoyExtensionPolicy,
+}
+
+/// How `compile --output envoyextensionpolicy` is written.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Encoding {
+    /// The controller's exact bytes.
+    Json,
+    /// The same object as YAML, for review.
+    Yaml,
+}
+
+/// Where Envoy Gateway fetches the filter module from.
+#[derive(clap::Args, Debug)]
+#[command(next_help_heading = "With --output envoyextensionpolicy")]
+struct WasmArgs {
+    /// The http:// or https:// URL of the filter's .wasm: the controller's
+    /// own --wasm-url (it serves the module at /kvasir_filter.wasm).
+    #[arg(long, value_name = "URL")]
+    wasm_url: Option<String>,
+    /// The module's SHA-256: 64 lowercase hex digits, as `sha256sum` prints.
+    #[arg(long, value_name = "HEX", conflicts_with = "wasm_file")]
+    wasm_sha256: Option<String>,
+    /// A built module to take the SHA-256 from, instead of --wasm-sha256
+    /// (as the controller does with its --wasm-file).
+    #[arg(long, value_name = "PATH")]
+    wasm_file: Option<PathBuf>,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -110,7 +155,11 @@ enum Command {
         output: Format,
     },
     /// Print the compiled filter configuration (kvasir.filter/v1) of one
-    /// target: exactly the bytes the controller writes.
+    /// target, or the whole EnvoyExtensionPolicy that carries it: exactly the
+    /// bytes the controller writes.
+    ///
+    /// JSON is printed with no trailing newline (the bytes are the
+    /// controller's); YAML ends with one.
     Compile {
         #[command(flatten)]
         common: Common,
@@ -118,9 +167,18 @@ enum Command {
         /// have several).
         #[arg(short, long)]
         target: Option<String>,
+        /// What to print.
+        #[arg(short, long, value_enum, default_value = "config")]
+        output: CompileOutput,
+        /// How to write --output envoyextensionpolicy (config is always JSON:
+        /// the filter reads JSON).
+        #[arg(long, value_enum, default_value = "json")]
+        format: Encoding,
         /// Write to this file instead of stdout.
         #[arg(short = 'O', long)]
         out: Option<PathBuf>,
+        #[command(flatten)]
+        wasm: WasmArgs,
     },
     /// Explain what the filter would do with a sample request: which policy
     /// matched, why each earlier one did not, and the action.
@@ -185,36 +243,91 @@ fn target_of(
     choose_target(input, t.as_ref(), common.namespace.as_deref()).map_err(Outcome::usage)
 }
 
-fn run_compile(
-    common: &Common,
-    target: Option<&str>,
-    out: Option<&PathBuf>,
-) -> Result<Outcome, Outcome> {
-    let (input, opts) = read(common)?;
-    let scoped = target_of(&input, common, target)?;
-    match kvasirctl::compile(&input, &scoped, &opts) {
-        Ok(c) => match out {
-            Some(path) => {
-                std::fs::write(path, &c.bytes)
-                    .map_err(|e| Outcome::usage(format!("{}: {e}", path.display())))?;
-                Ok(Outcome {
-                    stdout: Vec::new(),
-                    stderr: String::new(),
-                    code: EXIT_OK,
-                })
-            }
-            None => Ok(Outcome {
-                stdout: c.bytes,
-                stderr: String::new(),
-                code: EXIT_OK,
-            }),
-        },
-        Err(report) => Ok(Outcome {
-            stdout: Vec::new(),
-            stderr: report.text(),
-            code: report.code().max(1),
-        }),
+struct CompileArgs<'a> {
+    target: Option<&'a str>,
+    output: CompileOutput,
+    format: Encoding,
+    out: Option<&'a PathBuf>,
+    wasm: &'a WasmArgs,
+}
+
+/// The module location for `--output envoyextensionpolicy`, `None` for
+/// `config`. Checked before the inputs are read, so a flag mistake is a
+/// usage error (exit 2) whatever the inputs hold.
+fn wasm_of(a: &CompileArgs<'_>) -> Result<Option<WasmCode>, Outcome> {
+    let w = a.wasm;
+    if a.output == CompileOutput::Config {
+        let stray = [
+            (w.wasm_url.is_some(), "--wasm-url"),
+            (w.wasm_sha256.is_some(), "--wasm-sha256"),
+            (w.wasm_file.is_some(), "--wasm-file"),
+            (a.format != Encoding::Json, "--format yaml"),
+        ];
+        return match stray.iter().find(|(set, _)| *set) {
+            Some((_, flag)) => Err(Outcome::usage(format!(
+                "{flag} applies to --output envoyextensionpolicy only (--output config prints the filter's JSON)"
+            ))),
+            None => Ok(None),
+        };
     }
+    let url = w.wasm_url.as_deref().ok_or_else(|| {
+        Outcome::usage("--output envoyextensionpolicy needs --wasm-url URL (where Envoy Gateway fetches the filter module)")
+    })?;
+    let sha256 = match (&w.wasm_sha256, &w.wasm_file) {
+        (Some(hex), _) => hex.clone(),
+        (None, Some(path)) => wasm_file_sha256(path).map_err(Outcome::usage)?,
+        (None, None) => {
+            return Err(Outcome::usage(
+                "--output envoyextensionpolicy needs --wasm-sha256 HEX or --wasm-file PATH (the module's digest)",
+            ))
+        }
+    };
+    wasm_code(url, &sha256).map(Some).map_err(Outcome::usage)
+}
+
+/// The JSON object as YAML, in the same key order: serde_yaml's `Value`
+/// keeps insertion order where serde_json's sorts.
+fn yaml_of(json: &[u8]) -> Result<Vec<u8>, Outcome> {
+    use serde::Deserialize;
+    let mut de = serde_json::Deserializer::from_slice(json);
+    serde_yaml::Value::deserialize(&mut de)
+        .and_then(|v| serde_yaml::to_string(&v).map_err(serde::de::Error::custom))
+        .map(String::into_bytes)
+        .map_err(|e| Outcome::usage(format!("cannot write YAML: {e}")))
+}
+
+fn run_compile(common: &Common, a: CompileArgs<'_>) -> Result<Outcome, Outcome> {
+    let code = wasm_of(&a)?;
+    let (input, opts) = read(common)?;
+    let scoped = target_of(&input, common, a.target)?;
+    let built = match &code {
+        None => kvasirctl::compile(&input, &scoped, &opts).map(|c| c.bytes),
+        Some(code) => kvasirctl::extension_policy(&input, &scoped, &opts, code),
+    };
+    let bytes = match built {
+        Ok(b) if a.format == Encoding::Yaml => yaml_of(&b)?,
+        Ok(b) => b,
+        Err(report) => {
+            return Ok(Outcome {
+                stdout: Vec::new(),
+                stderr: report.text(),
+                code: report.code().max(1),
+            })
+        }
+    };
+    let stdout = match a.out {
+        Some(path) => {
+            std::fs::write(path, &bytes)
+                .map_err(|e| Outcome::usage(format!("{}: {e}", path.display())))?;
+            Vec::new()
+        }
+        None => bytes,
+    };
+    Ok(Outcome {
+        stdout,
+        stderr: String::new(),
+        code: EXIT_OK,
+    })
 }
 
 struct ExplainArgs<'a> {
@@ -334,8 +447,20 @@ fn run(cli: Cli) -> Outcome {
         Command::Compile {
             common,
             target,
+            output,
+            format,
             out,
-        } => run_compile(&common, target.as_deref(), out.as_ref()),
+            wasm,
+        } => run_compile(
+            &common,
+            CompileArgs {
+                target: target.as_deref(),
+                output,
+                format,
+                out: out.as_ref(),
+                wasm: &wasm,
+            },
+        ),
         Command::Explain {
             common,
             target,
