@@ -10,8 +10,13 @@ Envoy Gateway (issue 19 point 4), checked with no cluster:
   here: crds/' own are evaluated by the Rust tests (kube-cel); the
   upstream ones are not evaluated anywhere in this repository.
 - `kubectl kustomize` renders the base, the examples and both together;
-- `kvasirctl validate gateway-api/` passes; the EnvoyExtensionPolicy's
-  `config` is exactly `kvasirctl compile`'s output;
+- `kvasirctl validate gateway-api/` passes; the EnvoyExtensionPolicy is
+  not applied from git (the controller writes it); its reviewable copy,
+  generated/envoyextensionpolicy.yaml, is exactly what `kvasirctl compile
+  --output envoyextensionpolicy` prints (the controller's object), its
+  `config` exactly `kvasirctl compile`'s output;
+- the controller's flags, RBAC, Service and image agree with each other and
+  with the indexer's, the patch's and the generated policy's names;
 - the HTTPRoute's allowlist, the timeouts, retries and override-host field
   say what issue 18 asks;
 - that compiled configuration loads in the real Envoy 1.40 with the built
@@ -21,9 +26,10 @@ Envoy Gateway (issue 19 point 4), checked with no cluster:
   is in the EnvoyExtensionPolicy (cluster names unchanged: the bootstrap
   gets clusters of those names).
 
-Not proven here (no Envoy Gateway, no cluster): that Envoy Gateway accepts
-these resources beyond their schemas, the xDS names the EnvoyPatchPolicy
-patches, and header-matched re-routing by HTTPRoute rules; see
+Not proven here (no Envoy Gateway, no cluster, no controller run): that
+Envoy Gateway accepts these resources beyond their schemas, the xDS names
+the EnvoyPatchPolicy patches, header-matched re-routing by HTTPRoute rules,
+RBAC against a real API server, and the controller's behaviour; see
 gateway-api/README.md.
 """
 
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
 import re
 import shutil
@@ -55,6 +62,9 @@ GW = REPO / "gateway-api"
 UPSTREAM = REPO.parent / "shared" / "upstream-crds"
 KVASIRCTL = REPO / "target" / "release" / "kvasirctl"
 K8S_VERSION = "1.34"
+# What the controller writes, kept for review; applied by nobody from git.
+GENERATED_EEP = GW / "generated" / "envoyextensionpolicy.yaml"
+EEP_NAME = "kvasir-gateway-inference-gateway"   # api/src/eep.rs name(): kvasir-gateway-<gateway>
 
 
 # ---------------------------------------------------------------------------
@@ -177,6 +187,16 @@ def doc(kind: str, name: str) -> dict[str, Any]:
     return found[0]
 
 
+def eep() -> dict[str, Any]:
+    """The EnvoyExtensionPolicy the controller writes for base/ + examples/
+    (generated/, not applied)."""
+    return doc("EnvoyExtensionPolicy", EEP_NAME)
+
+
+def eep_wasm() -> dict[str, Any]:
+    return eep()["spec"]["wasm"][0]
+
+
 # ---------------------------------------------------------------------------
 # What the manifests say (issue 18 on Envoy Gateway)
 # ---------------------------------------------------------------------------
@@ -195,7 +215,7 @@ def test_the_route_lets_only_the_inference_apis_through():
     assert seen == {("POST", p) for p in INFERENCE_PATHS} | {("GET", "/v1/models")}
     # Each cluster the compiled configuration can name has a rule that
     # matches it in x-kvasir-cluster, for every inference path.
-    cfg = doc("EnvoyExtensionPolicy", "kvasir")["spec"]["wasm"][0]["config"]
+    cfg = eep_wasm()["config"]
     clusters = {p["cluster"] for p in cfg["pools"]} | {p["cluster"] for p in cfg["providers"]}
     by_header: dict[str, set[str]] = {}
     for rule in route["spec"]["rules"]:
@@ -225,7 +245,7 @@ def test_client_and_backend_traffic_policies_carry_the_safe_defaults():
 
 
 def test_the_extension_policy_does_not_fail_open_and_pins_the_module():
-    w = doc("EnvoyExtensionPolicy", "kvasir")["spec"]["wasm"]
+    w = eep()["spec"]["wasm"]
     assert len(w) == 1 and w[0]["failOpen"] is False
     assert w[0]["code"]["type"] == "HTTP" and re.fullmatch(r"[0-9a-f]{64}", w[0]["code"]["http"]["sha256"])
     # The digest is of a build, not necessarily of the one in target/ now
@@ -236,7 +256,7 @@ def test_the_extension_policy_does_not_fail_open_and_pins_the_module():
     indexer = [p for p in patch if p["name"] == "kvasir-indexer"]
     assert indexer and indexer[0]["operation"]["value"]["name"] == "kvasir-indexer"
     # The cluster is the one the compiled configuration names.
-    cfg = doc("EnvoyExtensionPolicy", "kvasir")["spec"]["wasm"][0]["config"]
+    cfg = eep_wasm()["config"]
     assert {p["indexerCluster"] for p in cfg["pools"]} == {"kvasir-indexer"}
 
 
@@ -244,66 +264,268 @@ def test_the_patch_names_follow_the_gateway_and_the_extension_policy():
     """Envoy Gateway's xDS names (read from its translator's test data, not
     run here): listener `<ns>/<gateway>/<listener>`, wasm filter
     `envoy.filters.http.wasm/envoyextensionpolicy/<ns>/<policy>/wasm/<i>`.
-    Renaming the Gateway, its listener or the policy must update the patch."""
+    The policy's name is the controller's (`kvasir-gateway-<gateway>`):
+    renaming the Gateway or its listener must update the patch."""
     gw = doc("Gateway", "inference-gateway")
-    eep = doc("EnvoyExtensionPolicy", "kvasir")
+    policy = eep()
     patch = doc("EnvoyPatchPolicy", "kvasir")["spec"]
     listener = f"{gw['metadata']['namespace']}/{gw['metadata']['name']}/{gw['spec']['listeners'][0]['name']}"
-    wasm = f"envoy.filters.http.wasm/envoyextensionpolicy/{eep['metadata']['namespace']}/{eep['metadata']['name']}/wasm/0"
+    wasm = f"envoy.filters.http.wasm/envoyextensionpolicy/{policy['metadata']['namespace']}/{policy['metadata']['name']}/wasm/0"
     op = next(p for p in patch["jsonPatches"] if p["type"].endswith("Listener"))
     assert op["name"] == listener
     assert op["operation"]["jsonPath"] == f"..http_filters[?(@.name=='{wasm}')]"
     assert patch["targetRef"]["name"] == gw["metadata"]["name"]
 
 
-def test_the_indexer_runs_twice_with_probes_resources_and_its_token():
+def indexer_deployment() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     dep = doc("Deployment", "kvasir-indexer")
+    pod = dep["spec"]["template"]["spec"]
+    return dep, pod, pod["containers"][0]
+
+
+def test_the_indexer_runs_twice_with_probes_resources_and_its_token():
+    dep, pod, c = indexer_deployment()
     assert dep["spec"]["replicas"] == 2
-    c = dep["spec"]["template"]["spec"]["containers"][0]
     assert {"readinessProbe", "livenessProbe", "resources"} <= set(c)
     cfg = yaml.safe_load(doc("ConfigMap", "kvasir-indexer")["data"]["indexer.yaml"])
     token_dir = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "token")
     assert cfg["grpcTokenFile"].startswith(token_dir + "/")
-    vol = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "token")
+    vol = next(v for v in pod["volumes"] if v["name"] == "token")
     assert vol["secret"]["secretName"] == "kvasir-indexer-token"
+    # The config file the args name is the ConfigMap's key where it is mounted.
+    config_dir = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "config")
+    assert c["args"] == ["--config", f"{config_dir}/indexer.yaml"]
+    assert next(v for v in pod["volumes"] if v["name"] == "config")["configMap"]["name"] == "kvasir-indexer"
     # No Secret with a value is shipped for the token or the provider key.
     for _, d in documents():
         if d["kind"] == "Secret":
             assert d["metadata"]["name"].endswith("-api-keys"), d["metadata"]["name"]
 
 
+def test_the_indexer_reads_its_pools_from_the_controllers_configmap():
+    """No pools inline: `poolsFile` is the key `pools.yaml` of the ConfigMap
+    the controller writes (`--indexer-pools-configmap`), mounted optional
+    (the pod starts before the controller wrote it), at a path that is not
+    inside another ConfigMap volume; nobody ships that ConfigMap from git
+    (the controller's server-side apply would conflict with it)."""
+    _, pod, c = indexer_deployment()
+    cfg = yaml.safe_load(doc("ConfigMap", "kvasir-indexer")["data"]["indexer.yaml"])
+    assert cfg.get("pools", []) == []
+    vol = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name") == "kvasir-indexer-pools")
+    assert vol["configMap"].get("optional") is True
+    mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == vol["name"])
+    assert cfg["poolsFile"] == f"{mount}/pools.yaml"
+    mounts = [m["mountPath"] for m in c["volumeMounts"]]
+    assert not [(a, b) for a in mounts for b in mounts if a != b and b.startswith(a + "/")], mounts
+    assert controller_flags()["--indexer-pools-configmap"] == ["kvasir-indexer-pools"]
+    assert not [d for _, d in documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kvasir-indexer-pools"]
+
+
+def pools_file_for_the_example_pools() -> str:
+    """What the controller's pools.yaml holds for base/inferencepools.yaml,
+    restated here from the annotation table of api/src/indexer.rs (a
+    `pools:` list in the indexer's pool shape, discovery by InferencePool).
+    NOT the controller's generator itself (the Rust tests cover that): this
+    shows only that the real indexer reads such a file next to the
+    ConfigMap's indexer.yaml."""
+    pools = []
+    for _, d in documents():
+        if d["kind"] == "InferencePool":
+            a = d["metadata"].get("annotations", {})
+            pools.append({"name": a.get("kvasir.dev/indexer-pool", d["metadata"]["name"]),
+                          "model": a["kvasir.dev/models"].split(",")[0].strip(),
+                          "blockSize": int(a.get("kvasir.dev/block-size", 16)),
+                          "tokenizer": a.get("kvasir.dev/tokenizer", "render"),
+                          "discovery": {"namespace": d["metadata"]["namespace"], "inferencePool": d["metadata"]["name"],
+                                        "eventsPort": int(a.get("kvasir.dev/kv-events-port", 5557)),
+                                        "replayPort": int(a.get("kvasir.dev/kv-replay-port", 5558)),
+                                        "topic": a.get("kvasir.dev/kv-events-topic", "")}})
+    return yaml.safe_dump({"pools": pools}, sort_keys=False)
+
+
 def test_the_indexer_accepts_its_configmap(tmp_path):
     """The ConfigMap's indexer.yaml passes the real cache-indexer's own
-    configuration checks (exit 2 and a named field on a bad one); it then
-    stops at discovery, which needs a Kubernetes API server (exit 1)."""
+    configuration checks (exit 2 and a named field on a bad one, in either
+    file). With a pools file of the example pools it stops at discovery,
+    which needs a Kubernetes API server (exit 1): the file's pools were
+    read. Without the file it starts, with a warning."""
     if not INDEXER_BIN.exists():
         pytest.fail(f"{INDEXER_BIN} is missing: run `make build`")
     text = doc("ConfigMap", "kvasir-indexer")["data"]["indexer.yaml"]
+    cfg = yaml.safe_load(text)
     token = tmp_path / "token"
     token.write_text("t")
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(pools_file_for_the_example_pools())
     good = tmp_path / "indexer.yaml"
-    good.write_text(text.replace(yaml.safe_load(text)["grpcTokenFile"], str(token)))
+    good.write_text(text.replace(cfg["grpcTokenFile"], str(token)).replace(cfg["poolsFile"], str(pools))
+                    .replace(cfg["grpcAddr"], f"127.0.0.1:{free_port()}").replace(cfg["httpAddr"], f"127.0.0.1:{free_port()}"))
     r = subprocess.run([str(INDEXER_BIN), "--config", str(good)], capture_output=True, text=True, timeout=30)
+    if r.returncode == 2 and "poolsFile" in r.stderr:
+        pytest.xfail(f"the built cache-indexer does not read `poolsFile` yet: {r.stderr.strip()[:300]}")
     assert r.returncode == 1 and "discovery needs a Kubernetes client" in r.stderr, (r.returncode, r.stderr)
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(good.read_text().replace("blockSize: 16", "blockSizes: 16", 1))
-    r = subprocess.run([str(INDEXER_BIN), "--config", str(bad)], capture_output=True, text=True, timeout=30)
+    pools.write_text(pools.read_text().replace("blockSize: 16", "blockSizes: 16", 1))
+    r = subprocess.run([str(INDEXER_BIN), "--config", str(good)], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "blockSizes" in r.stderr, (r.returncode, r.stderr)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("shutdownGraceMs", "shutdownGraceMS", 1))
+    r = subprocess.run([str(INDEXER_BIN), "--config", str(bad)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "shutdownGraceMS" in r.stderr, (r.returncode, r.stderr)
+    # Before the controller has written the ConfigMap the file is missing:
+    # the indexer starts anyway (no pools, a warning naming the file)
+    # instead of crash-looping; the controller rolls it once it writes.
+    pools.unlink()
+    p = subprocess.Popen([str(INDEXER_BIN), "--config", str(good)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=3)
+    finally:
+        p.kill()
+        out = p.communicate(timeout=10)[0]
+    assert "poolsFile not found" in out and str(pools) in out, out[-2000:]
+
+
+# ---------------------------------------------------------------------------
+# The controller
+# ---------------------------------------------------------------------------
+
+
+def controller_container() -> dict[str, Any]:
+    return doc("Deployment", "kvasir-controller")["spec"]["template"]["spec"]["containers"][0]
+
+
+def controller_flags() -> dict[str, list[str]]:
+    """The controller's args as flag -> values (`--flag=value` or
+    `--flag value`)."""
+    out: dict[str, list[str]] = {}
+    args = controller_container()["args"]
+    i = 0
+    while i < len(args):
+        a = args[i]
+        assert a.startswith("--"), args
+        if "=" in a:
+            k, v = a.split("=", 1)
+        else:
+            k, v = a, args[i + 1]
+            i += 1
+        out.setdefault(k, []).append(v)
+        i += 1
+    return out
+
+
+def test_the_controller_runs_with_the_decided_flags():
+    f = controller_flags()
+    assert f == {
+        "--http-addr": ["0.0.0.0:8080"], "--metrics-addr": ["0.0.0.0:9090"], "--wasm-file": ["/kvasir_filter.wasm"],
+        "--wasm-url": ["http://kvasir-controller.kvasir-system.svc.cluster.local:8080/kvasir_filter.wasm"],
+        "--namespace": ["serving"], "--lease-namespace": ["$(POD_NAMESPACE)"], "--lease-name": ["kvasir-controller"],
+        "--identity": ["$(POD_NAME)"], "--indexer-cluster": ["kvasir-indexer"],
+        "--indexer-deployment": ["kvasir-indexer"], "--indexer-pools-configmap": ["kvasir-indexer-pools"]}
+    c = controller_container()
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": 8080, "metrics": 9090}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # The Service the wasm URL names serves port http of these pods.
+    dep = doc("Deployment", "kvasir-controller")
+    svc = doc("Service", "kvasir-controller")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert {(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {("http", 8080, "http"),
+                                                                                       ("metrics", 9090, "metrics")}
+    url = f["--wasm-url"][0]
+    assert url == f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local:8080/kvasir_filter.wasm"
+    # The generated policy fetches the module from there; the compiled
+    # configuration names the same indexer cluster; the indexer the
+    # controller rolls is the shipped one.
+    assert eep_wasm()["code"]["http"]["url"] == url
+    assert {p["indexerCluster"] for p in eep_wasm()["config"]["pools"]} == set(f["--indexer-cluster"])
+    assert doc("Deployment", f["--indexer-deployment"][0])["metadata"]["namespace"] in f["--namespace"]
+    # The image has the module where --wasm-file says and runs as the pod's user.
+    dockerfile = (GW / "Dockerfile.controller").read_text()
+    assert re.search(r"^COPY --from=build \S+ " + re.escape(f["--wasm-file"][0]) + "$", dockerfile, re.M), dockerfile
+    assert re.search(r"^USER 65532:65532$", dockerfile, re.M)
+    assert doc("Deployment", "kvasir-controller")["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 65532
+    assert "does not exist" not in (GW / "base" / "controller.yaml").read_text() + dockerfile
+
+
+def bindings_of(sa_namespace: str, sa: str) -> list[dict[str, Any]]:
+    return [d for _, d in documents() if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+            and any(s["kind"] == "ServiceAccount" and s["name"] == sa and s["namespace"] == sa_namespace
+                    for s in d["subjects"])]
+
+
+def rules_of(binding: dict[str, Any]) -> list[dict[str, Any]]:
+    ref = binding["roleRef"]
+    if ref["kind"] == "ClusterRole":
+        return doc("ClusterRole", ref["name"])["rules"]
+    return next(d for _, d in documents() if d["kind"] == "Role" and d["metadata"]["name"] == ref["name"]
+                and d["metadata"]["namespace"] == binding["metadata"]["namespace"])["rules"]
+
+
+def grants(binding: dict[str, Any]) -> set[tuple[str, str, str, str | None]]:
+    """(apiGroup, resource, verb, resourceName or None) for every rule."""
+    out = set()
+    for r in rules_of(binding):
+        for g in r["apiGroups"]:
+            for res in r["resources"]:
+                for v in r["verbs"]:
+                    for n in r.get("resourceNames") or [None]:
+                        out.add((g, res, v, n))
+    return out
+
+
+KINDS = ["inferencepolicies", "inferencetenants", "inferenceproviders", "inferencesettings"]
 
 
 def test_the_controller_rbac_is_least_privilege():
-    rules = doc("ClusterRole", "kvasir-controller")["rules"]
-    for r in rules:
-        assert "*" not in r["verbs"] and "*" not in r["resources"] and "*" not in r["apiGroups"], r
-        assert "delete" not in r["verbs"], r
-        assert "secrets" not in r["resources"], "Secrets are read per namespace, never cluster-wide"
-    writes = {res for r in rules for res in r["resources"] if {"create", "patch", "update"} & set(r["verbs"])}
-    assert writes == {"envoyextensionpolicies", "events", "inferencepolicies/status", "inferencetenants/status",
-                      "inferenceproviders/status", "inferencesettings/status"}
-    secrets = doc("Role", "kvasir-controller-secrets")["rules"]
-    assert secrets == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]}]
-    lease = doc("Role", "kvasir-controller-leader-election")["rules"]
-    assert {g for r in lease for g in r["apiGroups"]} == {"coordination.k8s.io"}
+    """Exactly the calls the controller makes, per namespace: nothing
+    cluster-wide, no wildcard, no Secret outside the served namespaces, no
+    delete but of its own EnvoyExtensionPolicies, names wherever RBAC can
+    limit them (not `create`: the API server checks it before a name is
+    known)."""
+    bindings = bindings_of("kvasir-system", "kvasir-controller")
+    assert bindings and all(b["kind"] == "RoleBinding" for b in bindings), "nothing is bound cluster-wide"
+    served = set(controller_flags()["--namespace"])
+    per_ns: dict[str, set] = {}
+    for b in bindings:
+        for r in rules_of(b):
+            for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+                assert "*" not in r.get(field, []), r
+        per_ns.setdefault(b["metadata"]["namespace"], set()).update(grants(b))
+    assert set(per_ns) == served | {"kvasir-system"}
+    want_served = {("kvasir.dev", k, v, None) for k in KINDS for v in ("get", "list", "watch", "patch")} \
+        | {("kvasir.dev", f"{k}/status", "patch", None) for k in KINDS} \
+        | {("inference.networking.k8s.io", "inferencepools", v, None) for v in ("get", "list", "watch")} \
+        | {("", "secrets", v, None) for v in ("get", "list", "watch")} \
+        | {("gateway.envoyproxy.io", "envoyextensionpolicies", v, None)
+           for v in ("get", "list", "watch", "create", "patch", "delete")} \
+        | {("", "configmaps", "create", None)} \
+        | {("", "configmaps", v, "kvasir-indexer-pools") for v in ("get", "patch")} \
+        | {("apps", "deployments", v, "kvasir-indexer") for v in ("get", "patch")} \
+        | {("events.k8s.io", "events", v, None) for v in ("create", "patch")}
+    for ns in served:
+        assert per_ns[ns] == want_served, (ns, sorted(per_ns[ns] ^ want_served, key=str))
+    assert per_ns["kvasir-system"] == {("coordination.k8s.io", "leases", "create", None),
+                                       ("coordination.k8s.io", "leases", "get", "kvasir-controller"),
+                                       ("coordination.k8s.io", "leases", "update", "kvasir-controller")}
+    assert controller_flags()["--lease-name"] == ["kvasir-controller"]
+    # Secrets are never in a ClusterRole (binding one cluster-wide by
+    # mistake must not open every Secret); their Role is per namespace.
+    for _, d in documents():
+        if d["kind"] == "ClusterRole":
+            assert not [r for r in d["rules"] if "secrets" in r["resources"]], d["metadata"]["name"]
+    # The names RBAC limits are the objects the flags name.
+    f = controller_flags()
+    assert ("", "configmaps", "patch", f["--indexer-pools-configmap"][0]) in want_served
+    assert ("apps", "deployments", "patch", f["--indexer-deployment"][0]) in want_served
+    # The indexer's own ServiceAccount reads pools and pods, nothing else.
+    idx = bindings_of("serving", "kvasir-indexer")
+    assert set().union(*(grants(b) for b in idx)) == {
+        ("inference.networking.k8s.io", "inferencepools", v, None) for v in ("get", "list", "watch")} | {
+        ("", "pods", v, None) for v in ("get", "list", "watch")}
 
 
 # ---------------------------------------------------------------------------
@@ -348,8 +570,79 @@ def compiled() -> dict[str, Any]:
 
 
 def test_the_extension_policy_config_is_kvasirctl_compile_output():
-    """In git the config is kvasirctl's output: they cannot drift."""
-    assert doc("EnvoyExtensionPolicy", "kvasir")["spec"]["wasm"][0]["config"] == compiled()
+    """The reviewable copy's config is kvasirctl's output: they cannot drift."""
+    assert eep_wasm()["config"] == compiled()
+
+
+def eep_command(sha256: str) -> list[str]:
+    """The command generated/envoyextensionpolicy.yaml is the output of (its
+    header says so)."""
+    return ["compile", "gateway-api/", "--target", "Gateway/inference-gateway", "--output", "envoyextensionpolicy",
+            "--format", "yaml", "--wasm-url", eep_wasm()["code"]["http"]["url"], "--wasm-sha256", sha256]
+
+
+def eep_as_the_controller_builds_it(url: str, sha256: str) -> dict[str, Any]:
+    """api/src/eep.rs to_json(), restated: for a kvasirctl built before
+    `compile --output envoyextensionpolicy` existed."""
+    r = kvasirctl("compile", "gateway-api/", "--target", "Gateway/inference-gateway")
+    assert r.returncode == 0, r.stderr
+    config_bytes = r.stdout.encode()
+    return {
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicy",
+        "metadata": {"name": EEP_NAME, "namespace": "serving",
+                     "labels": {"app.kubernetes.io/managed-by": "kvasir-controller",
+                                "kvasir.dev/target-kind": "Gateway", "kvasir.dev/target-name": "inference-gateway"},
+                     "annotations": {"kvasir.dev/config-sha256": "sha256:" + hashlib.sha256(config_bytes).hexdigest()}},
+        "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"}],
+                 "wasm": [{"name": "kvasir", "rootID": "kvasir", "code": {"type": "HTTP", "http": {"url": url, "sha256": sha256}},
+                           "failOpen": False, "config": json.loads(config_bytes)}]}}
+
+
+def strip_header(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    while lines and (lines[0].startswith("#") or not lines[0].strip()):
+        lines.pop(0)
+    return "".join(lines)
+
+
+def test_the_generated_extension_policy_is_what_the_controller_writes():
+    """generated/envoyextensionpolicy.yaml is `kvasirctl compile --output
+    envoyextensionpolicy` for base/ + examples/ (the controller's object,
+    api/src/eep.rs): byte for byte after its comment header where kvasirctl
+    has the flag, else equal to the object eep.rs builds from `kvasirctl
+    compile`'s bytes. The module digest is the file's own (of the build it
+    was generated with; the controller writes the digest of the module it
+    serves)."""
+    text = GENERATED_EEP.read_text()
+    header = text[: len(text) - len(strip_header(text))]
+    assert "generated" in header.lower() and "kvasirctl compile" in header and "must not be applied" in header, header
+    w = eep_wasm()
+    sha = w["code"]["http"]["sha256"]
+    assert re.fullmatch(r"[0-9a-f]{64}", sha)
+    # The header names the command (flags, URL and digest) that regenerates it.
+    assert all(a in header for a in eep_command(sha)), header
+    r = kvasirctl(*eep_command(sha))
+    if r.returncode == 0:
+        assert strip_header(text) == r.stdout, "regenerate: see the header of " + str(GENERATED_EEP)
+        assert yaml.safe_load(r.stdout) == eep()
+    else:
+        assert r.returncode == 2 and "--output" in r.stderr, r.stderr   # a kvasirctl without the flag
+        assert eep() == eep_as_the_controller_builds_it(w["code"]["http"]["url"], sha)
+    assert eep()["metadata"]["annotations"]["kvasir.dev/config-sha256"] == \
+        "sha256:" + hashlib.sha256(kvasirctl("compile", "gateway-api/", "--target", "Gateway/inference-gateway").stdout.encode()).hexdigest()
+
+
+def test_the_extension_policy_is_not_applied_from_git():
+    """The controller server-side applies the whole policy (Envoy Gateway's
+    `spec.wasm` is an atomic list): one applied from git too would make
+    its apply conflict. No kustomization names generated/, and nothing under
+    base/ or examples/ is an EnvoyExtensionPolicy."""
+    for root in ("base", "examples"):
+        for f in (GW / root).glob("*.yaml"):
+            assert "EnvoyExtensionPolicy" not in [d.get("kind") for d in yaml.safe_load_all(f.read_text()) if d], f
+    for k in GW.rglob("kustomization.yaml"):
+        assert "generated" not in yaml.safe_load(k.read_text()).get("resources", []), k
+    assert not (GW / "generated" / "kustomization.yaml").exists()
 
 
 # ---------------------------------------------------------------------------
@@ -364,7 +657,7 @@ BATCH = "sk-eval-example"       # nightly-eval's key (base64 in the example Secr
 
 
 def eep_config() -> str:
-    return json.dumps(doc("EnvoyExtensionPolicy", "kvasir")["spec"]["wasm"][0]["config"])
+    return json.dumps(eep_wasm()["config"])
 
 
 def bootstrap(tmp: Path, main: list[str], small: list[str], indexer: str, provider: str) -> tuple[str, int, int]:
