@@ -1,1 +1,317 @@
-//! (being written)
+//! The watches and the work loop. Every change to a watched object marks
+//! its namespace dirty; the leader reconciles dirty namespaces one at a
+//! time (a namespace is the unit: its targets share tenants, pools and
+//! providers), retries failed ones with backoff, and resyncs every
+//! namespace periodically. A replica that does not lead keeps its caches
+//! warm and writes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Debug;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{FutureExt as _, Stream, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use kvasir_api::{
+    InferencePolicy, InferencePool, InferenceProvider, InferenceSettings, InferenceTenant,
+};
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+
+use crate::reconcile::{self, Context, Snapshot};
+
+/// How the loop paces itself.
+#[derive(Debug, Clone)]
+pub struct Timing {
+    /// Changes arriving within this window are reconciled together.
+    pub debounce: Duration,
+    /// Every namespace is reconciled at least this often (a conflicting
+    /// owner that went away, a Secret edited while no watch event came).
+    pub resync: Duration,
+    /// First retry delay after a failed reconcile; doubles up to `max`.
+    pub retry_min: Duration,
+    /// Longest retry delay.
+    pub retry_max: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing {
+            debounce: Duration::from_millis(200),
+            resync: Duration::from_secs(300),
+            retry_min: Duration::from_secs(1),
+            retry_max: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The caches of every watched kind.
+#[derive(Clone)]
+pub struct Stores {
+    policies: Store<InferencePolicy>,
+    tenants: Store<InferenceTenant>,
+    providers: Store<InferenceProvider>,
+    settings: Store<InferenceSettings>,
+    pools: Store<InferencePool>,
+}
+
+fn in_ns<K: Resource + Clone>(store: &Store<K>, ns: &str) -> Vec<K>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let mut v: Vec<K> = store
+        .state()
+        .iter()
+        .filter(|o| o.meta().namespace.as_deref() == Some(ns))
+        .map(|o| (**o).clone())
+        .collect();
+    v.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
+    v
+}
+
+impl Stores {
+    /// A namespace's objects as cached now.
+    pub fn snapshot(&self, ns: &str) -> Snapshot {
+        Snapshot {
+            namespace: ns.to_owned(),
+            policies: in_ns(&self.policies, ns),
+            tenants: in_ns(&self.tenants, ns),
+            providers: in_ns(&self.providers, ns),
+            settings: in_ns(&self.settings, ns),
+            pools: in_ns(&self.pools, ns),
+        }
+    }
+
+    /// Every namespace that holds a watched object.
+    pub fn namespaces(&self) -> BTreeSet<String> {
+        fn add<K: Resource + Clone>(s: &Store<K>, out: &mut BTreeSet<String>)
+        where
+            K::DynamicType: Eq + std::hash::Hash + Clone,
+        {
+            out.extend(s.state().iter().filter_map(|o| o.meta().namespace.clone()));
+        }
+        let mut out = BTreeSet::new();
+        add(&self.policies, &mut out);
+        add(&self.tenants, &mut out);
+        add(&self.providers, &mut out);
+        add(&self.settings, &mut out);
+        add(&self.pools, &mut out);
+        out
+    }
+
+    /// Whether some tenant of `ns` names the Secret `name`.
+    fn secret_used(&self, ns: &str, name: &str) -> bool {
+        self.tenants.state().iter().any(|t| {
+            t.meta().namespace.as_deref() == Some(ns)
+                && t.spec
+                    .identity
+                    .api_keys
+                    .as_ref()
+                    .is_some_and(|k| k.secret_ref.name == name)
+        })
+    }
+
+    async fn wait_until_ready(&self) -> bool {
+        self.policies.wait_until_ready().await.is_ok()
+            && self.tenants.wait_until_ready().await.is_ok()
+            && self.providers.wait_until_ready().await.is_ok()
+            && self.settings.wait_until_ready().await.is_ok()
+            && self.pools.wait_until_ready().await.is_ok()
+    }
+}
+
+type Touches = std::pin::Pin<Box<dyn Stream<Item = String> + Send>>;
+
+fn apis<K>(client: &Client, namespaces: &[String]) -> Vec<Api<K>>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    if namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
+    }
+}
+
+/// A reflected watch of `K` in `namespaces` (all when empty): its store,
+/// and the namespaces its events touch.
+fn reflect<K>(client: &Client, namespaces: &[String]) -> (Store<K>, Touches)
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let streams = apis::<K>(client, namespaces).into_iter().map(|api| {
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed()
+    });
+    let merged = futures::stream::select_all(streams);
+    let touched = reflector::reflector(writer, merged)
+        .touched_objects()
+        .filter_map(|r| async move {
+            match r {
+                Ok(o) => o.meta().namespace.clone(),
+                Err(e) => {
+                    tracing::warn!("watch {}: {e}", K::kind(&()));
+                    None
+                }
+            }
+        });
+    (reader, touched.boxed())
+}
+
+/// Secrets: metadata only (the controller GETs the few it needs), and
+/// only changes to Secrets a tenant names mark a namespace.
+fn secret_touches(client: &Client, namespaces: &[String], stores: Stores) -> Touches {
+    let streams = apis::<PartialObjectMeta<Secret>>(client, namespaces)
+        .into_iter()
+        .map(|api| {
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed()
+        });
+    futures::stream::select_all(streams)
+        .touched_objects()
+        .filter_map(move |r| {
+            let stores = stores.clone();
+            async move {
+                let o = r.ok()?;
+                let ns = o.namespace()?;
+                stores.secret_used(&ns, &o.name_any()).then_some(ns)
+            }
+        })
+        .boxed()
+}
+
+/// Starts every watch. The returned stream yields each touched namespace;
+/// it must be polled for the caches to fill.
+pub fn watch_all(client: &Client, namespaces: &[String]) -> (Stores, Touches) {
+    let (policies, a) = reflect::<InferencePolicy>(client, namespaces);
+    let (tenants, b) = reflect::<InferenceTenant>(client, namespaces);
+    let (providers, c) = reflect::<InferenceProvider>(client, namespaces);
+    let (settings, d) = reflect::<InferenceSettings>(client, namespaces);
+    let (pools, e) = reflect::<InferencePool>(client, namespaces);
+    let stores = Stores {
+        policies,
+        tenants,
+        providers,
+        settings,
+        pools,
+    };
+    let f = secret_touches(client, namespaces, stores.clone());
+    let all = futures::stream::select_all([a, b, c, d, e, f]);
+    (stores, all.boxed())
+}
+
+fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .map_or_else(|_| jiff::Timestamp::now().to_string(), |t| t.to_string())
+}
+
+/// Runs until `shutdown`: feeds the caches, sets `ready` once every watch
+/// has listed, and reconciles while `leading` is true.
+pub async fn run(
+    ctx: Arc<Context>,
+    namespaces: Vec<String>,
+    timing: Timing,
+    mut leading: watch::Receiver<bool>,
+    ready: watch::Sender<bool>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let (stores, mut touches) = watch_all(&ctx.client, &namespaces);
+    let (retry_tx, mut retry_rx) = mpsc::unbounded_channel::<String>();
+    let mut dirty: BTreeSet<String> = BTreeSet::new();
+    let mut failures: BTreeMap<String, u32> = BTreeMap::new();
+    let mut resync = tokio::time::interval(timing.resync);
+    let ready_wait = {
+        let stores = stores.clone();
+        async move { stores.wait_until_ready().await }
+    };
+    tokio::pin!(ready_wait, shutdown);
+    let mut is_ready = false;
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            Some(ns) = touches.next() => { dirty.insert(ns); }
+            Some(ns) = retry_rx.recv() => { dirty.insert(ns); }
+            ok = &mut ready_wait, if !is_ready => {
+                is_ready = true;
+                let _ = ready.send(ok);
+                dirty.extend(stores.namespaces());
+            }
+            _ = resync.tick() => dirty.extend(stores.namespaces()),
+            changed = leading.changed() => {
+                if changed.is_err() { break; }
+                // A new leader starts from the caches, not from events it
+                // saw while following.
+                dirty.extend(stores.namespaces());
+            }
+        }
+        if !is_ready || !*leading.borrow() || dirty.is_empty() {
+            continue;
+        }
+        // Let a burst of events settle into one reconcile.
+        tokio::time::sleep(timing.debounce).await;
+        while let Some(Some(ns)) = touches.next().now_or_never() {
+            dirty.insert(ns);
+        }
+        for ns in std::mem::take(&mut dirty) {
+            if !*leading.borrow() {
+                dirty.insert(ns);
+                continue;
+            }
+            let snap = stores.snapshot(&ns);
+            match reconcile::reconcile(&ctx, &snap, &now_rfc3339()).await {
+                Ok(_) => {
+                    failures.remove(&ns);
+                }
+                Err(e) => {
+                    let n = failures.entry(ns.clone()).or_insert(0);
+                    *n += 1;
+                    let delay = backoff(&timing, *n);
+                    tracing::warn!(namespace = %ns, "reconcile failed (retry in {delay:?}): {e}");
+                    let tx = retry_tx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let _ = tx.send(ns);
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// `retry_min * 2^(n-1)`, at most `retry_max`.
+pub fn backoff(t: &Timing, failures: u32) -> Duration {
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
+    t.retry_min.saturating_mul(factor).min(t.retry_max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let t = Timing::default();
+        assert_eq!(backoff(&t, 1), Duration::from_secs(1));
+        assert_eq!(backoff(&t, 3), Duration::from_secs(4));
+        assert_eq!(backoff(&t, 40), Duration::from_secs(60));
+    }
+}
