@@ -277,7 +277,19 @@ pub async fn run(
                 continue;
             }
             let snap = stores.snapshot(&ns);
-            match reconcile::reconcile(&ctx, &snap, &now_rfc3339()).await {
+            let mut lost = leading.clone();
+            let now = now_rfc3339();
+            // Leadership lost mid-reconcile: stop before the next write
+            // (each write on its own is atomic and repeatable), and leave
+            // the namespace to the new leader.
+            let result = tokio::select! {
+                r = reconcile::reconcile(&ctx, &snap, &now) => r,
+                _ = lost.wait_for(|l| !*l) => {
+                    dirty.insert(ns);
+                    continue;
+                }
+            };
+            match result {
                 Ok(_) => {
                     failures.remove(&ns);
                 }
