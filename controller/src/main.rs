@@ -74,6 +74,8 @@ async fn main() -> std::process::ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        // Colours only on a terminal: `kubectl logs` would show the codes.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     match serve(Args::parse()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -340,6 +340,12 @@ async fn apply_targets(ctx: &Context, res: &Resources) -> Outcomes {
             }
             Err(findings) => {
                 ctx.metrics.error("invalid");
+                let first = findings
+                    .iter()
+                    .find(|f| f.severity == kvasir_policy::Severity::Error);
+                if let Some(f) = first {
+                    tracing::warn!(namespace = %res.namespace, %target, "not programmed, the last good configuration stays: {f}");
+                }
                 Outcome::Invalid(findings)
             }
         };

@@ -502,8 +502,7 @@ def test_the_controller_rbac_is_least_privilege():
            for v in ("get", "list", "watch", "create", "patch", "delete")} \
         | {("", "configmaps", "create", None)} \
         | {("", "configmaps", v, "kvasir-indexer-pools") for v in ("get", "patch")} \
-        | {("apps", "deployments", v, "kvasir-indexer") for v in ("get", "patch")} \
-        | {("events.k8s.io", "events", v, None) for v in ("create", "patch")}
+        | {("apps", "deployments", v, "kvasir-indexer") for v in ("get", "patch")}
     for ns in served:
         assert per_ns[ns] == want_served, (ns, sorted(per_ns[ns] ^ want_served, key=str))
     assert per_ns["kvasir-system"] == {("coordination.k8s.io", "leases", "create", None),
