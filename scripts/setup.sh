@@ -30,6 +30,19 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$PY_REQS" ]; then
   "$TOOLS/venv/bin/pip" install --quiet --disable-pip-version-check $PY_REQS
   echo "$PY_REQS" > "$STAMP"
 fi
+# The project's own Python harness (harness/: process plumbing, the Envoy
+# bootstrap renderer, the simulator and indexer launchers, Prometheus text
+# parsing), put on the venv's path so tests/, bench/ and scripts/ import it
+# rather than each other's files. A .pth file naming harness/ is what an
+# editable install amounts to; written directly, it needs no build backend
+# (the venv has no `wheel`) and no network, and is rewritten only when it
+# names another checkout.
+SITE=$("$TOOLS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+PTH="$SITE/kvasir-harness.pth"
+if [ ! -f "$PTH" ] || [ "$(cat "$PTH")" != "$PWD/harness" ]; then
+  log "adding the harness package ($PWD/harness) to the venv"
+  echo "$PWD/harness" > "$PTH"
+fi
 ENVOY_BIN=$("$TOOLS/venv/bin/python" - <<'PY'
 import importlib.util, os
 spec = importlib.util.find_spec("envoy")

@@ -1,0 +1,46 @@
+"""Kvasir's Python harness: what tests/e2e, tests/sim, bench/ and scripts/
+share to run the local stack (vllm-sims, the cache-indexer, Envoy with the
+Kvasir filter) on 127.0.0.1 and read it.
+
+Modules:
+    paths      the repository, built artifacts, model names, load_script()
+    procs      Proc, Processes, free_port, wait_until, request
+    bootstrap  the Envoy bootstrap renderer (envoy/render.py wraps it)
+    build      rebuilding stale artifacts, compile_plugin
+    policy     the local stack's policy set and keys
+    sim        the vllm-sim launcher (Sim, launch_sim, start_sim, wait_sim)
+    indexer    the cache-indexer launcher (Indexer, indexer_for)
+    envoy      Envoy (start_envoy, wait_envoy), its secrets, wasm_failures
+    prom       the Prometheus text parser
+    api        OpenAI-shaped bodies and SSE events
+
+The common names are re-exported here (`import kvasir_harness as h`). Only
+`prom` needs a third-party package (prometheus_client, imported on first
+use), so `bootstrap` also runs under a bare python3.
+"""
+
+from __future__ import annotations
+
+from . import bootstrap, prom
+from .api import chat, sse_events
+from .build import cargo, compile_plugin, stale
+from .envoy import Envoy, Secrets, secrets_for, start_envoy, wait_envoy, wasm_failures
+from .indexer import Indexer, indexer_available, indexer_for
+from .paths import (COMPILE, ENVOY_BIN, INDEXER_BIN, MODEL, PROVIDER_MODEL, REPO, SIM_BIN, TARGET, TOKENIZER, WASM,
+                    load_script)
+from .policy import KEYS, POLICY, PROVIDER_KEY, SETTINGS, sha256
+from .procs import HTTP_TIMEOUT_S, START_TIMEOUT_S, Proc, Processes, free_port, request, wait_until
+from .sim import Sim, launch_sim, start_sim, wait_sim
+
+__all__ = [
+    "bootstrap", "prom",
+    "chat", "sse_events",
+    "cargo", "compile_plugin", "stale",
+    "Envoy", "Secrets", "secrets_for", "start_envoy", "wait_envoy", "wasm_failures",
+    "Indexer", "indexer_available", "indexer_for",
+    "COMPILE", "ENVOY_BIN", "INDEXER_BIN", "MODEL", "PROVIDER_MODEL", "REPO", "SIM_BIN", "TARGET", "TOKENIZER", "WASM",
+    "load_script",
+    "KEYS", "POLICY", "PROVIDER_KEY", "SETTINGS", "sha256",
+    "HTTP_TIMEOUT_S", "START_TIMEOUT_S", "Proc", "Processes", "free_port", "request", "wait_until",
+    "Sim", "launch_sim", "start_sim", "wait_sim",
+]
