@@ -4,7 +4,7 @@
 //! (as [`crate::bound`]'s, one engine's size) in front of an FCFS prefill
 //! queue (as [`crate::queue`]'s, each prefill priced alone by
 //! [`EngineModel`]). A [`Policy`] picks the engine; the scored one is the
-//! cache-indexer's own ranking ([`kvasir_cache_indexer::scoring::rank`])
+//! cache-indexer's own ranking ([`kvasir_scoring::rank`])
 //! over the model's state, so a weight tried here is the weight the picker
 //! would use.
 //!
@@ -29,7 +29,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use kvasir_cache_indexer::scoring::{self, Candidate, Request, Weights};
+use kvasir_scoring::{Candidate, Request, Weights};
 
 use crate::bound::{reusable_tokens, EngineModel, Lru};
 use crate::queue::At;
@@ -289,7 +289,7 @@ impl Cluster {
             max_endpoints: 1,
             indexed: true,
         };
-        let ranking = scoring::rank(&req, &candidates, w);
+        let ranking = kvasir_scoring::rank(&req, &candidates, w);
         ranking
             .order
             .first()

@@ -25,7 +25,7 @@ use kvasir_bench::record::{self, Record};
 use kvasir_bench::report::{self, Inputs};
 use kvasir_bench::run::{self, RunOptions, RunResult};
 use kvasir_bench::{bound, floor, stats, trace, ttft_growth, RunMeta};
-use kvasir_cache_indexer::scoring::Weights;
+use kvasir_scoring::Weights;
 use vllm_sim::latency::LatencyProfile;
 
 #[derive(Parser)]
