@@ -1,0 +1,223 @@
+//! An engine's own account of its load: the three vLLM gauges read from its
+//! Prometheus text page.
+
+/// What one scrape said.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EngineLoad {
+    /// `vllm:num_requests_running` (summed over series).
+    pub running: u32,
+    /// `vllm:num_requests_waiting` (summed).
+    pub waiting: u32,
+    /// `vllm:kv_cache_usage_perc` (mean over series), 0..1.
+    pub kv_usage: f64,
+}
+
+/// Why a metrics page could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetricsParseError {
+    /// A line is not Prometheus text format.
+    #[error("line {line}: {reason}")]
+    Syntax {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A metric the indexer needs is not there.
+    #[error("no {0} in the metrics (is this a vLLM /metrics URL?)")]
+    Missing(&'static str),
+}
+
+/// One sample of a Prometheus text page.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample<'a> {
+    /// Metric name.
+    pub name: &'a str,
+    /// Labels, unescaped.
+    pub labels: Vec<(&'a str, String)>,
+    /// Value.
+    pub value: f64,
+}
+
+/// Parses one sample line (`name{a="b",...} value [timestamp]`).
+pub fn parse_sample(line: &str) -> Result<Sample<'_>, String> {
+    let line = line.trim();
+    let name_end = line
+        .find(|c: char| c == '{' || c.is_whitespace())
+        .ok_or("no value")?;
+    let name = &line[..name_end];
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    {
+        return Err(format!("bad metric name `{name}`"));
+    }
+    let mut rest = &line[name_end..];
+    let mut labels = Vec::new();
+    if let Some(r) = rest.strip_prefix('{') {
+        rest = r;
+        loop {
+            rest = rest.trim_start();
+            if let Some(r) = rest.strip_prefix('}') {
+                rest = r;
+                break;
+            }
+            let eq = rest.find('=').ok_or("label without =")?;
+            let key = rest[..eq].trim();
+            rest = rest[eq + 1..].trim_start();
+            rest = rest.strip_prefix('"').ok_or("label value not quoted")?;
+            let mut value = String::new();
+            let mut chars = rest.char_indices();
+            let end = loop {
+                match chars.next() {
+                    None => return Err("unterminated label value".into()),
+                    Some((i, '"')) => break i,
+                    Some((_, '\\')) => match chars.next() {
+                        Some((_, 'n')) => value.push('\n'),
+                        Some((_, c)) => value.push(c),
+                        None => return Err("unterminated escape".into()),
+                    },
+                    Some((_, c)) => value.push(c),
+                }
+            };
+            labels.push((key, value));
+            rest = rest[end + 1..].trim_start();
+            if let Some(r) = rest.strip_prefix(',') {
+                rest = r;
+            }
+        }
+    }
+    let mut parts = rest.split_whitespace();
+    let v = parts.next().ok_or("no value")?;
+    let value = match v {
+        "NaN" => f64::NAN,
+        "+Inf" | "Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse::<f64>().map_err(|_| format!("bad value `{v}`"))?,
+    };
+    Ok(Sample {
+        name,
+        labels,
+        value,
+    })
+}
+
+/// Reads the three load metrics from a vLLM `/metrics` page. Comment
+/// lines, unknown metrics and (for robustness against exotic exporters)
+/// unparsable lines of *other* metrics are ignored; a malformed line of one
+/// of the three is an error. The pre-0.10 name `vllm:gpu_cache_usage_perc`
+/// is accepted when the new one is absent.
+pub fn parse_vllm_metrics(text: &str) -> Result<EngineLoad, MetricsParseError> {
+    const RUNNING: &str = "vllm:num_requests_running";
+    const WAITING: &str = "vllm:num_requests_waiting";
+    const KV: &str = "vllm:kv_cache_usage_perc";
+    const KV_OLD: &str = "vllm:gpu_cache_usage_perc";
+    let (mut running, mut waiting) = (None::<f64>, None::<f64>);
+    let (mut kv_sum, mut kv_n, mut old_sum, mut old_n) = (0.0, 0u32, 0.0, 0u32);
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        let ours = [RUNNING, WAITING, KV, KV_OLD].iter().any(|m| {
+            t.strip_prefix(m)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(char::is_whitespace))
+        });
+        if !ours {
+            continue;
+        }
+        let s = parse_sample(t).map_err(|reason| MetricsParseError::Syntax {
+            line: i + 1,
+            reason,
+        })?;
+        if !s.value.is_finite() {
+            continue;
+        }
+        match s.name {
+            RUNNING => *running.get_or_insert(0.0) += s.value,
+            WAITING => *waiting.get_or_insert(0.0) += s.value,
+            KV => {
+                kv_sum += s.value;
+                kv_n += 1;
+            }
+            _ => {
+                old_sum += s.value;
+                old_n += 1;
+            }
+        }
+    }
+    let running = running.ok_or(MetricsParseError::Missing(RUNNING))?;
+    let waiting = waiting.ok_or(MetricsParseError::Missing(WAITING))?;
+    let kv_usage = match (kv_n, old_n) {
+        (0, 0) => return Err(MetricsParseError::Missing(KV)),
+        (0, n) => old_sum / f64::from(n),
+        (n, _) => kv_sum / f64::from(n),
+    };
+    let count = |v: f64| v.max(0.0).round().min(f64::from(u32::MAX)) as u32;
+    Ok(EngineLoad {
+        running: count(running),
+        waiting: count(waiting),
+        kv_usage: kv_usage.clamp(0.0, 1.0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VLLM: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-8B"} 3.0
+vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-8B"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-8B"} 1.0
+vllm:num_requests_waiting{engine="1",model_name="Qwen/Qwen3-8B"} 0.0
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-8B"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="Qwen/Qwen3-8B"} 0.25
+vllm:num_requests_running_total_weird{x="y"} 100
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 7
+vllm:cache_config_info{block_size="16",weird="a\"b,c}d"} 1 1700000000000
+"#;
+
+    #[test]
+    fn parses_vllm_page() {
+        let l = parse_vllm_metrics(VLLM).unwrap();
+        assert_eq!(l.running, 5);
+        assert_eq!(l.waiting, 1);
+        assert!((l.kv_usage - 0.375).abs() < 1e-12);
+    }
+
+    #[test]
+    fn parses_samples_with_escapes_and_specials() {
+        let s = parse_sample(r#"m{a="x\"y",b="c\\d\n",} +Inf 123"#).unwrap();
+        assert_eq!(s.name, "m");
+        assert_eq!(
+            s.labels,
+            vec![("a", "x\"y".to_string()), ("b", "c\\d\n".to_string())]
+        );
+        assert!(s.value.is_infinite());
+        assert_eq!(parse_sample("up 1").unwrap().value, 1.0);
+        assert!(parse_sample("bad-name 1").is_err());
+        assert!(parse_sample(r#"m{a="x} 1"#).is_err());
+        assert!(parse_sample("m{a=\"x\"} notanumber").is_err());
+    }
+
+    #[test]
+    fn missing_and_malformed_metrics_are_errors() {
+        assert_eq!(
+            parse_vllm_metrics("foo 1\n").unwrap_err(),
+            MetricsParseError::Missing("vllm:num_requests_running")
+        );
+        let bad = "vllm:num_requests_running{a=\"b\"} x\n";
+        assert!(matches!(
+            parse_vllm_metrics(bad),
+            Err(MetricsParseError::Syntax { line: 1, .. })
+        ));
+        let old = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.5\n";
+        assert_eq!(parse_vllm_metrics(old).unwrap().kv_usage, 0.5);
+        // Garbage lines of other metrics do not break the page.
+        let noisy = format!("{VLLM}\n!!!garbage\nother{{ 1\n");
+        assert_eq!(parse_vllm_metrics(&noisy).unwrap().running, 5);
+    }
+}

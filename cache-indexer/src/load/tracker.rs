@@ -1,0 +1,574 @@
+//! The per-pool load tracker: scraped engine state, in-flight picks and the
+//! prompts still in prefill.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::engine_metrics::EngineLoad;
+use super::prefix::common_prefix;
+use super::saturation::SaturationThresholds;
+use crate::types::EndpointId;
+
+/// Settings of a [`LoadTracker`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadConfig {
+    /// Failed scrapes in a row before unhealthy.
+    pub unhealthy_after: u32,
+    /// Lost-report timeout of an in-flight pick.
+    pub in_flight_timeout: Duration,
+    /// Longest a pick's prefill counts as queued.
+    pub prefill_horizon: Duration,
+    /// Saturation thresholds.
+    pub saturation: SaturationThresholds,
+    /// A pick with no report at all (no FIRST_TOKEN, no DONE) is dropped
+    /// after this long: a pick no request followed is never reported.
+    /// 60 s by default: twice the prefill horizon, so a real request queued
+    /// before its first token keeps its entry; a non-streamed one (whose
+    /// first byte is its whole answer) may lose it earlier, which the
+    /// engine's own scraped `running` count covers.
+    pub unconfirmed_timeout: Duration,
+    /// Unconfirmed picks accounted per endpoint; past it a pick is answered
+    /// but adds no load. 64 by default: that many requests without a first
+    /// token is a deep queue (saturation counts 5 waiting as full), which
+    /// the engine's scraped `waiting` shows by the next scrape anyway.
+    pub max_unconfirmed_per_endpoint: u32,
+    /// In-flight picks tracked per pool (a memory bound on the table).
+    pub max_tracked: usize,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        LoadConfig {
+            unhealthy_after: 3,
+            in_flight_timeout: Duration::from_secs(300),
+            prefill_horizon: Duration::from_secs(30),
+            saturation: SaturationThresholds::default(),
+            unconfirmed_timeout: Duration::from_secs(60),
+            max_unconfirmed_per_endpoint: 64,
+            max_tracked: 65_536,
+        }
+    }
+}
+
+/// One endpoint's load as the picker and `PoolState` see it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LoadView {
+    /// Last successful scrape (zeros before the first).
+    pub engine: EngineLoad,
+    /// Whether the endpoint is healthy.
+    pub healthy: bool,
+    /// In-flight picks.
+    pub in_flight: u32,
+    /// Queued prefill tokens of in-flight picks.
+    pub queued_prefill_tokens: u64,
+    /// Saturation 0..1 (1 when unhealthy).
+    pub saturation: f64,
+    /// Whether saturated.
+    pub saturated: bool,
+    /// Whether picks leave it out ([`SaturationThresholds::leaves_out`]);
+    /// implies `saturated`.
+    pub left_out: bool,
+    /// Time since the last successful scrape.
+    pub last_scrape_age: Option<Duration>,
+    /// Failed scrapes since start.
+    pub scrape_failures: u64,
+    /// Failed scrapes in a row now.
+    pub failures_in_row: u32,
+    /// Leading blocks of the request (see [`LoadTracker::views_matching`])
+    /// that an in-flight pick to this endpoint, still in prefill, shares:
+    /// blocks the engine is computing and will hold by the time this request
+    /// runs, though its KV events have not said so yet.
+    pub pending_matched_blocks: usize,
+}
+
+/// Prompts in prefill remembered per endpoint for
+/// [`LoadView::pending_matched_blocks`]; older ones are forgotten first.
+pub const MAX_PENDING_PREFIXES: usize = 64;
+
+#[derive(Debug, Default)]
+struct EndpointLoad {
+    engine: EngineLoad,
+    last_ok: Option<Instant>,
+    failures_in_row: u32,
+    scrape_failures: u64,
+    healthy: bool,
+    in_flight: u32,
+    /// In-flight picks not reported yet (bounded by the config).
+    unconfirmed: u32,
+    queued_prefill: u64,
+    /// (pick seq, block chain) of picks in prefill, oldest first.
+    pending: std::collections::VecDeque<(u64, Arc<[u64]>)>,
+}
+
+impl EndpointLoad {
+    /// Remembers pick `seq`'s chain while it is in prefill, forgetting the
+    /// oldest past [`MAX_PENDING_PREFIXES`].
+    fn remember_pending(&mut self, seq: u64, chain: Arc<[u64]>) {
+        if self.pending.len() >= MAX_PENDING_PREFIXES {
+            self.pending.pop_front();
+        }
+        self.pending.push_back((seq, chain));
+    }
+}
+
+#[derive(Debug, Clone)]
+struct InFlight {
+    seq: u64,
+    endpoint: EndpointId,
+    predicted_cached: u32,
+    prefill_tokens: u64,
+    prefill_pending: bool,
+    /// Some report (FIRST_TOKEN or DONE) came for it.
+    confirmed: bool,
+    picked_at: Instant,
+}
+
+impl InFlight {
+    /// What a report that found this pick answers.
+    fn matched(&self) -> ReportMatch {
+        ReportMatch {
+            matched: true,
+            endpoint: Some(self.endpoint),
+            predicted_cached: Some(self.predicted_cached),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    endpoints: HashMap<EndpointId, EndpointLoad>,
+    in_flight: HashMap<String, InFlight>,
+    next_seq: u64,
+    bounds: BoundStats,
+}
+
+/// What the bounds on unreported picks did (see [`LoadConfig`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BoundStats {
+    /// Picks not accounted: their endpoint had its unconfirmed cap.
+    pub capped_endpoint: u64,
+    /// Picks not accounted: the pool tracked its most picks.
+    pub capped_pool: u64,
+    /// Picks dropped by the unconfirmed timeout.
+    pub unconfirmed_expired: u64,
+    /// Unconfirmed picks now.
+    pub unconfirmed: u64,
+}
+
+/// How [`LoadTracker::record_pick`] accounted a pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accounting {
+    /// In flight on its endpoint.
+    Accounted,
+    /// Not accounted: no request id, or an unknown endpoint.
+    Ignored,
+    /// Not accounted: the endpoint has its most unconfirmed picks.
+    EndpointCap,
+    /// Not accounted: the pool tracks its most picks.
+    PoolCap,
+}
+
+/// Result of a [`LoadTracker::report`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportMatch {
+    /// The request id was in flight.
+    pub matched: bool,
+    /// The endpoint it had been picked for.
+    pub endpoint: Option<EndpointId>,
+    /// The cached tokens predicted at pick time.
+    pub predicted_cached: Option<u32>,
+}
+
+/// Which part of a request's life a report ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Prefill is over.
+    FirstToken,
+    /// The request is over.
+    Done,
+}
+
+/// Load and in-flight state of one pool's endpoints. `Send + Sync`; all
+/// methods take one short lock.
+#[derive(Debug, Default)]
+pub struct LoadTracker {
+    cfg: LoadConfig,
+    inner: Arc<Mutex<Inner>>,
+}
+
+/// A handle on the tracker's in-flight picks that outlives a borrow of it:
+/// a pick whose prompt was tokenized only as far as its cached prefix gets
+/// its whole block chain later, off the pick's path
+/// ([`PendingChains::complete`]).
+#[derive(Clone)]
+pub struct PendingChains {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl std::fmt::Debug for PendingChains {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingChains").finish_non_exhaustive()
+    }
+}
+
+impl PendingChains {
+    /// Gives `request_id`'s pick its whole chain, if the pick is still in
+    /// prefill (else there is nothing to match against any more). Returns
+    /// whether it did.
+    pub fn complete(&self, request_id: &str, chain: Arc<[u64]>) -> bool {
+        if chain.is_empty() {
+            return false;
+        }
+        let mut g = self.inner.lock();
+        let Inner {
+            endpoints,
+            in_flight,
+            ..
+        } = &mut *g;
+        let Some(f) = in_flight.get(request_id).filter(|f| f.prefill_pending) else {
+            return false;
+        };
+        let Some(e) = endpoints.get_mut(&f.endpoint) else {
+            return false;
+        };
+        match e.pending.iter_mut().find(|(s, _)| *s == f.seq) {
+            Some(entry) => entry.1 = chain,
+            None => e.remember_pending(f.seq, chain),
+        }
+        true
+    }
+}
+
+impl LoadTracker {
+    /// An empty tracker.
+    pub fn new(cfg: LoadConfig) -> Self {
+        LoadTracker {
+            cfg,
+            inner: Arc::new(Mutex::new(Inner::default())),
+        }
+    }
+
+    /// A handle for completing picks' chains later.
+    pub fn pending_chains(&self) -> PendingChains {
+        PendingChains {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+
+    /// Whether some pick still in prefill has a prompt starting with the
+    /// whole of `chain` (chained hashes: equal last entries mean equal
+    /// prefixes).
+    pub fn pending_holds(&self, chain: &[u64]) -> bool {
+        let Some(last) = chain.last() else {
+            return true;
+        };
+        let i = chain.len() - 1;
+        self.inner.lock().endpoints.values().any(|e| {
+            e.pending
+                .iter()
+                .any(|(_, p)| p.get(i).is_some_and(|h| h == last))
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &LoadConfig {
+        &self.cfg
+    }
+
+    /// Starts tracking an endpoint (unhealthy until its first scrape).
+    pub fn add_endpoint(&self, id: EndpointId) {
+        self.inner.lock().endpoints.entry(id).or_default();
+    }
+
+    /// Stops tracking an endpoint and forgets its in-flight picks.
+    pub fn remove_endpoint(&self, id: EndpointId) {
+        let mut g = self.inner.lock();
+        g.endpoints.remove(&id);
+        g.in_flight.retain(|_, f| f.endpoint != id);
+    }
+
+    /// Records a scrape result (`None`: the scrape failed).
+    pub fn record_scrape(&self, id: EndpointId, result: Option<EngineLoad>, now: Instant) {
+        let mut g = self.inner.lock();
+        let Some(e) = g.endpoints.get_mut(&id) else {
+            return;
+        };
+        match result {
+            Some(load) => {
+                e.engine = load;
+                e.last_ok = Some(now);
+                e.failures_in_row = 0;
+                e.healthy = true;
+            }
+            None => {
+                e.failures_in_row = e.failures_in_row.saturating_add(1);
+                e.scrape_failures += 1;
+                if e.failures_in_row >= self.cfg.unhealthy_after {
+                    e.healthy = false;
+                }
+            }
+        }
+    }
+
+    /// Accounts a pick: `request_id` goes to `endpoint` with `prefill_tokens`
+    /// to compute and `predicted_cached` tokens expected cached (kept to
+    /// compare with the report). `chain` (see [`block_chain`](super::prefix::block_chain)) is the
+    /// request's prompt, remembered while it is in prefill so that requests
+    /// sharing its prefix see it as about to be cached there. An empty id is
+    /// not accounted (nothing could report it). Picking an id again (a
+    /// retry) moves it. Past the unconfirmed cap of the endpoint or the
+    /// pool's tracking cap the pick is not accounted (and counted).
+    pub fn record_pick(
+        &self,
+        request_id: &str,
+        endpoint: EndpointId,
+        prefill_tokens: u64,
+        predicted_cached: u32,
+        chain: Option<Arc<[u64]>>,
+        now: Instant,
+    ) -> Accounting {
+        if request_id.is_empty() {
+            return Accounting::Ignored;
+        }
+        let mut g = self.inner.lock();
+        let Inner {
+            endpoints,
+            in_flight,
+            next_seq,
+            bounds,
+        } = &mut *g;
+        if let Some(old) = in_flight.remove(request_id) {
+            release(endpoints, &old, true);
+        }
+        let Some(e) = endpoints.get_mut(&endpoint) else {
+            return Accounting::Ignored;
+        };
+        if e.unconfirmed >= self.cfg.max_unconfirmed_per_endpoint {
+            bounds.capped_endpoint += 1;
+            return Accounting::EndpointCap;
+        }
+        if in_flight.len() >= self.cfg.max_tracked {
+            bounds.capped_pool += 1;
+            return Accounting::PoolCap;
+        }
+        let seq = *next_seq;
+        *next_seq += 1;
+        e.in_flight += 1;
+        e.unconfirmed += 1;
+        e.queued_prefill += prefill_tokens;
+        if let Some(chain) = chain.filter(|c| !c.is_empty()) {
+            e.remember_pending(seq, chain);
+        }
+        in_flight.insert(
+            request_id.to_string(),
+            InFlight {
+                seq,
+                endpoint,
+                predicted_cached,
+                prefill_tokens,
+                prefill_pending: true,
+                confirmed: false,
+                picked_at: now,
+            },
+        );
+        Accounting::Accounted
+    }
+
+    /// What the bounds on unreported picks did so far.
+    pub fn bound_stats(&self) -> BoundStats {
+        let g = self.inner.lock();
+        BoundStats {
+            unconfirmed: g.endpoints.values().map(|e| u64::from(e.unconfirmed)).sum(),
+            ..g.bounds
+        }
+    }
+
+    /// Accounts a report. Unknown ids (never picked, already done, expired)
+    /// are harmless and come back unmatched.
+    pub fn report(&self, request_id: &str, phase: Phase) -> ReportMatch {
+        let mut g = self.inner.lock();
+        let Inner {
+            endpoints,
+            in_flight,
+            ..
+        } = &mut *g;
+        let unmatched = ReportMatch {
+            matched: false,
+            endpoint: None,
+            predicted_cached: None,
+        };
+        match phase {
+            Phase::Done => match in_flight.remove(request_id) {
+                Some(f) => {
+                    release(endpoints, &f, true);
+                    f.matched()
+                }
+                None => unmatched,
+            },
+            Phase::FirstToken => match in_flight.get_mut(request_id) {
+                Some(f) => {
+                    confirm(endpoints, f);
+                    if f.prefill_pending {
+                        release(endpoints, f, false);
+                        f.prefill_pending = false;
+                    }
+                    f.matched()
+                }
+                None => unmatched,
+            },
+        }
+    }
+
+    /// Expires in-flight picks past the timeout and prefill parts past the
+    /// horizon; returns how many picks expired.
+    pub fn sweep(&self, now: Instant) -> usize {
+        let mut g = self.inner.lock();
+        let Inner {
+            endpoints,
+            in_flight,
+            bounds,
+            ..
+        } = &mut *g;
+        let mut expired = 0;
+        in_flight.retain(|_, f| {
+            let age = now.saturating_duration_since(f.picked_at);
+            let unconfirmed = !f.confirmed && age >= self.cfg.unconfirmed_timeout;
+            if age >= self.cfg.in_flight_timeout || unconfirmed {
+                bounds.unconfirmed_expired += u64::from(unconfirmed);
+                release(endpoints, f, true);
+                expired += 1;
+                return false;
+            }
+            if f.prefill_pending && age >= self.cfg.prefill_horizon {
+                release(endpoints, f, false);
+                f.prefill_pending = false;
+            }
+            true
+        });
+        expired
+    }
+
+    fn view_of(&self, e: &EndpointLoad, now: Instant, chain: Option<&[u64]>) -> LoadView {
+        let pending_matched_blocks = chain.map_or(0, |c| {
+            e.pending
+                .iter()
+                .map(|(_, p)| common_prefix(c, p))
+                .max()
+                .unwrap_or(0)
+        });
+        let saturation = if e.healthy {
+            self.cfg.saturation.saturation(&e.engine)
+        } else {
+            1.0
+        };
+        LoadView {
+            engine: e.engine,
+            healthy: e.healthy,
+            in_flight: e.in_flight,
+            queued_prefill_tokens: e.queued_prefill,
+            saturation,
+            saturated: e.healthy && saturation >= 1.0,
+            left_out: e.healthy && self.cfg.saturation.leaves_out(&e.engine),
+            last_scrape_age: e.last_ok.map(|t| now.saturating_duration_since(t)),
+            scrape_failures: e.scrape_failures,
+            failures_in_row: e.failures_in_row,
+            pending_matched_blocks,
+        }
+    }
+
+    /// Views of `ids`, in order (a default, unhealthy view for unknown ids).
+    pub fn views(&self, ids: impl IntoIterator<Item = EndpointId>, now: Instant) -> Vec<LoadView> {
+        self.views_matching(ids, now, None)
+    }
+
+    /// Like [`LoadTracker::views`], also matching a request's block chain
+    /// against each endpoint's picks in prefill
+    /// ([`LoadView::pending_matched_blocks`]).
+    pub fn views_matching(
+        &self,
+        ids: impl IntoIterator<Item = EndpointId>,
+        now: Instant,
+        chain: Option<&[u64]>,
+    ) -> Vec<LoadView> {
+        let g = self.inner.lock();
+        ids.into_iter()
+            .map(|id| match g.endpoints.get(&id) {
+                Some(e) => self.view_of(e, now, chain),
+                None => LoadView {
+                    saturation: 1.0,
+                    ..Default::default()
+                },
+            })
+            .collect()
+    }
+
+    /// Number of in-flight picks in the pool.
+    pub fn in_flight_total(&self) -> usize {
+        self.inner.lock().in_flight.len()
+    }
+}
+
+/// Pool saturation from endpoint views: the mean over healthy endpoints, 1
+/// when none is healthy.
+pub fn pool_saturation(views: &[LoadView]) -> f64 {
+    let healthy: Vec<f64> = views
+        .iter()
+        .filter(|v| v.healthy)
+        .map(|v| v.saturation)
+        .collect();
+    if healthy.is_empty() {
+        1.0
+    } else {
+        healthy.iter().sum::<f64>() / healthy.len() as f64
+    }
+}
+
+/// Ends `f`'s prefill part (if still pending) and, when `whole`, its
+/// in-flight count.
+fn release(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &InFlight, whole: bool) {
+    if let Some(e) = endpoints.get_mut(&f.endpoint) {
+        if f.prefill_pending {
+            e.queued_prefill = e.queued_prefill.saturating_sub(f.prefill_tokens);
+            if let Some(pos) = e.pending.iter().position(|(s, _)| *s == f.seq) {
+                e.pending.remove(pos);
+            }
+        }
+        if whole {
+            e.in_flight = e.in_flight.saturating_sub(1);
+            if !f.confirmed {
+                e.unconfirmed = e.unconfirmed.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// Marks `f` reported (once), freeing its place under the unconfirmed cap.
+fn confirm(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &mut InFlight) {
+    if !f.confirmed {
+        f.confirmed = true;
+        if let Some(e) = endpoints.get_mut(&f.endpoint) {
+            e.unconfirmed = e.unconfirmed.saturating_sub(1);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "tracker_bounds_tests.rs"]
+mod bounds_tests;
+
+/// A tracker with `cfg` and two endpoints (1 and 2), for the tests.
+#[cfg(test)]
+fn two_endpoints(cfg: LoadConfig) -> (LoadTracker, EndpointId, EndpointId, Instant) {
+    let t = LoadTracker::new(cfg);
+    let (a, b) = (EndpointId(1), EndpointId(2));
+    t.add_endpoint(a);
+    t.add_endpoint(b);
+    (t, a, b, Instant::now())
+}
+
+#[cfg(test)]
+#[path = "tracker_tests.rs"]
+mod tests;

@@ -1,0 +1,129 @@
+//! The tracker's scrape health, in-flight accounting and pending prefixes.
+
+use super::*;
+use crate::load::prefix::block_chain;
+
+fn tracker() -> (LoadTracker, EndpointId, EndpointId, Instant) {
+    super::two_endpoints(LoadConfig {
+        unhealthy_after: 2,
+        in_flight_timeout: Duration::from_secs(10),
+        prefill_horizon: Duration::from_secs(1),
+        saturation: SaturationThresholds::default(),
+        ..LoadConfig::default()
+    })
+}
+
+#[test]
+fn health_follows_scrapes() {
+    let (t, a, _, now) = tracker();
+    assert!(
+        !t.views([a], now)[0].healthy,
+        "unhealthy before the first scrape"
+    );
+    t.record_scrape(
+        a,
+        Some(EngineLoad {
+            running: 2,
+            waiting: 0,
+            kv_usage: 0.1,
+        }),
+        now,
+    );
+    assert!(t.views([a], now)[0].healthy);
+    t.record_scrape(a, None, now);
+    assert!(t.views([a], now)[0].healthy, "one failure is tolerated");
+    t.record_scrape(a, None, now);
+    let v = &t.views([a], now)[0];
+    assert!(!v.healthy);
+    assert_eq!(v.scrape_failures, 2);
+    assert_eq!(v.saturation, 1.0);
+    t.record_scrape(a, Some(EngineLoad::default()), now);
+    assert!(t.views([a], now)[0].healthy);
+}
+
+#[test]
+fn in_flight_accounting() {
+    let (t, a, b, now) = tracker();
+    t.record_pick("r1", a, 100, 0, None, now);
+    t.record_pick("r2", a, 50, 0, None, now);
+    t.record_pick("", a, 1000, 0, None, now); // not accounted
+    let v = t.views([a, b], now);
+    assert_eq!((v[0].in_flight, v[0].queued_prefill_tokens), (2, 150));
+    let m = t.report("r1", Phase::FirstToken);
+    assert_eq!((m.matched, m.endpoint), (true, Some(a)));
+    assert_eq!(t.views([a], now)[0].queued_prefill_tokens, 50);
+    assert_eq!(t.views([a], now)[0].in_flight, 2);
+    assert!(t.report("r1", Phase::Done).matched);
+    assert!(
+        !t.report("r1", Phase::Done).matched,
+        "second DONE is unmatched"
+    );
+    assert_eq!(t.views([a], now)[0].in_flight, 1);
+    // A retry moves the request.
+    t.record_pick("r2", b, 70, 0, None, now);
+    let v = t.views([a, b], now);
+    assert_eq!((v[0].in_flight, v[0].queued_prefill_tokens), (0, 0));
+    assert_eq!((v[1].in_flight, v[1].queued_prefill_tokens), (1, 70));
+    // Prefill horizon, then timeout.
+    assert_eq!(t.sweep(now + Duration::from_millis(1500)), 0);
+    assert_eq!(t.views([b], now)[0].queued_prefill_tokens, 0);
+    assert_eq!(t.views([b], now)[0].in_flight, 1);
+    assert_eq!(t.sweep(now + Duration::from_secs(11)), 1);
+    assert_eq!(t.views([b], now)[0].in_flight, 0);
+    assert_eq!(t.in_flight_total(), 0);
+}
+
+#[test]
+fn removing_an_endpoint_forgets_its_picks() {
+    let (t, a, b, now) = tracker();
+    t.record_pick("r1", a, 10, 0, None, now);
+    t.record_pick("r2", b, 10, 0, None, now);
+    t.remove_endpoint(a);
+    assert_eq!(t.in_flight_total(), 1);
+    assert!(!t.report("r1", Phase::Done).matched);
+    t.record_pick("r3", a, 10, 0, None, now); // unknown endpoint: ignored
+    assert_eq!(t.in_flight_total(), 1);
+}
+
+#[test]
+fn picks_in_prefill_count_as_pending_prefixes() {
+    let (t, a, b, now) = tracker();
+    let chain: Arc<[u64]> = block_chain(&(0..64).collect::<Vec<u32>>(), 4).into();
+    t.record_pick("r1", a, 64, 0, Some(Arc::clone(&chain)), now);
+    let v = t.views_matching([a, b], now, Some(&chain[..12]));
+    assert_eq!(
+        (v[0].pending_matched_blocks, v[1].pending_matched_blocks),
+        (12, 0)
+    );
+    t.report("r1", Phase::FirstToken);
+    let v = t.views_matching([a], now, Some(&chain));
+    assert_eq!(
+        v[0].pending_matched_blocks, 0,
+        "after prefill the KV events tell"
+    );
+    for i in 0..(MAX_PENDING_PREFIXES + 5) {
+        t.record_pick(&format!("x{i}"), b, 1, 0, Some(Arc::clone(&chain)), now);
+    }
+    let v = t.views_matching([b], now, Some(&chain));
+    assert_eq!(v[0].pending_matched_blocks, 16);
+    assert_eq!(t.sweep(now + Duration::from_millis(1500)), 0);
+    assert_eq!(
+        t.views_matching([b], now, Some(&chain))[0].pending_matched_blocks,
+        0
+    );
+}
+
+#[test]
+fn pool_saturation_is_mean_of_healthy() {
+    let mk = |healthy, saturation| LoadView {
+        healthy,
+        saturation,
+        ..Default::default()
+    };
+    assert_eq!(pool_saturation(&[]), 1.0);
+    assert_eq!(pool_saturation(&[mk(false, 1.0)]), 1.0);
+    assert_eq!(
+        pool_saturation(&[mk(true, 0.2), mk(true, 0.6), mk(false, 1.0)]),
+        0.4
+    );
+}
