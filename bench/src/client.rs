@@ -14,7 +14,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::record::Outcome;
+use crate::record::{Outcome, Record};
 
 /// Header the served endpoint comes back in (the Inference Extension's).
 pub const SERVED_HEADER: &str = "x-gateway-destination-endpoint-served";
@@ -39,52 +39,6 @@ pub enum Prompt {
     Tokens(Vec<u32>),
     /// `/v1/chat/completions` with (role, content) messages.
     Chat(Vec<(&'static str, String)>),
-}
-
-/// What came back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Answer {
-    /// Time to first token, simulated ms (NaN if none).
-    pub ttft_ms: f64,
-    /// Mean gap between tokens after the first, simulated ms.
-    pub itl_ms: f64,
-    /// Send to end of stream, simulated ms (NaN if it did not end).
-    pub e2e_ms: f64,
-    /// Usage: prompt tokens.
-    pub prompt_tokens: u64,
-    /// Usage: cached prompt tokens.
-    pub cached_tokens: u64,
-    /// Usage: completion tokens.
-    pub completion_tokens: u64,
-    /// The served endpoint header, if present.
-    pub endpoint: String,
-    /// HTTP status (0 if none).
-    pub status: u16,
-    /// How it ended.
-    pub outcome: Outcome,
-    /// Error text.
-    pub error: String,
-    /// The generated text (to grow a chat's history).
-    pub text: String,
-}
-
-impl Answer {
-    /// An answer with nothing measured (yet): how it ended and why.
-    pub fn nothing(outcome: Outcome, error: &str) -> Answer {
-        Answer {
-            ttft_ms: f64::NAN,
-            itl_ms: f64::NAN,
-            e2e_ms: f64::NAN,
-            prompt_tokens: 0,
-            cached_tokens: 0,
-            completion_tokens: 0,
-            endpoint: String::new(),
-            status: 0,
-            outcome,
-            error: error.to_string(),
-            text: String::new(),
-        }
-    }
 }
 
 #[derive(Deserialize)]
@@ -183,15 +137,17 @@ fn find_event_end(b: &[u8]) -> Option<(usize, usize)> {
     }
 }
 
-/// Sends one request and measures it. Never panics; every failure is an
+/// Sends one request for `rec`'s tenant and measures it into `rec` (made by
+/// [`Record::unanswered`]); also returns the generated text, which a chat
+/// sends back as the assistant's turn. Never panics; every failure is an
 /// [`Outcome`] with its text.
 pub async fn send(
     client: &reqwest::Client,
     target: &Target,
-    tenant: &str,
+    mut rec: Record,
     prompt: &Prompt,
     output_tokens: u32,
-) -> Answer {
+) -> (Record, String) {
     let (path, body) = body(&target.model, prompt, output_tokens);
     let scale = if target.time_scale > 0.0 {
         target.time_scale
@@ -199,12 +155,12 @@ pub async fn send(
         1.0
     };
     let sim_ms = |d: std::time::Duration| d.as_secs_f64() * 1e3 / scale;
-    let mut a = Answer::nothing(Outcome::Error, "");
+    let mut text = String::new();
     let t0 = Instant::now();
     let resp = client
         .post(format!("{}{}", target.url, path))
         .header("content-type", "application/json")
-        .header(TENANT_HEADER, tenant)
+        .header(TENANT_HEADER, &rec.tenant)
         .header("x-sim-output-tokens", output_tokens.to_string())
         .body(body)
         .send()
@@ -212,22 +168,22 @@ pub async fn send(
     let resp = match resp {
         Ok(r) => r,
         Err(e) => {
-            a.error = format!("send: {e}");
-            return a;
+            rec.error = format!("send: {e}");
+            return (rec, text);
         }
     };
-    a.status = resp.status().as_u16();
-    a.endpoint = resp
+    rec.status = resp.status().as_u16();
+    rec.endpoint = resp
         .headers()
         .get(SERVED_HEADER)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
     if !resp.status().is_success() {
-        a.outcome = Outcome::HttpError;
-        let text = resp.text().await.unwrap_or_default();
-        a.error = text.chars().take(200).collect();
-        return a;
+        rec.outcome = Outcome::HttpError;
+        let body = resp.text().await.unwrap_or_default();
+        rec.error = body.chars().take(200).collect();
+        return (rec, text);
     }
     let mut stream = resp.bytes_stream();
     let mut sse = SseReader::default();
@@ -237,8 +193,8 @@ pub async fn send(
         let bytes = match chunk {
             Ok(b) => b,
             Err(e) => {
-                a.error = format!("stream: {e}");
-                return a;
+                rec.error = format!("stream: {e}");
+                return (rec, text);
             }
         };
         let now = Instant::now();
@@ -250,19 +206,19 @@ pub async fn send(
             let c: Chunk = match serde_json::from_str(&data) {
                 Ok(c) => c,
                 Err(e) => {
-                    a.error = format!("bad chunk: {e}");
-                    return a;
+                    rec.error = format!("bad chunk: {e}");
+                    return (rec, text);
                 }
             };
             if let Some(u) = c.usage {
-                a.prompt_tokens = u.prompt_tokens;
-                a.completion_tokens = u.completion_tokens;
-                a.cached_tokens = u.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
+                rec.prompt_tokens = u.prompt_tokens;
+                rec.completion_tokens = u.completion_tokens;
+                rec.cached_tokens = u.prompt_tokens_details.map_or(0, |d| d.cached_tokens);
             }
             for ch in c.choices {
-                let text = ch.delta.and_then(|d| d.content).or(ch.text);
-                if let Some(t) = text.filter(|t| !t.is_empty()) {
-                    a.text.push_str(&t);
+                let piece = ch.delta.and_then(|d| d.content).or(ch.text);
+                if let Some(t) = piece.filter(|t| !t.is_empty()) {
+                    text.push_str(&t);
                     tokens += 1;
                     first.get_or_insert(now);
                     last = Some(now);
@@ -272,18 +228,18 @@ pub async fn send(
     }
     let end = Instant::now();
     if let Some(f) = first {
-        a.ttft_ms = sim_ms(f - t0);
+        rec.ttft_ms = sim_ms(f - t0);
         if let Some(l) = last.filter(|_| tokens > 1) {
-            a.itl_ms = sim_ms(l - f) / (tokens - 1) as f64;
+            rec.itl_ms = sim_ms(l - f) / (tokens - 1) as f64;
         }
     }
     if !done {
-        a.error = "stream ended without [DONE]".into();
-        return a;
+        rec.error = "stream ended without [DONE]".into();
+        return (rec, text);
     }
-    a.e2e_ms = sim_ms(end - t0);
-    a.outcome = Outcome::Ok;
-    a
+    rec.e2e_ms = sim_ms(end - t0);
+    rec.outcome = Outcome::Ok;
+    (rec, text)
 }
 
 #[cfg(test)]

@@ -99,6 +99,51 @@ fn num(out: &mut String, v: f64) {
 }
 
 impl Record {
+    /// A request as it is sent: who and when, nothing measured yet, and the
+    /// outcome a failure before any answer leaves ([`Outcome::Error`], no
+    /// text); [`crate::client::send`] fills in the rest.
+    pub fn unanswered(
+        id: usize,
+        tenant: String,
+        conversation: Option<usize>,
+        turn: usize,
+        sent_s: f64,
+    ) -> Record {
+        Record {
+            id,
+            tenant,
+            conversation,
+            turn,
+            sent_s,
+            ttft_ms: f64::NAN,
+            itl_ms: f64::NAN,
+            e2e_ms: f64::NAN,
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            completion_tokens: 0,
+            endpoint: String::new(),
+            status: 0,
+            outcome: Outcome::Error,
+            error: String::new(),
+        }
+    }
+
+    /// The same request given up on at the run's deadline: whatever was
+    /// measured before is dropped, as the request never finished.
+    pub fn timed_out(self) -> Record {
+        Record {
+            outcome: Outcome::Timeout,
+            error: "deadline".into(),
+            ..Record::unanswered(
+                self.id,
+                self.tenant,
+                self.conversation,
+                self.turn,
+                self.sent_s,
+            )
+        }
+    }
+
     /// The record as one CSV line (no newline). Text fields have commas and
     /// newlines replaced by spaces; NaN is written as an empty field.
     pub fn to_csv(&self) -> String {
@@ -229,5 +274,28 @@ mod tests {
             parse_csv(&bad).unwrap_err(),
             "line 2: expected 15 fields, got 2"
         );
+    }
+
+    #[test]
+    fn a_timed_out_request_keeps_who_and_when_but_nothing_measured() {
+        let sent = Record::unanswered(4, "t02".into(), Some(1), 3, 2.5);
+        assert_eq!((sent.outcome, sent.error.as_str()), (Outcome::Error, ""));
+        let half_measured = Record {
+            status: 200,
+            endpoint: "e:1".into(),
+            ttft_ms: 12.0,
+            ..sent.clone()
+        };
+        let t = half_measured.timed_out();
+        assert_eq!(
+            (t.outcome, t.error.as_str()),
+            (Outcome::Timeout, "deadline")
+        );
+        assert_eq!(
+            (t.id, t.tenant.as_str(), t.conversation, t.turn),
+            (4, "t02", Some(1), 3)
+        );
+        assert_eq!((t.sent_s, t.status, t.endpoint.as_str()), (2.5, 0, ""));
+        assert!(t.ttft_ms.is_nan() && t.itl_ms.is_nan() && t.e2e_ms.is_nan());
     }
 }

@@ -10,7 +10,7 @@ use tokio::sync::Mutex;
 use tokio::time::{sleep_until, timeout_at};
 
 use crate::chat::{tenant_name, ChatPlan};
-use crate::client::{send, Answer, Prompt, Target};
+use crate::client::{send, Prompt, Target};
 use crate::record::{Outcome, Record};
 use crate::trace::{prompt_tokens, TraceRequest};
 
@@ -161,44 +161,6 @@ fn client() -> anyhow::Result<reqwest::Client> {
         .build()?)
 }
 
-fn record(
-    id: usize,
-    tenant: String,
-    conv: Option<usize>,
-    turn: usize,
-    sent_s: f64,
-    a: Answer,
-) -> Record {
-    Record {
-        id,
-        tenant,
-        conversation: conv,
-        turn,
-        sent_s,
-        ttft_ms: a.ttft_ms,
-        itl_ms: a.itl_ms,
-        e2e_ms: a.e2e_ms,
-        prompt_tokens: a.prompt_tokens,
-        cached_tokens: a.cached_tokens,
-        completion_tokens: a.completion_tokens,
-        endpoint: a.endpoint,
-        status: a.status,
-        outcome: a.outcome,
-        error: a.error,
-    }
-}
-
-fn timed_out(id: usize, tenant: String, conv: Option<usize>, turn: usize, sent_s: f64) -> Record {
-    record(
-        id,
-        tenant,
-        conv,
-        turn,
-        sent_s,
-        Answer::nothing(Outcome::Timeout, "deadline"),
-    )
-}
-
 struct Clock {
     t0: Instant,
     scale: f64,
@@ -253,11 +215,11 @@ pub async fn run_trace(
             let sent_s = clock.sim_now();
             let prompt = Prompt::Tokens(prompt_tokens(r, block_tokens, i as u64));
             let out = r.output_length.min(u32::MAX as usize) as u32;
-            let rec = match timeout_at(deadline.into(), send(&http, &target, "trace", &prompt, out))
-                .await
-            {
-                Ok(a) => record(i, "trace".into(), None, 0, sent_s, a),
-                Err(_) => timed_out(i, "trace".into(), None, 0, sent_s),
+            let rec = Record::unanswered(i, "trace".into(), None, 0, sent_s);
+            let sent = send(&http, &target, rec.clone(), &prompt, out);
+            let rec = match timeout_at(deadline.into(), sent).await {
+                Ok((rec, _)) => rec,
+                Err(_) => rec.timed_out(),
             };
             pb.inc(1);
             rec
@@ -331,23 +293,11 @@ pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<
                 history.push(("user", turn.user.clone()));
                 let sent_s = clock.sim_now();
                 let prompt = Prompt::Chat(history.clone());
-                let res = timeout_at(
-                    deadline.into(),
-                    send(&http, &target, &tenant, &prompt, turn.output_tokens),
-                )
-                .await;
-                let (rec, text) = match res {
-                    Ok(a) => {
-                        let text = a.text.clone();
-                        (
-                            record(id0 + k, tenant.clone(), Some(ci), k, sent_s, a),
-                            text,
-                        )
-                    }
-                    Err(_) => (
-                        timed_out(id0 + k, tenant.clone(), Some(ci), k, sent_s),
-                        String::new(),
-                    ),
+                let rec = Record::unanswered(id0 + k, tenant.clone(), Some(ci), k, sent_s);
+                let sent = send(&http, &target, rec.clone(), &prompt, turn.output_tokens);
+                let (rec, text) = match timeout_at(deadline.into(), sent).await {
+                    Ok(answered) => answered,
+                    Err(_) => (rec.timed_out(), String::new()),
                 };
                 let ok = rec.outcome == Outcome::Ok;
                 records.lock().await.push(rec);
