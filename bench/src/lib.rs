@@ -3,7 +3,7 @@
 //! The load generator replays a workload open-loop through a proxy as real
 //! streaming requests and records every request ([`record`]); the report
 //! turns the runs of several routing modes and load levels into tables,
-//! target checks and plots ([`report`], [`plot`]). The pure parts (trace
+//! target checks and plots ([`report`], [`targets`], [`plot`]). The pure parts (trace
 //! parsing, workload planning, statistics, the pooled-cache bound) have
 //! their tests beside them; the processes a run needs (simulators, indexer,
 //! Envoy) are started by `bench/routing.py`.
@@ -13,6 +13,7 @@ pub mod bound;
 pub mod chat;
 pub mod client;
 pub mod cluster;
+pub mod compare;
 pub mod floor;
 pub mod overhead;
 pub mod plot;
@@ -21,6 +22,7 @@ pub mod record;
 pub mod report;
 pub mod run;
 pub mod stats;
+pub mod targets;
 pub mod trace;
 
 use serde::{Deserialize, Serialize};

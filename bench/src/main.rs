@@ -20,11 +20,11 @@ use clap::{Args, Parser, Subcommand};
 use kvasir_bench::chat::{self, ChatConfig};
 use kvasir_bench::client::Target;
 use kvasir_bench::cluster::{Cluster, Policy};
+use kvasir_bench::compare::{self, Inputs};
 use kvasir_bench::plot::{self, LoadCurve};
 use kvasir_bench::record::{self, Record};
-use kvasir_bench::report::{self, Inputs};
 use kvasir_bench::run::{self, RunOptions, RunResult};
-use kvasir_bench::{bound, floor, stats, trace, ttft_growth, RunMeta};
+use kvasir_bench::{bound, floor, report, stats, targets, trace, ttft_growth, RunMeta};
 use kvasir_scoring::Weights;
 use vllm_sim::latency::LatencyProfile;
 
@@ -317,10 +317,10 @@ fn model_cmd(a: &ModelArgs) -> anyhow::Result<()> {
             println!(
                 "| {speed} | {name} | {:.1}% | {} | {} | {} | {} |",
                 o.hit_rate * 100.0,
-                report::ms(o.ttft.mean),
-                report::ms(o.ttft.p50),
-                report::ms(o.ttft.p90),
-                report::ms(o.ttft.p99)
+                compare::ms(o.ttft.mean),
+                compare::ms(o.ttft.p50),
+                compare::ms(o.ttft.p90),
+                compare::ms(o.ttft.p99)
             );
         }
     }
@@ -524,8 +524,8 @@ fn write_run(c: &Common, workload: &str, rate: f64, res: RunResult) -> anyhow::R
         s.requests,
         s.failed,
         s.timeouts,
-        report::ms(s.ttft.p50),
-        report::ms(s.ttft.p99),
+        compare::ms(s.ttft.p50),
+        compare::ms(s.ttft.p99),
         s.cache_hit_rate * 100.0,
         meta.engines.prefill_utilisation * 100.0,
         meta.wall_s
@@ -575,10 +575,10 @@ fn unqueued_ttfts(
     model: &bound::EngineModel,
 ) -> Vec<floor::Unqueued> {
     runs.iter()
-        .filter(|(m, _)| m.mode == report::KVASIR || m.mode == report::APPROX)
+        .filter(|(m, _)| m.mode == compare::KVASIR || m.mode == compare::APPROX)
         .map(|(m, recs)| {
             let engines = m.engines.engines.max(1);
-            if m.workload == "chat" && m.mode == report::KVASIR {
+            if m.workload == "chat" && m.mode == compare::KVASIR {
                 let same: Vec<&[Record]> = runs
                     .iter()
                     .filter(|(o, _)| o.workload == m.workload && (o.load - m.load).abs() < 1e-9)
@@ -647,7 +647,7 @@ fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
     for w in &workloads {
         let mut series: Vec<(String, Vec<f64>)> = runs
             .iter()
-            .filter(|(m, _)| &m.workload == w && (m.load - report::REF_LOAD).abs() < 1e-9)
+            .filter(|(m, _)| &m.workload == w && (m.load - compare::REF_LOAD).abs() < 1e-9)
             .map(|(m, recs)| {
                 let mut v: Vec<f64> = recs
                     .iter()
@@ -663,7 +663,7 @@ fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
                 (m.mode.clone(), v)
             })
             .collect();
-        series.sort_by_key(|(m, _)| report::mode_rank(m));
+        series.sort_by_key(|(m, _)| compare::mode_rank(m));
         if !series.is_empty() {
             let f = format!("{w}-ttft-cdf.svg");
             plot::ttft_cdf(
@@ -679,7 +679,7 @@ fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
             .filter(|(m, _)| &m.workload == w)
             .map(|(m, _)| m.mode.clone())
             .collect();
-        modes.sort_by_key(|m| report::mode_rank(m));
+        modes.sort_by_key(|m| compare::mode_rank(m));
         modes.dedup();
         let curves: Vec<LoadCurve> = modes
             .iter()
@@ -708,7 +708,7 @@ fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
         "runs": inp.runs,
         "bound": inp.bound,
         "unqueued": inp.unqueued,
-        "targets": report::check_targets(&inp),
+        "targets": targets::check_targets(&inp),
     });
     std::fs::write(
         a.dir.join("summary.json"),

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::report::mode_rank;
+use crate::compare::mode_rank;
 
 /// Colours by mode rank (round-robin, least-request, approx, kvasir).
 const COLOURS: [RGBColor; 5] = [
