@@ -23,8 +23,7 @@
 //! - [`shared`]: the state one VM's requests share (config, pool states);
 //! - [`response`]: TTFT / ITL / e2e and `usage` from JSON or SSE;
 //! - [`stats`]: stat names (Prometheus labels via stats tags);
-//! - [`host`]: what the filter asks of Envoy, the [`host::Host`] trait;
-//! - [`engine`]: the per-request state machine over a [`host::Host`].
+//! - [`engine`]: the per-request state machine over a [`engine::Host`].
 //!
 //! Only the `wasm` module (built for `wasm32` alone) touches the
 //! proxy-wasm SDK. See `filter/README.md` for deployment and the stats.
@@ -32,7 +31,6 @@
 #![warn(missing_docs)]
 
 pub mod engine;
-pub mod host;
 pub mod pick;
 pub mod reply;
 pub mod request;

@@ -14,9 +14,9 @@ Modules:
     prom       the Prometheus text parser
     api        OpenAI-shaped bodies and SSE events
 
-The common names are re-exported here (`import kvasir_harness as h`). Only
-`prom` needs a third-party package (prometheus_client, imported on first
-use), so `bootstrap` also runs under a bare python3.
+The common names are re-exported here (`import kvasir_harness as h`). The
+package needs only the standard library, so envoy/render.py (which wraps
+`bootstrap`) also runs under a bare python3.
 """
 
 from __future__ import annotations
