@@ -26,9 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import kvasir_harness as h  # harness/kvasir_harness: processes, ports, bounded waits, the launchers
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-import stack as h  # noqa: E402  (tests/e2e/stack.py: processes, ports, bounded waits)
 
 BENCH_BIN = h.TARGET / "release" / "kvasir-bench"
 

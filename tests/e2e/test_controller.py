@@ -28,7 +28,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 
-from conftest import WASM, Proc, free_port, request, wait_until
+from kvasir_harness import WASM, Proc, free_port, request, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 GW = REPO / "gateway-api"

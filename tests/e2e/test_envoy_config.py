@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENVOY_BIN, POLICY, REPO, SETTINGS, WASM, compile_plugin, free_port, render, secrets_for
+from kvasir_harness import ENVOY_BIN, POLICY, REPO, SETTINGS, WASM, compile_plugin, free_port, secrets_for
+from kvasir_harness import bootstrap as render
 
 SHIPPED = sorted((REPO / "envoy").glob("*.yaml"))
 

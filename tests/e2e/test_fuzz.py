@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import MODEL, Stack, request, wasm_failures
+from kvasir_harness import MODEL, request, wasm_failures
+from conftest import Stack
 
 OK_MSGS = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"

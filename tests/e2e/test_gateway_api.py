@@ -54,8 +54,9 @@ import pytest
 yaml = pytest.importorskip("yaml")
 jsonschema = pytest.importorskip("jsonschema")
 
-from conftest import (ENVOY_BIN, INDEXER_BIN, TOKENIZER, WASM, Envoy, Proc, Processes, free_port, render, request,  # noqa: E402
-                      secrets_for, start_sim, wait_sim, wait_until)
+from kvasir_harness import (ENVOY_BIN, INDEXER_BIN, TOKENIZER, WASM, Envoy, Proc, Processes, free_port, request,  # noqa: E402
+                            secrets_for, start_sim, wait_sim, wait_until)
+from kvasir_harness import bootstrap as render  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 GW = REPO / "gateway-api"

@@ -13,7 +13,8 @@ import uuid
 
 import pytest
 
-from conftest import MODEL, Stack, chat, compile_plugin, start_envoy, wait_envoy
+from kvasir_harness import MODEL, chat, compile_plugin, start_envoy, wait_envoy
+from conftest import Stack
 
 SECRET = b"kvasir-e2e-jwt-secret-0123456789abcdef"
 M = MODEL.replace("/", "_")

@@ -7,15 +7,13 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from stack import REPO, TARGET, compile_plugin, start_envoy, wait_envoy, wait_until
+from kvasir_harness import TARGET, compile_plugin, load_script, start_envoy, wait_envoy, wait_until
 
-sys.path.insert(0, str(REPO / "bench"))
-import routing  # noqa: E402  (bench/routing.py: the benchmark's policy and settings)
+routing = load_script("bench/routing.py")  # the benchmark's policy and settings
 
 BENCH = TARGET / "release" / "kvasir-bench"
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import uuid
 
-from conftest import MODEL, PROVIDER_MODEL, Stack, chat, sse_events
+from kvasir_harness import MODEL, PROVIDER_MODEL, chat, sse_events
+from conftest import Stack
 
 SERVED = "x-gateway-destination-endpoint-served"
 M = MODEL.replace("/", "_")
@@ -101,7 +102,7 @@ def test_unknown_and_missing_credentials_get_401(stack: Stack):
     assert status == 401
     assert json.loads(b) == {"type": "error", "error": {"type": "authentication_error", "message": "missing credentials"}}
     # Non-inference paths need a tenant too.
-    from conftest import request
+    from kvasir_harness import request
 
     status, _, _ = request("GET", e.port, "/v1/models")
     assert status == 401

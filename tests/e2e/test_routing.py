@@ -14,7 +14,8 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
-from conftest import MODEL, POLICY, SETTINGS, Stack, chat, compile_plugin, request, start_envoy, wait_envoy, wait_until
+from kvasir_harness import MODEL, POLICY, SETTINGS, chat, compile_plugin, request, start_envoy, wait_envoy, wait_until
+from conftest import Stack
 
 SERVED = "x-gateway-destination-endpoint-served"
 

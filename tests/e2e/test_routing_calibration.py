@@ -5,15 +5,13 @@ runs when none lands within it, and stops at the chat's cap. No stack."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from stack import REPO
+from kvasir_harness import load_script
 
-sys.path.insert(0, str(REPO / "bench"))
-import routing  # noqa: E402
+routing = load_script("bench/routing.py")
 
 
 def scripted(monkeypatch, utilisations: list[float]) -> list[float]:

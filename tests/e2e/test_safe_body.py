@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from conftest import (MODEL, POLICY, SETTINGS, Processes, Stack, chat, compile_plugin, start_envoy,
-                      wait_envoy)
+from kvasir_harness import MODEL, POLICY, SETTINGS, Processes, chat, compile_plugin, start_envoy, wait_envoy
+from conftest import Stack
 
 SERVED = "x-gateway-destination-endpoint-served"
 EMAIL = "jane.doe@example.com"

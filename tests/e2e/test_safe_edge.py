@@ -16,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import (KEYS, MODEL, POLICY, PROVIDER_KEY, SETTINGS, Processes, Stack, chat, compile_plugin,
-                      free_port, indexer_for, request, secrets_for, start_envoy, start_sim, wait_envoy, wait_sim,
-                      wait_until)
+from kvasir_harness import (KEYS, MODEL, POLICY, PROVIDER_KEY, SETTINGS, Processes, chat, compile_plugin, free_port,
+                            indexer_for, request, secrets_for, start_envoy, start_sim, wait_envoy, wait_sim, wait_until)
+from conftest import Stack
 
 ACME = {"authorization": f"Bearer {KEYS['acme']}"}
 FREE = {"authorization": f"Bearer {KEYS['beta']}"}

@@ -16,8 +16,9 @@ import uuid
 
 import pytest
 
-from conftest import (MODEL, POLICY, SETTINGS, Processes, Stack, chat, compile_plugin, indexer_for, request,
-                      secrets_for, start_envoy, start_sim, wait_envoy, wait_sim, wait_until)
+from kvasir_harness import (MODEL, POLICY, SETTINGS, Processes, chat, compile_plugin, indexer_for, request, secrets_for,
+                            start_envoy, start_sim, wait_envoy, wait_sim, wait_until)
+from conftest import Stack
 
 SERVED = "x-gateway-destination-endpoint-served"
 

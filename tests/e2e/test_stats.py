@@ -5,23 +5,13 @@ stats_tags."""
 from __future__ import annotations
 
 import json
-import re
 import uuid
 
-from conftest import MODEL, Stack, chat, sse_events, wait_until
+from kvasir_harness import MODEL, chat, sse_events, wait_until
+from kvasir_harness.prom import value as prom_value
+from conftest import Stack
 
 M = MODEL.replace("/", "_")
-
-
-def prom_value(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        head, value = line.rsplit(" ", 1)
-        got = dict(re.findall(r'(\w+)="([^"]*)"', head))
-        if all(got.get(k) == v for k, v in labels.items()) and set(got) - {"le"} == set(labels) - {"le"}:
-            return float(value)
-    return 0.0
 
 
 def test_per_tenant_stats_equal_what_was_sent(stack: Stack):

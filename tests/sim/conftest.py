@@ -4,8 +4,10 @@ Everything here is written from vLLM's documented wire formats (see
 /work/shared/FACTS.md, "vLLM KV-cache events" and "vLLM serving API and
 metrics"), not from the simulator's source.
 
-- `SimProcess` starts the binary on free 127.0.0.1 ports, waits for /health
-  (bounded) and is always killed.
+- `SimProcess` starts the binary through the harness's simulator launcher
+  (harness/kvasir_harness/sim.py: port 0 for HTTP and both KV-event sockets,
+  the bound ports read from the ready line), waits for /health (bounded),
+  is always killed, and is a plain HTTP client of it.
 - `KvSubscriber` is a ZMQ SUB on the KV-events endpoint, collecting every
   3-frame message on a background thread.
 - `replay()` is the DEALER side of vLLM's replay protocol.
@@ -17,10 +19,9 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import socket
+import shutil
+import signal
 import struct
-import subprocess
 import tempfile
 import threading
 import time
@@ -33,11 +34,9 @@ from typing import Any, Callable
 import msgpack
 import pytest
 import zmq
-from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[2]
-SIM_BIN = os.environ.get("VLLM_SIM_BIN", str(REPO / "target" / "release" / "vllm-sim"))
-MODEL = "Qwen/Qwen3-8B"
+from kvasir_harness import MODEL, SIM_BIN, Sim, launch_sim, prom, wait_sim
+
 FAST = ["--profile", "zero", "--time-scale", "0"]
 
 START_TIMEOUT_S = 30.0
@@ -304,61 +303,50 @@ class Resp:
         return json.loads(self.body)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class SimProcess:
     def __init__(self, args: list[str]):
         self.args = args
-        self.proc: subprocess.Popen | None = None
-        self.log = tempfile.NamedTemporaryFile(prefix="vllm-sim-", suffix=".log", delete=False)
+        self.sim: Sim | None = None
+        self.logdir = Path(tempfile.mkdtemp(prefix="vllm-sim-"))
 
     # -- lifecycle --
     def start(self) -> "SimProcess":
-        if not os.path.exists(SIM_BIN):
+        if not SIM_BIN.exists():
             pytest.fail(f"vllm-sim binary not found at {SIM_BIN} (set VLLM_SIM_BIN)")
-        last_err = ""
-        for _attempt in range(3):  # free ports can be raced; retry with new ones
-            self.port, self.ev_port, self.replay_port = free_port(), free_port(), free_port()
-            cmd = [SIM_BIN, "--host", "127.0.0.1", "--port", str(self.port),
-                   "--kv-events-port", str(self.ev_port),
-                   "--kv-events-replay-port", str(self.replay_port), *self.args]
-            self.cmd = cmd
-            self.proc = subprocess.Popen(cmd, cwd=str(REPO), stdin=subprocess.DEVNULL,
-                                         stdout=self.log, stderr=subprocess.STDOUT)
-            deadline = time.time() + START_TIMEOUT_S
-            while time.time() < deadline:
-                if self.proc.poll() is not None:
-                    break
-                try:
-                    if self.get("/health", timeout=1).status == 200:
-                        return self
-                except OSError:
-                    pass
-                time.sleep(0.05)
-            last_err = self.log_tail()
+        # Port 0 everywhere: nothing to race for, so no retries.
+        self.sim = launch_sim(self.logdir, "vllm-sim", ["--host", "127.0.0.1", *self.args])
+        self.cmd = self.sim.proc.argv
+        try:
+            wait_sim(self.sim, timeout=START_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - reported with the log below
             self.kill()
-            if "addr" not in last_err.lower() and "bind" not in last_err.lower():
-                break  # not a port race: retrying would not help
-        pytest.fail(f"vllm-sim did not become healthy: {self.cmd}\n{last_err}")
+            pytest.fail(f"vllm-sim did not become healthy: {self.cmd}\n{self.log_tail()}")
+        return self
 
     def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
+        if self.sim is not None:
+            self.sim.proc.stop(signal.SIGKILL)
 
     def log_tail(self, n: int = 4000) -> str:
         try:
-            self.log.flush()
-            return Path(self.log.name).read_text(errors="replace")[-n:]
+            return (self.logdir / "vllm-sim.log").read_text(errors="replace")[-n:]
         except OSError:
             return ""
+
+    def remove_log(self) -> None:
+        shutil.rmtree(self.logdir, ignore_errors=True)
+
+    @property
+    def port(self) -> int:
+        return self.sim.port
+
+    @property
+    def ev_port(self) -> int:
+        return self.sim.events
+
+    @property
+    def replay_port(self) -> int:
+        return self.sim.replay
 
     @property
     def ev_endpoint(self) -> str:
@@ -425,11 +413,9 @@ class SimProcess:
         return r.body.decode()
 
     def samples(self) -> list:
-        """All samples (name, labels, value) parsed by prometheus_client's parser."""
-        out = []
-        for fam in text_string_to_metric_families(self.metrics_text()):
-            out.extend(fam.samples)
-        return out
+        """All samples (name, labels, value), parsed by the harness's parser
+        (prometheus_client's)."""
+        return prom.samples(self.metrics_text())
 
     def sample(self, name: str, **labels) -> float:
         vals = [s.value for s in self.samples()
@@ -472,10 +458,7 @@ def sim_factory(request):
             s.kill()
             if failed:
                 print(f"\n--- vllm-sim log ({' '.join(s.args)}) ---\n{s.log_tail(3000)}")
-            try:
-                os.unlink(s.log.name)
-            except OSError:
-                pass
+            s.remove_log()
 
 
 # ---------------------------------------------------------------------------
