@@ -136,9 +136,12 @@
 pub mod compile;
 pub mod config;
 pub mod glob;
+mod json_error;
 pub mod matcher;
 pub mod parse;
 pub mod pii;
+mod scope;
+mod syntax;
 pub mod tenant;
 pub mod types;
 pub mod validate;

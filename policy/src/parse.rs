@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::Deserializer;
 
-use crate::config::serde_message;
+use crate::json_error::{path_string, serde_message};
 use crate::types::PolicySet;
 
 /// A JSON parse error: where in the document (path and position) and why.
@@ -61,15 +61,6 @@ impl<E: fmt::Display> fmt::Display for PathError<E> {
 }
 
 impl<E: fmt::Debug + fmt::Display> std::error::Error for PathError<E> {}
-
-pub(crate) fn path_string(p: &serde_path_to_error::Path) -> String {
-    let s = p.to_string();
-    if s == "." {
-        String::new()
-    } else {
-        s
-    }
-}
 
 /// Deserializes a [`PolicySet`] from any serde deserializer, tracking the
 /// path (for the CLI's YAML input).

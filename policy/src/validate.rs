@@ -10,7 +10,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::glob::{is_glob, Glob};
+use crate::glob::Glob;
+use crate::scope::{scope_overlaps, tenant_scope};
+use crate::syntax::{is_header_name, is_header_value, is_key_hash, is_model_name, is_name};
 use crate::types::*;
 
 /// How serious a finding is.
@@ -82,103 +84,8 @@ struct Checker<'a> {
     out: Vec<ValidationError>,
 }
 
-/// Whether `s` is a DNS-1123 label: names become stats labels and segments
-/// of dotted stat names, where dots or odd characters would break the
-/// Prometheus tag extraction.
-pub(crate) fn is_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
-}
-
-/// Whether `s` is an HTTP header name (an RFC 9110 token, or a pseudo-header
-/// like `:authority`).
-pub(crate) fn is_header_name(s: &str) -> bool {
-    let t = s.strip_prefix(':').unwrap_or(s);
-    !t.is_empty()
-        && t.bytes()
-            .all(|c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c))
-}
-
-/// Whether `s` can be sent as a header value (no CR, LF or NUL, which would
-/// let a value smuggle extra headers).
-pub(crate) fn is_header_value(s: &str) -> bool {
-    !s.bytes().any(|c| c == b'\r' || c == b'\n' || c == 0)
-}
-
-/// Whether `s` is `sha256:` plus 64 lowercase hex digits.
-pub(crate) fn is_key_hash(s: &str) -> bool {
-    s.strip_prefix("sha256:").is_some_and(|h| {
-        h.len() == 64
-            && h.bytes()
-                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
-    })
-}
-
 const NAME_RULE: &str =
     "use lowercase letters, digits and `-` (at most 63, starting and ending with a letter or digit)";
-
-/// The tenants a match can apply to (`None`: any tenant), with classes
-/// expanded and intersected with `tenants`. Unknown names simply drop out;
-/// validation reports them.
-pub(crate) fn tenant_scope(set: &PolicySet, m: &Match) -> Option<BTreeSet<String>> {
-    let by_name = m
-        .tenants
-        .as_ref()
-        .map(|t| t.iter().cloned().collect::<BTreeSet<_>>());
-    let by_class = m.tenant_classes.as_ref().map(|classes| {
-        set.tenants
-            .iter()
-            .filter(|t| t.class.as_ref().is_some_and(|c| classes.contains(c)))
-            .map(|t| t.name.clone())
-            .collect::<BTreeSet<_>>()
-    });
-    match (by_name, by_class) {
-        (None, None) => None,
-        (Some(a), None) => Some(a),
-        (None, Some(b)) => Some(b),
-        (Some(a), Some(b)) => Some(a.intersection(&b).cloned().collect()),
-    }
-}
-
-/// Whether two model lists can both match some model name (conservative:
-/// two globs are assumed to overlap).
-fn models_overlap(a: &Option<Vec<String>>, b: &Option<Vec<String>>) -> bool {
-    let (Some(a), Some(b)) = (a, b) else {
-        return true;
-    };
-    a.iter().any(|x| {
-        b.iter().any(|y| match (is_glob(x), is_glob(y)) {
-            (false, false) => x == y,
-            (true, false) => Glob::parse(x).is_ok_and(|g| g.matches(y)),
-            (false, true) => Glob::parse(y).is_ok_and(|g| g.matches(x)),
-            (true, true) => true,
-        })
-    })
-}
-
-fn opt_overlap<T: Ord + Clone>(a: Option<BTreeSet<T>>, b: Option<BTreeSet<T>>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => a.intersection(&b).next().is_some(),
-        _ => true,
-    }
-}
-
-fn apis(m: &Match) -> Option<BTreeSet<ApiKind>> {
-    m.apis.as_ref().map(|a| a.iter().copied().collect())
-}
-
-/// Whether a policy's match and a guard's scope (tenants, models, APIs) can
-/// hold for the same request.
-pub(crate) fn scope_overlaps(set: &PolicySet, m: &Match, guard: &Match) -> bool {
-    opt_overlap(tenant_scope(set, m), tenant_scope(set, guard))
-        && models_overlap(&m.models, &guard.models)
-        && opt_overlap(apis(m), apis(guard))
-}
 
 fn action_kind(a: &Action) -> &'static str {
     match a {
@@ -846,12 +753,4 @@ impl Checker<'_> {
             }
         }
     }
-}
-
-/// Model names: what `rewriteModel` and pool `models` may hold.
-pub(crate) fn is_model_name(s: &str) -> bool {
-    !s.is_empty()
-        && !s
-            .chars()
-            .any(|c| c.is_whitespace() || c.is_control() || c == '*' || c == '?')
 }
