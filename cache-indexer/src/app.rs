@@ -20,7 +20,9 @@ use crate::config::{Config, ConfigError, PoolConfig, TokenizerSource};
 use crate::events::{spawn_subscriber, SubscriberConfig, SubscriberHandle};
 use crate::lifecycle::{GatedIndexer, Lifecycle, Warmup};
 use crate::load::{scrape_all, LoadConfig, LoadTracker};
-use crate::service::{IndexerService, Pool, Pools};
+use crate::pool::Pool;
+use crate::pools::Pools;
+use crate::service::IndexerService;
 use crate::tokenize::RequestTokenizer;
 use crate::types::EndpointSpec;
 

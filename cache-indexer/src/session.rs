@@ -15,7 +15,8 @@ use futures::{SinkExt, Stream, StreamExt};
 use kvasir_proto::v1 as pb;
 use tokio::sync::Semaphore;
 
-use crate::service::{IndexerService, ServiceError};
+use crate::pool::ServiceError;
+use crate::pools::Pools;
 
 /// Picks of one stream computed at once; the next message waits (and,
 /// through HTTP/2 flow control, so does the caller) while this many run.
@@ -45,12 +46,12 @@ fn service_error(id: u64, e: &ServiceError) -> pb::SessionResponse {
 /// Serves one stream: reads `inbound` until it ends or fails, and returns
 /// the answers. The answer stream ends once the caller's side has ended
 /// and every pick it sent is answered.
-pub fn serve<S>(service: IndexerService, mut inbound: S) -> SessionStream
+pub fn serve<S>(pools: Arc<Pools>, mut inbound: S) -> SessionStream
 where
     S: Stream<Item = Result<pb::SessionRequest, tonic::Status>> + Send + Unpin + 'static,
 {
     let (mut tx, rx) = futures::channel::mpsc::channel(ANSWER_BUFFER);
-    let metrics = Arc::clone(service.pools().session_metrics());
+    let metrics = Arc::clone(pools.session_metrics());
     metrics.opened();
     tokio::spawn(async move {
         let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_PICKS));
@@ -61,7 +62,7 @@ where
             match msg.call {
                 Some(pb::session_request::Call::Report(r)) => {
                     metrics.reports.inc();
-                    if let Err(e) = service.report(&r) {
+                    if let Err(e) = pools.report(&r) {
                         metrics.failed_reports.inc();
                         tracing::debug!(error = %e, "session: report refused");
                     }
@@ -71,11 +72,11 @@ where
                     let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
                         break;
                     };
-                    let service = service.clone();
+                    let pools = Arc::clone(&pools);
                     let mut tx = tx.clone();
                     let id = msg.id;
                     tokio::spawn(async move {
-                        let answer = match service.pick(req).await {
+                        let answer = match pools.pick(req).await {
                             Ok(r) => pb::SessionResponse {
                                 id,
                                 result: Some(pb::session_response::Result::Pick(r)),
@@ -112,8 +113,8 @@ where
 mod tests {
     use super::*;
     use crate::load::{EngineLoad, LoadConfig, LoadTracker};
+    use crate::pool::Pool;
     use crate::scoring::Weights;
-    use crate::service::{Pool, Pools};
     use crate::tokenize::RequestTokenizer;
     use crate::types::EndpointSpec;
     use std::time::{Duration, Instant};
@@ -160,7 +161,7 @@ mod tests {
 
     async fn answers(pools: Arc<Pools>, msgs: Vec<pb::SessionRequest>) -> Vec<pb::SessionResponse> {
         let inbound = futures::stream::iter(msgs.into_iter().map(Ok));
-        let out = serve(IndexerService::new(pools), inbound);
+        let out = serve(pools, inbound);
         tokio::time::timeout(Duration::from_secs(10), out.map(|r| r.unwrap()).collect())
             .await
             .expect("the answer stream ends once the caller's side has")

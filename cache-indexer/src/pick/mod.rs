@@ -1,0 +1,52 @@
+//! A pick, stage by stage: the prompt from the request ([`prompt`]), its
+//! tokens ([`tokenize`]), what the prefix index holds of it ([`matching`]),
+//! the endpoints ranked ([`rank`]), the first one recorded ([`record`]) and
+//! the answer ([`answer`]). [`Pool::pick`] runs them in that order; each
+//! stage only reads what the ones before it produced.
+
+mod answer;
+mod matching;
+mod prompt;
+mod rank;
+mod record;
+mod tokenize;
+
+use std::time::Instant;
+
+use kvasir_proto::v1 as pb;
+
+use crate::pool::{Pool, ServiceError};
+
+impl Pool {
+    /// Answers a pick. Counts and times itself.
+    pub async fn pick(&self, req: pb::PickRequest) -> Result<pb::PickResponse, ServiceError> {
+        let started = Instant::now();
+        let r = self.run_pick(req, started).await;
+        match &r {
+            Ok(resp) => {
+                self.metrics
+                    .count_pick(answer::decision_from_pb(resp.decision));
+                self.metrics.pick_latency.observe(started.elapsed());
+            }
+            Err(_) => self.metrics.pick_invalid.inc(),
+        }
+        r
+    }
+
+    async fn run_pick(
+        &self,
+        req: pb::PickRequest,
+        started: Instant,
+    ) -> Result<pb::PickResponse, ServiceError> {
+        let (call, prompt) = prompt::from_request(req, started)?;
+        let endpoints = self.endpoints();
+        let mut hashes = tokenize::PrefixHashes::default();
+        let tokens = self
+            .tokenize_prompt(&call, &prompt, &endpoints, &mut hashes)
+            .await?;
+        let matched = self.match_prefix(&tokens, call.salted, &mut hashes);
+        let ranked = self.rank(&call, &tokens, &matched, endpoints);
+        self.record(&call, prompt, &tokens, matched, &ranked);
+        Ok(self.answer(&call, &ranked, tokens.mode))
+    }
+}

@@ -1,0 +1,100 @@
+//! Stage 1 of a pick: the prompt from the request, validated and taken by
+//! value (a 32k-token chat is ~128 KB of text, not worth copying on the
+//! hot path), and what the later stages need of the rest of the request.
+
+use std::time::Instant;
+
+use kvasir_proto::v1 as pb;
+use kvasir_tokenizer::ChatMessage;
+
+use crate::pool::{invalid, ServiceError};
+use crate::tokenize::PromptInput;
+
+/// A Pick's prompt, owned (moved out of the request).
+pub(crate) enum OwnedPrompt {
+    Chat(Vec<ChatMessage>),
+    Text(String),
+    TokenIds(Vec<u32>),
+}
+
+impl OwnedPrompt {
+    pub(crate) fn input(&self) -> PromptInput<'_> {
+        match self {
+            OwnedPrompt::Chat(m) => PromptInput::Chat(m),
+            OwnedPrompt::Text(t) => PromptInput::Text(t),
+            OwnedPrompt::TokenIds(ids) => PromptInput::TokenIds(ids),
+        }
+    }
+}
+
+/// A pick's request without its prompt.
+pub(crate) struct Call {
+    pub(crate) request_id: String,
+    pub(crate) tenant: String,
+    /// A `cache_salt` hint: never matched nor recorded (KV events do not
+    /// carry the salt, so the index cannot tell which blocks it may reuse).
+    pub(crate) salted: bool,
+    pub(crate) max_endpoints: u32,
+    /// When the pick began: the clock of every load view and record.
+    pub(crate) started: Instant,
+}
+
+/// Splits a request into its call and its prompt; refuses a missing or
+/// empty prompt and chat messages without a role.
+pub(crate) fn from_request(
+    req: pb::PickRequest,
+    started: Instant,
+) -> Result<(Call, OwnedPrompt), ServiceError> {
+    let pb::PickRequest {
+        request_id,
+        prompt,
+        hints,
+        max_endpoints,
+        tenant,
+        ..
+    } = req;
+    let prompt =
+        prompt.ok_or_else(|| invalid("prompt", "one of chat, text or token_ids is required"))?;
+    let owned = match prompt {
+        pb::pick_request::Prompt::Chat(chat) => {
+            if chat.messages.is_empty() {
+                return Err(invalid("chat.messages", "must not be empty"));
+            }
+            if let Some((i, _)) = chat
+                .messages
+                .iter()
+                .enumerate()
+                .find(|(_, m)| m.role.is_empty())
+            {
+                return Err(invalid("chat.messages", format!("message {i} has no role")));
+            }
+            OwnedPrompt::Chat(
+                chat.messages
+                    .into_iter()
+                    .map(|m| ChatMessage::new(m.role, m.content))
+                    .collect(),
+            )
+        }
+        pb::pick_request::Prompt::Text(t) => {
+            if t.is_empty() {
+                return Err(invalid("text", "must not be empty"));
+            }
+            OwnedPrompt::Text(t)
+        }
+        pb::pick_request::Prompt::TokenIds(ids) => {
+            if ids.ids.is_empty() {
+                return Err(invalid("token_ids.ids", "must not be empty"));
+            }
+            OwnedPrompt::TokenIds(ids.ids)
+        }
+    };
+    let salted = hints.as_ref().is_some_and(|h| !h.cache_salt.is_empty());
+    let call = Call {
+        request_id,
+        tenant,
+        salted,
+        max_endpoints,
+        started,
+    };
+    Ok((call, owned))
+}

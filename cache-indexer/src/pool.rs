@@ -1,0 +1,382 @@
+//! One pool's state: its endpoints (each with its KV-event subscriber),
+//! prefix index, pick history, tokenizer, load tracker, failure tracking
+//! and counters. Picks are in [`crate::pick`], reports in
+//! [`crate::report`]; [`crate::pools::Pools`] finds a pool by name.
+//!
+//! Status codes: every malformed request, **unknown pool included**, is
+//! `INVALID_ARGUMENT` with a message naming the field (pools are
+//! configuration, so naming one that does not exist is a caller bug, and one
+//! code keeps the filter's handling simple). Nothing else is an error: when
+//! the tokenizer is unavailable (render timeout) the pick goes on by load
+//! (`no_index`); when no endpoint is healthy the answer is empty with
+//! decision `no_endpoints`.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvasir_proto::v1 as pb;
+use parking_lot::RwLock;
+
+use crate::events::{DecodedBatch, EngineEvent, EngineHash, SubscriberHandle, SyncState};
+use crate::health::{FailureConfig, Failures};
+use crate::history::{PickHistory, DEFAULT_PICK_HISTORY_BLOCKS};
+use crate::index::PoolIndex;
+use crate::load::{pool_saturation, LoadTracker};
+use crate::metrics::PoolMetrics;
+use crate::scoring::Weights;
+use crate::tokenize::{RequestTokenizer, TokenizeBudget};
+use crate::types::{EndpointId, EndpointSpec, IndexSource};
+
+/// A request the indexer refuses (`INVALID_ARGUMENT` at the gRPC edge).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServiceError {
+    /// The pool is not configured.
+    #[error("pool: unknown pool `{0}`")]
+    UnknownPool(String),
+    /// A field is missing or malformed.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The field, e.g. `chat.messages`.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// A [`ServiceError::Invalid`].
+pub(crate) fn invalid(field: &'static str, message: impl Into<String>) -> ServiceError {
+    ServiceError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+/// One endpoint of a pool, with its event subscriber.
+pub struct Endpoint {
+    /// What it is.
+    pub spec: EndpointSpec,
+    /// Its id (`spec.id()`).
+    pub id: EndpointId,
+    /// Its KV-event subscriber (none in tests that feed the index directly).
+    pub subscriber: Option<SubscriberHandle>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("address", &self.spec.address)
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// Sync state of its event stream (`None` without a subscriber).
+    pub fn sync_state(&self) -> Option<SyncState> {
+        self.subscriber.as_ref().map(SubscriberHandle::state)
+    }
+}
+
+/// Everything the picker knows about one pool.
+pub struct Pool {
+    /// Pool name.
+    pub name: String,
+    /// Model name.
+    pub model: String,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The prefix index fed by the engines' KV events (stays empty with
+    /// [`IndexSource::Picks`]).
+    pub index: Arc<PoolIndex>,
+    /// Where picks look prefixes up: the KV-event index, or the pick history.
+    pub index_source: IndexSource,
+    /// This replica's own picks, per endpoint: the prefix index with
+    /// [`IndexSource::Picks`], and the one approx pseudo-tokens are matched
+    /// against (they cannot be compared with the engines' events). `None`
+    /// when neither applies.
+    pub(crate) history: Option<RwLock<PickHistory>>,
+    /// The pool's tokenizer.
+    pub tokenizer: RequestTokenizer,
+    /// Load and in-flight state.
+    pub load: LoadTracker,
+    /// Scoring weights.
+    pub weights: Weights,
+    /// Hot-path metrics.
+    pub metrics: PoolMetrics,
+    pub(crate) endpoints: RwLock<Arc<Vec<Arc<Endpoint>>>>,
+    /// Bounds on a pick's in-process tokenization.
+    pub tokenize_budget: TokenizeBudget,
+    /// Endpoints whose requests fail, from the reports.
+    pub failures: Failures,
+    /// Chain completions in progress (see `complete_chain_later`).
+    pub(crate) completions: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("name", &self.name)
+            .field("block_size", &self.block_size)
+            .field("tokenizer", &self.tokenizer)
+            .field("index_source", &self.index_source)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What changed in [`Pool::set_endpoints`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EndpointChanges {
+    /// Addresses added (or re-added with a changed spec).
+    pub added: Vec<String>,
+    /// Addresses removed.
+    pub removed: Vec<String>,
+}
+
+impl Pool {
+    /// A pool with no endpoints yet, its prefix index fed by KV events (see
+    /// [`Pool::with_index`]).
+    pub fn new(
+        name: impl Into<String>,
+        model: impl Into<String>,
+        block_size: u32,
+        tokenizer: RequestTokenizer,
+        load: LoadTracker,
+        weights: Weights,
+    ) -> Self {
+        let history = matches!(tokenizer, RequestTokenizer::Approx)
+            .then(|| RwLock::new(PickHistory::new(DEFAULT_PICK_HISTORY_BLOCKS)));
+        Pool {
+            name: name.into(),
+            model: model.into(),
+            block_size,
+            index: Arc::new(PoolIndex::new(block_size)),
+            index_source: IndexSource::Events,
+            history,
+            tokenizer,
+            load,
+            weights,
+            metrics: PoolMetrics::default(),
+            endpoints: RwLock::new(Arc::new(Vec::new())),
+            tokenize_budget: TokenizeBudget::default(),
+            failures: Failures::default(),
+            completions: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Sets where the prefix index comes from and the pick history's
+    /// capacity per endpoint, in blocks (call before adding endpoints).
+    pub fn with_index(mut self, source: IndexSource, history_blocks: usize) -> Self {
+        self.index_source = source;
+        let wants_history =
+            source == IndexSource::Picks || matches!(self.tokenizer, RequestTokenizer::Approx);
+        self.history = wants_history.then(|| RwLock::new(PickHistory::new(history_blocks)));
+        self
+    }
+
+    /// Sets the bounds on a pick's in-process tokenization.
+    pub fn with_tokenize_budget(mut self, budget: TokenizeBudget) -> Self {
+        self.tokenize_budget = budget;
+        self
+    }
+
+    /// Sets when an endpoint counts as failing.
+    pub fn with_failures(mut self, cfg: FailureConfig) -> Self {
+        self.failures = Failures::new(cfg);
+        self
+    }
+
+    /// Whether the pool's endpoints get KV-event subscribers.
+    pub fn wants_events(&self) -> bool {
+        self.index_source == IndexSource::Events
+    }
+
+    /// Blocks the pick history holds for an endpoint (`None` without a
+    /// history).
+    pub fn history_blocks(&self, endpoint: EndpointId) -> Option<usize> {
+        self.history.as_ref().map(|h| h.read().blocks(endpoint))
+    }
+
+    /// Capacity of each endpoint's pick history, blocks (`None` without a
+    /// history).
+    pub fn history_capacity_blocks(&self) -> Option<usize> {
+        self.history.as_ref().map(|h| h.read().capacity_blocks())
+    }
+
+    /// Blocks the pool's prefix index holds for an endpoint: the KV-event
+    /// index's, or the pick history's with [`IndexSource::Picks`].
+    pub fn indexed_blocks(&self, endpoint: EndpointId) -> usize {
+        match (self.index_source, &self.history) {
+            (IndexSource::Picks, Some(h)) => h.read().blocks(endpoint),
+            _ => self.index.blocks(endpoint),
+        }
+    }
+
+    /// Forgets what the index and the pick history hold for an endpoint
+    /// (it went away: it may come back with an empty cache).
+    pub fn clear_endpoint(&self, endpoint: EndpointId) {
+        self.index.clear_endpoint(endpoint);
+        if let Some(h) = &self.history {
+            h.write().clear_endpoint(endpoint);
+        }
+    }
+
+    /// The current endpoints, sorted by address (a cheap snapshot).
+    pub fn endpoints(&self) -> Arc<Vec<Arc<Endpoint>>> {
+        self.endpoints.read().clone()
+    }
+
+    /// Replaces the endpoint set. Endpoints whose spec is unchanged keep
+    /// their subscriber and state; new ones get `spawn(spec)` as subscriber
+    /// and start unhealthy (until scraped); removed ones are dropped from the
+    /// index, the load tracker and the pick history, and their subscriber
+    /// stops.
+    pub fn set_endpoints(
+        &self,
+        specs: Vec<EndpointSpec>,
+        mut spawn: impl FnMut(&EndpointSpec) -> Option<SubscriberHandle>,
+    ) -> EndpointChanges {
+        let mut guard = self.endpoints.write();
+        let old: HashMap<&str, &Arc<Endpoint>> =
+            guard.iter().map(|e| (e.spec.address.as_str(), e)).collect();
+        let mut changes = EndpointChanges::default();
+        let mut next: Vec<Arc<Endpoint>> = Vec::with_capacity(specs.len());
+        let mut keep = std::collections::HashSet::new();
+        for spec in specs {
+            if next.iter().any(|e| e.spec.address == spec.address) {
+                continue; // duplicate address: first wins
+            }
+            match old.get(spec.address.as_str()) {
+                Some(e) if e.spec == spec => {
+                    keep.insert(spec.address.clone());
+                    next.push(Arc::clone(e));
+                }
+                _ => {
+                    let id = spec.id();
+                    if old.contains_key(spec.address.as_str()) {
+                        // Same address, new spec (e.g. other event port):
+                        // start over.
+                        self.drop_endpoint_state(id);
+                    }
+                    self.load.add_endpoint(id);
+                    let subscriber = spawn(&spec);
+                    changes.added.push(spec.address.clone());
+                    keep.insert(spec.address.clone());
+                    next.push(Arc::new(Endpoint {
+                        id,
+                        spec,
+                        subscriber,
+                    }));
+                }
+            }
+        }
+        for (address, e) in &old {
+            if !keep.contains(*address) {
+                self.drop_endpoint_state(e.id);
+                changes.removed.push((*address).to_string());
+            }
+        }
+        next.sort_by(|a, b| a.spec.address.cmp(&b.spec.address));
+        *guard = Arc::new(next);
+        changes
+    }
+
+    fn drop_endpoint_state(&self, id: EndpointId) {
+        self.index.remove_endpoint(id);
+        if let Some(h) = &self.history {
+            h.write().remove_endpoint(id);
+        }
+        self.load.remove_endpoint(id);
+        self.failures.remove_endpoint(id);
+    }
+
+    /// Whether every endpoint's event stream is in sync, and the addresses
+    /// of those that are not. A pool whose index is its own picks has no
+    /// streams to wait for: always ready.
+    pub fn readiness(&self) -> (bool, Vec<String>) {
+        if !self.wants_events() {
+            return (true, Vec::new());
+        }
+        let not: Vec<String> = self
+            .endpoints()
+            .iter()
+            .filter(|e| e.subscriber.is_some() && e.sync_state() != Some(SyncState::InSync))
+            .map(|e| e.spec.address.clone())
+            .collect();
+        (not.is_empty(), not)
+    }
+
+    /// The pool's state.
+    pub fn state(&self) -> pb::PoolStateResponse {
+        let endpoints = self.endpoints();
+        let now = Instant::now();
+        let views = self.load.views(endpoints.iter().map(|e| e.id), now);
+        pb::PoolStateResponse {
+            pool: self.name.clone(),
+            endpoints: endpoints
+                .iter()
+                .zip(&views)
+                .map(|(e, v)| pb::EndpointState {
+                    address: e.spec.address.clone(),
+                    running: v.engine.running,
+                    waiting: v.engine.waiting,
+                    kv_usage: v.engine.kv_usage,
+                    in_flight: v.in_flight,
+                    queued_prefill_tokens: v.queued_prefill_tokens,
+                    saturation: v.saturation,
+                    saturated: v.saturated,
+                    healthy: v.healthy,
+                    indexed_blocks: self.indexed_blocks(e.id) as u64,
+                    sync_state: sync_to_pb(e.sync_state()) as i32,
+                    last_scrape_age_ms: v.last_scrape_age.map_or(0, |d| {
+                        u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+                    }),
+                })
+                .collect(),
+            pool_saturation: pool_saturation(&views),
+            tokenize_mode: self.tokenizer.mode().as_str().to_string(),
+            block_size: self.block_size,
+        }
+    }
+}
+
+/// A batch with one `BlockStored` of GPU blocks from the start of a
+/// sequence: how benchmarks and tests feed an index without an engine.
+pub fn stored_batch(
+    block_hashes: Vec<EngineHash>,
+    token_ids: Vec<u32>,
+    block_size: u32,
+) -> DecodedBatch {
+    DecodedBatch {
+        ts: 0.0,
+        events: vec![EngineEvent::BlockStored {
+            block_hashes,
+            parent: None,
+            token_ids,
+            block_size,
+            lora_name: None,
+            medium: None,
+            group_idx: None,
+            kv_cache_spec_kind: None,
+        }],
+        dp_rank: None,
+        ignored_events: 0,
+    }
+}
+
+/// The proto enum of a subscriber state.
+fn sync_to_pb(s: Option<SyncState>) -> pb::SyncState {
+    match s {
+        None => pb::SyncState::Unspecified,
+        Some(SyncState::Connecting) => pb::SyncState::Connecting,
+        Some(SyncState::InSync) => pb::SyncState::InSync,
+        Some(SyncState::Replaying) => pb::SyncState::Replaying,
+        Some(SyncState::Resyncing) => pb::SyncState::Resyncing,
+        Some(SyncState::Disconnected) => pb::SyncState::Disconnected,
+    }
+}
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;

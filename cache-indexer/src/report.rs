@@ -1,0 +1,85 @@
+//! A pool's reports: the filter says a request got its first token or is
+//! done. They release the pick's load, count outcomes for the failure
+//! tracking, and give the prediction accuracy (predicted against reported
+//! cached tokens).
+
+use std::time::Instant;
+
+use kvasir_proto::v1 as pb;
+
+use crate::health::Verdict;
+use crate::load::Phase;
+use crate::pool::{invalid, Pool, ServiceError};
+use crate::types::EndpointId;
+
+impl Pool {
+    /// Accounts a report.
+    pub fn report(&self, req: &pb::ReportRequest) -> Result<pb::ReportResponse, ServiceError> {
+        if req.request_id.is_empty() {
+            return Err(invalid("request_id", "must not be empty"));
+        }
+        let phase =
+            match pb::ReportPhase::try_from(req.phase).unwrap_or(pb::ReportPhase::Unspecified) {
+                pb::ReportPhase::FirstToken => Phase::FirstToken,
+                pb::ReportPhase::Done | pb::ReportPhase::Unspecified => Phase::Done,
+            };
+        let m = self.load.report(&req.request_id, phase);
+        if m.matched {
+            self.metrics.reports_matched.inc();
+        } else {
+            self.metrics.reports_unmatched.inc();
+        }
+        if phase == Phase::Done {
+            let outcome = pb::Outcome::try_from(req.outcome).unwrap_or(pb::Outcome::Unspecified);
+            let i = match outcome {
+                pb::Outcome::Success | pb::Outcome::Unspecified => 0,
+                pb::Outcome::Error => 1,
+                pb::Outcome::Cancelled => 2,
+                pb::Outcome::Timeout => 3,
+                pb::Outcome::Rejected => 4,
+                pb::Outcome::ClientError => 5,
+            };
+            self.metrics.reports_by_outcome[i].inc();
+            self.count_outcome(&req.endpoint, m.endpoint, outcome);
+            // Prediction accuracy, only where the picked endpoint served.
+            let served_by_pick = m.endpoint.is_some_and(|id| {
+                req.endpoint.is_empty() || EndpointId::from_address(&req.endpoint) == id
+            });
+            if let (true, Some(p), true) = (served_by_pick, m.predicted_cached, i == 0) {
+                self.metrics.predicted_cached_tokens.add(u64::from(p));
+                self.metrics
+                    .reported_cached_tokens
+                    .add(u64::from(req.cached_tokens));
+            }
+        }
+        Ok(pb::ReportResponse { matched: m.matched })
+    }
+
+    /// Counts a DONE report's outcome for the endpoint that served it (the
+    /// report's, when it names one of the pool's, else the picked one).
+    ///
+    /// When another member served, the picked endpoint did not: Envoy
+    /// retried the request away from it (refused or reset before any
+    /// response) or could not reach it. That is a failure of the picked
+    /// endpoint even though the request succeeded; without it an engine
+    /// that resets every request would look idle, keep being picked first
+    /// and cost every request a retry (Envoy's override-host ignores
+    /// outlier ejection).
+    fn count_outcome(&self, served: &str, picked: Option<EndpointId>, outcome: pb::Outcome) {
+        let Some(verdict) = Verdict::of(outcome) else {
+            return;
+        };
+        let named = (!served.is_empty())
+            .then(|| EndpointId::from_address(served))
+            .filter(|id| self.endpoints().iter().any(|e| e.id == *id));
+        let now = Instant::now();
+        if let (Some(n), Some(p)) = (named, picked) {
+            if n != p {
+                self.failures.record(p, Verdict::Failure, now);
+            }
+        }
+        if let Some(id) = named.or(picked) {
+            self.failures.record(id, verdict, now);
+        }
+    }
+}
