@@ -10,10 +10,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
+use crate::exposition::Exposition;
 use crate::lifecycle::Lifecycle;
-use crate::service::Pools;
+use crate::pools::Pools;
 
-type Shared = (Arc<Pools>, Arc<Lifecycle>);
+type Shared = (Arc<Pools>, Arc<Lifecycle>, Arc<Exposition>);
 
 /// The HTTP routes over `pools`.
 pub fn router(pools: Arc<Pools>, life: Arc<Lifecycle>) -> Router {
@@ -21,12 +22,15 @@ pub fn router(pools: Arc<Pools>, life: Arc<Lifecycle>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state((pools, life))
+        .with_state((
+            Arc::clone(&pools),
+            Arc::clone(&life),
+            Arc::new(Exposition::new(pools, life)),
+        ))
 }
 
-async fn metrics(State((pools, life)): State<Shared>) -> Response {
-    let mut text = crate::metrics::render(&pools);
-    text.push_str(&life.render_metrics(&pools));
+async fn metrics(State((_, _, page)): State<Shared>) -> Response {
+    let text = page.render();
     (
         [(
             header::CONTENT_TYPE,
@@ -46,7 +50,7 @@ async fn healthz() -> &'static str {
 /// stream is in sync, so the index reflects the engines. A pool with no
 /// endpoints (a discovered pool with no ready pods) does not hold
 /// readiness back once discovery has said so.
-async fn readyz(State((pools, life)): State<Shared>) -> Response {
+async fn readyz(State((pools, life, _)): State<Shared>) -> Response {
     let unavailable = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
     if life.shutting_down() {
         return unavailable("not ready: shutting down\n".into());

@@ -25,8 +25,9 @@ use kvasir_proto::v1 as pb;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::AuthMetrics;
-use crate::metrics::{Counter, TextWriter};
-use crate::service::{IndexerService, Pools};
+use crate::metrics::Counter;
+use crate::pools::Pools;
+use crate::service::IndexerService;
 
 /// A pool's warm-up state.
 #[derive(Debug, Default)]
@@ -153,101 +154,6 @@ impl Lifecycle {
         }
         Ok(())
     }
-
-    /// The lifecycle's and the in-flight bounds' metrics, as Prometheus
-    /// text (appended to the main page).
-    pub fn render_metrics(&self, pools: &Pools) -> String {
-        let mut w = TextWriter::new();
-        let m = &self.metrics;
-        w.header(
-            "kvasir_indexer_grpc_unauthenticated_total",
-            "counter",
-            "kvasir.v1.Indexer calls refused UNAUTHENTICATED (--grpc-token-file), by reason (missing, invalid).",
-        );
-        for (reason, c) in [("missing", &m.auth.missing), ("invalid", &m.auth.invalid)] {
-            let v = c.get() as f64;
-            w.sample(
-                "kvasir_indexer_grpc_unauthenticated_total",
-                &[("reason", reason)],
-                v,
-            );
-        }
-        w.header(
-            "kvasir_indexer_grpc_unavailable_total",
-            "counter",
-            "Calls answered UNAVAILABLE by the lifecycle, by reason (warming_up: no scrape yet; shutting_down).",
-        );
-        for (reason, c) in [
-            ("warming_up", &m.refused_warming_up),
-            ("shutting_down", &m.refused_shutting_down),
-        ] {
-            let v = c.get() as f64;
-            w.sample(
-                "kvasir_indexer_grpc_unavailable_total",
-                &[("reason", reason)],
-                v,
-            );
-        }
-        w.header(
-            "kvasir_indexer_sessions_shut_down_total",
-            "counter",
-            "Session streams ended with UNAVAILABLE by a shutdown.",
-        );
-        let v = m.sessions_shut_down.get() as f64;
-        w.sample("kvasir_indexer_sessions_shut_down_total", &[], v);
-        w.header(
-            "kvasir_indexer_pool_warm",
-            "gauge",
-            "1 once the pool's endpoints are known and scraped once (picks are served), else 0.",
-        );
-        for p in pools.iter() {
-            let v = f64::from(u8::from(self.warmup(&p.name).warm()));
-            w.sample("kvasir_indexer_pool_warm", &[("pool", &p.name)], v);
-        }
-        render_bounds(&mut w, pools);
-        w.finish()
-    }
-}
-
-fn render_bounds(w: &mut TextWriter, pools: &Pools) {
-    let stats: Vec<_> = pools.iter().map(|p| (p, p.load.bound_stats())).collect();
-    w.header(
-        "kvasir_indexer_in_flight_unconfirmed",
-        "gauge",
-        "In-flight picks with no report yet.",
-    );
-    for (p, s) in &stats {
-        let v = s.unconfirmed as f64;
-        w.sample(
-            "kvasir_indexer_in_flight_unconfirmed",
-            &[("pool", &p.name)],
-            v,
-        );
-    }
-    w.header(
-        "kvasir_indexer_in_flight_unconfirmed_expired_total",
-        "counter",
-        "Picks dropped from the load view with no report after inFlight.unconfirmedTimeoutMs.",
-    );
-    for (p, s) in &stats {
-        let v = s.unconfirmed_expired as f64;
-        let name = "kvasir_indexer_in_flight_unconfirmed_expired_total";
-        w.sample(name, &[("pool", &p.name)], v);
-    }
-    w.header(
-        "kvasir_indexer_picks_unaccounted_total",
-        "counter",
-        "Picks answered but left out of the load view by a cap, by reason (endpoint_cap: inFlight.maxUnconfirmedPerEndpoint; pool_cap: inFlight.maxTracked).",
-    );
-    for (p, s) in &stats {
-        for (reason, v) in [
-            ("endpoint_cap", s.capped_endpoint),
-            ("pool_cap", s.capped_pool),
-        ] {
-            let l = [("pool", p.name.as_str()), ("reason", reason)];
-            w.sample("kvasir_indexer_picks_unaccounted_total", &l, v as f64);
-        }
-    }
 }
 
 /// `kvasir.v1.Indexer` with the lifecycle in front: refuses what must not
@@ -306,7 +212,7 @@ impl pb::indexer_server::Indexer for GatedIndexer {
                 .into_inner()
                 .take_until(cancel.clone().cancelled_owned()),
         );
-        let answers = crate::session::serve(self.inner.clone(), inbound);
+        let answers = crate::session::serve(Arc::clone(self.inner.pools()), inbound);
         // After the last answer: a final UNAVAILABLE when the stream was
         // cut by the shutdown (a caller's own end stays a clean end).
         let life = Arc::clone(&self.life);
