@@ -1,24 +1,45 @@
 //! Kvasir's cache-indexer: knows what every vLLM instance holds in its KV
 //! cache (from the engines' own KV events) and how loaded each one is, and
 //! answers "which endpoint should serve this request" over gRPC.
+//!
+//! What it offers:
+//! * the indexer as the binary runs it: a [`Config`](config::Config), then
+//!   [`start`] gives a running [`Indexer`] (gRPC `kvasir.v1.Indexer`,
+//!   `/metrics`, `/healthz`, `/readyz`);
+//! * the picker in process, for benchmarks and tests: a [`Pool`] per pool
+//!   (its [`Pool::pick`] is the whole pick path), [`Pools`] by name, and
+//!   [`IndexerService`], the gRPC service over them;
+//! * the building blocks tests and benchmarks drive directly: the
+//!   configuration, the KV-event ingest, the prefix index, load tracking,
+//!   scoring, tokenization, discovery and the shared types.
 #![forbid(unsafe_code)]
 
-pub mod app;
-pub mod auth;
+pub use app::{start, AppError, Indexer};
+pub use auth::RELOAD_INTERVAL as TOKEN_RELOAD_INTERVAL;
+pub use pool::{stored_batch, Endpoint, EndpointChanges, Pool, ServiceError};
+pub use pools::Pools;
+pub use service::IndexerService;
+
 pub mod config;
 pub mod discovery;
 pub mod events;
-pub mod health;
-pub mod history;
-pub mod http;
 pub mod index;
-pub mod lifecycle;
 pub mod load;
-pub mod metrics;
-mod pick_tokens;
-pub mod pools_file;
 pub mod scoring;
 pub mod service;
-pub mod session;
 pub mod tokenize;
 pub mod types;
+
+mod app;
+mod auth;
+mod exposition;
+mod health;
+mod history;
+mod http;
+mod lifecycle;
+mod metrics;
+mod pick;
+mod pool;
+mod pools;
+mod report;
+mod session;

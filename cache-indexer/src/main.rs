@@ -15,8 +15,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use kvasir_cache_indexer::app;
 use kvasir_cache_indexer::config::{Args, Config};
+use kvasir_cache_indexer::start;
 use tracing_subscriber::EnvFilter;
 
 /// Longest the runtime waits, after the indexer stopped, for tasks that
@@ -53,7 +53,7 @@ async fn run() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let indexer = match app::start(&cfg).await {
+    let indexer = match start(&cfg).await {
         Ok(i) => i,
         Err(e) => {
             eprintln!("cache-indexer: {e}");

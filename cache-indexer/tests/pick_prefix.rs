@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kvasir_cache_indexer::events::EngineHash;
 use kvasir_cache_indexer::load::{EngineLoad, LoadConfig, LoadTracker};
 use kvasir_cache_indexer::scoring::Weights;
-use kvasir_cache_indexer::service::{stored_batch, Pool};
+use kvasir_cache_indexer::{stored_batch, Pool};
 use kvasir_cache_indexer::tokenize::RequestTokenizer;
 use kvasir_cache_indexer::types::{EndpointId, EndpointSpec};
 use kvasir_proto::v1 as pb;

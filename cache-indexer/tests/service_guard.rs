@@ -114,7 +114,7 @@ async fn every_indexer_call_needs_the_token_and_health_does_not() {
     .await;
     assert_eq!(code(good.pool_state(state.clone()).await), unauth);
     token.write("\n");
-    tokio::time::sleep(kvasir_cache_indexer::auth::RELOAD_INTERVAL * 2).await;
+    tokio::time::sleep(kvasir_cache_indexer::TOKEN_RELOAD_INTERVAL * 2).await;
     assert!(
         wrong.pool_state(state).await.is_ok(),
         "last good token kept"

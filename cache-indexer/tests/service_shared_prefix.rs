@@ -6,7 +6,7 @@
 
 use kvasir_cache_indexer::events::EngineHash;
 use kvasir_cache_indexer::index::PoolIndex;
-use kvasir_cache_indexer::service::stored_batch;
+use kvasir_cache_indexer::stored_batch;
 use kvasir_cache_indexer::types::EndpointId;
 
 fn store(ix: &PoolIndex, ep: u64, tokens: &[u32], first_hash: u64) {

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kvasir_cache_indexer::app;
+use kvasir_cache_indexer::start;
 use kvasir_cache_indexer::config::{Config, EndpointConfig, PoolConfig, TokenizerSource};
 use kvasir_cache_indexer::types::IndexSource;
 use kvasir_proto::v1 as pb;
@@ -96,7 +96,7 @@ async fn a_cold_indexer_answers_unavailable_until_its_first_scrape() {
     let blackhole = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let cfg = cold_config(blackhole.local_addr().expect("addr"));
     let started = Instant::now();
-    let indexer = app::start(&cfg).await.expect("starts");
+    let indexer = start(&cfg).await.expect("starts");
     let channel = connect(indexer.grpc_addr).await;
     let mut c = authed_client(channel.clone(), None);
     let pick = || pb::PickRequest {

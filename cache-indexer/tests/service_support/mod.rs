@@ -26,7 +26,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kvasir_cache_indexer::app::{self, Indexer};
+use kvasir_cache_indexer::{start, Indexer};
 use kvasir_cache_indexer::config::{Config, EndpointConfig, PoolConfig, TokenizerSource};
 use kvasir_cache_indexer::load::parse_sample;
 use kvasir_proto::v1 as pb;
@@ -805,7 +805,7 @@ impl Running {
 /// (scraped once: picks are served) and connects a client.
 pub async fn start_indexer(cfg: &Config) -> Running {
     cfg.validate().expect("test config is valid");
-    let indexer = app::start(cfg).await.expect("indexer starts");
+    let indexer = start(cfg).await.expect("indexer starts");
     let life = std::sync::Arc::clone(&indexer.lifecycle);
     wait_for("every pool warm", Duration::from_secs(10), || {
         let warm = life.all_warm();
