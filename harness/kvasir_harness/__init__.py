@@ -4,7 +4,7 @@ Kvasir filter) on 127.0.0.1 and read it.
 
 Modules:
     paths      the repository, built artifacts, model names, load_script()
-    procs      Proc, Processes, free_port, wait_until, request
+    procs      Proc, Processes, free_port, wait_until (Exited), request
     bootstrap  the Envoy bootstrap renderer (envoy/render.py wraps it)
     build      rebuilding stale artifacts, compile_plugin
     policy     the local stack's policy set and keys
@@ -29,7 +29,7 @@ from .indexer import Indexer, indexer_available, indexer_for
 from .paths import (COMPILE, ENVOY_BIN, INDEXER_BIN, MODEL, PROVIDER_MODEL, REPO, SIM_BIN, TARGET, TOKENIZER, WASM,
                     load_script)
 from .policy import KEYS, POLICY, PROVIDER_KEY, SETTINGS, sha256
-from .procs import HTTP_TIMEOUT_S, START_TIMEOUT_S, Proc, Processes, free_port, request, wait_until
+from .procs import HTTP_TIMEOUT_S, START_TIMEOUT_S, Exited, Proc, Processes, free_port, request, wait_until
 from .sim import Sim, launch_sim, start_sim, wait_sim
 
 __all__ = [
@@ -41,6 +41,6 @@ __all__ = [
     "COMPILE", "ENVOY_BIN", "INDEXER_BIN", "MODEL", "PROVIDER_MODEL", "REPO", "SIM_BIN", "TARGET", "TOKENIZER", "WASM",
     "load_script",
     "KEYS", "POLICY", "PROVIDER_KEY", "SETTINGS", "sha256",
-    "HTTP_TIMEOUT_S", "START_TIMEOUT_S", "Proc", "Processes", "free_port", "request", "wait_until",
+    "HTTP_TIMEOUT_S", "START_TIMEOUT_S", "Exited", "Proc", "Processes", "free_port", "request", "wait_until",
     "Sim", "launch_sim", "start_sim", "wait_sim",
 ]

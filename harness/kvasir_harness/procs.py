@@ -27,10 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Exited(RuntimeError):
+    """A process that was waited for is gone: waiting longer cannot help."""
+
+
 def wait_until(what: str, fn, timeout: float = START_TIMEOUT_S, interval: float = 0.05):
     """Polls `fn` until it returns something truthy (returned) or the
     deadline passes (TimeoutError naming `what` and the last result or
-    exception)."""
+    exception); `fn` raising `Exited` ends the wait at once."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -39,6 +43,8 @@ def wait_until(what: str, fn, timeout: float = START_TIMEOUT_S, interval: float 
             if v:
                 return v
             last = v
+        except Exited:
+            raise
         except Exception as e:  # noqa: BLE001 - polled until the deadline
             last = e
         time.sleep(interval)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from . import prom
 from .paths import MODEL, SIM_BIN, TOKENIZER
-from .procs import START_TIMEOUT_S, Proc, request, wait_until
+from .procs import START_TIMEOUT_S, Exited, Proc, request, wait_until
 
 _READY_PORT = re.compile(r' (http|kv_events|kv_events_replay)=(?:Some\(")?(?:tcp://)?[0-9.]+:(\d+)')
 
@@ -29,7 +29,7 @@ class Sim:
         if self._ports is None:
             def ready():
                 if not self.proc.alive():
-                    raise RuntimeError(f"{self.proc.name} exited: {self.proc.log()[-2000:]}")
+                    raise Exited(f"{self.proc.name} exited: {self.proc.log()[-2000:]}")
                 line = next((l for l in self.proc.log().splitlines() if "vllm-sim ready" in l), None)
                 return dict((k, int(v)) for k, v in _READY_PORT.findall(line)) if line else None
             self._ports = wait_until(f"{self.proc.name}'s ready line", ready)
@@ -82,6 +82,11 @@ def start_sim(logdir: Path, name: str, model: str = MODEL, profile: str = "zero"
 
 
 def wait_sim(s: Sim, timeout: float = START_TIMEOUT_S) -> None:
-    """Until its /health answers 200 (bounded)."""
-    wait_until(f"{s.proc.name} /health", lambda: s.proc.alive() and request("GET", s.port, "/health", timeout=2)[0] == 200,
-               timeout=timeout)
+    """Until its /health answers 200 (bounded); `Exited` (with its log's
+    tail) as soon as it is gone."""
+    def healthy() -> bool:
+        if not s.proc.alive():
+            raise Exited(f"{s.proc.name} exited: {s.proc.log()[-2000:]}")
+        return request("GET", s.port, "/health", timeout=2)[0] == 200
+
+    wait_until(f"{s.proc.name} /health", healthy, timeout=timeout)
