@@ -1,6 +1,7 @@
-//! The per-request flow, written against a small [`Host`] trait so it runs
-//! (and is tested) natively; the proxy-wasm glue implements [`Host`] with
-//! Envoy's host calls and forwards the SDK's callbacks here.
+//! The per-request flow, written against the small [`Host`] trait
+//! ([`crate::host`]) so it runs (and is tested) natively; the proxy-wasm
+//! glue implements [`Host`] with Envoy's host calls and forwards the SDK's
+//! callbacks here.
 //!
 //! The flow only calls a host function in a state where Envoy accepts it:
 //! request headers are changed only while the request is stopped (headers
@@ -12,9 +13,13 @@
 
 use std::rc::Rc;
 
-use kvasir_policy::{ApiKind, Decision, RequestFacts, TenantError, TenantInput, TenantSourceKind};
+use kvasir_policy::{
+    ApiKind, Decision, PoolConfig, ProviderConfig, RequestFacts, TenantError, TenantInput,
+    TenantSourceKind,
+};
 use kvasir_proto::v1::{Outcome, ReportPhase};
 
+pub use crate::host::{DeferredCall, Host};
 use crate::pick::{self, FailOpen, PickInput, PickOutcome, Picked, ReportInput};
 use crate::reply::{error_reply, shed_reply, LocalReply, Shape};
 use crate::request::{api_for_path, content_encoding_error, parse_body, ParsedRequest};
@@ -27,91 +32,6 @@ use crate::stats::{
 
 /// The model label of requests refused before their body was read.
 pub const UNKNOWN_MODEL: &str = "unknown";
-
-/// What the filter asks of Envoy. Every method must be safe to call in the
-/// states the flow calls it in (see the module docs); implementations never
-/// panic.
-pub trait Host {
-    /// A monotonic clock, nanoseconds.
-    fn now_ns(&self) -> u64;
-    /// All request headers (names lowercase; values lossily UTF-8).
-    fn request_headers(&self) -> Vec<(String, String)>;
-    /// Sets (replaces) a request header.
-    fn set_request_header(&mut self, name: &str, value: &str);
-    /// Removes a request header.
-    fn remove_request_header(&mut self, name: &str);
-    /// The buffered request body (`size` bytes from the start).
-    fn request_body(&self, size: usize) -> Option<Vec<u8>>;
-    /// Replaces the buffered request body.
-    fn set_request_body(&mut self, size: usize, body: &[u8]);
-    /// Sends a local reply instead of forwarding the request.
-    fn send_reply(&mut self, reply: &LocalReply);
-    /// Makes Envoy re-select the route (after changing the route header).
-    fn clear_route_cache(&mut self);
-    /// Dispatches a gRPC call whose answer comes back to this request
-    /// (`Flow::on_grpc_response`); `None` when it could not be dispatched.
-    fn call(&mut self, cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> Option<u32>;
-    /// Starts a `Pick` whose outcome comes back to this request, through
-    /// [`Flow::on_grpc_response`] or [`Flow::on_pick_outcome`] with the
-    /// returned token; `None` when it could not be started. By default a
-    /// unary call.
-    fn pick(&mut self, cluster: &str, msg: &[u8], timeout_ms: u32) -> Option<u32> {
-        self.call(cluster, pick::PICK, msg, timeout_ms)
-    }
-    /// Dispatches a fire-and-forget gRPC call that must outlive the
-    /// request (it is owned by the root context); false when it could not.
-    fn call_detached(&mut self, call: &DeferredCall) -> bool;
-    /// Queues a fire-and-forget call to be dispatched on a later turn of
-    /// Envoy's event loop (by the root context), i.e. after the response's
-    /// last bytes were written to the client, not before: a dispatch costs
-    /// ~0.1 ms of the worker's time. The root then counts it with
-    /// [`Shared::count_report`]. Gives the call back when this host cannot
-    /// defer (the caller dispatches it at once with [`Host::call_detached`]).
-    fn defer_detached(&mut self, call: DeferredCall) -> Result<(), DeferredCall> {
-        Err(call)
-    }
-    /// Takes the calls [`Host::defer_detached`] queued and the root has not
-    /// dispatched yet (none where the host does not defer).
-    fn take_deferred(&mut self) -> Vec<DeferredCall> {
-        Vec::new()
-    }
-    /// The body of the gRPC answer being delivered.
-    fn grpc_response(&self, size: usize) -> Option<Vec<u8>>;
-    /// Resumes a request paused in its body callback.
-    fn resume_request(&mut self);
-    /// A response header.
-    fn response_header(&self, name: &str) -> Option<String>;
-    /// Adds a response header (response-headers callback only).
-    fn add_response_header(&mut self, name: &str, value: &str);
-    /// The current response body chunk (`size` bytes).
-    fn response_body(&self, size: usize) -> Option<Vec<u8>>;
-    /// The address of the upstream host that served (`upstream.address`).
-    fn upstream_address(&self) -> Option<String>;
-    /// A JWT claim from `jwt_authn`'s `payload_in_metadata` entry.
-    fn jwt_claim(&self, metadata_key: &str, claim: &str) -> Option<String>;
-    /// Envoy's response code details (`response.code_details`), read when
-    /// the stream is logged: says whether an unfinished response was cut
-    /// by the upstream or abandoned by the client.
-    fn response_code_details(&self) -> Option<String> {
-        None
-    }
-}
-
-/// A fire-and-forget call waiting for the root context
-/// ([`Host::defer_detached`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeferredCall {
-    /// The gRPC cluster.
-    pub cluster: String,
-    /// The method (`Report`).
-    pub method: &'static str,
-    /// The encoded message.
-    pub msg: Vec<u8>,
-    /// The call's timeout.
-    pub timeout_ms: u32,
-    /// The pool whose `report.*` stat counts it.
-    pub pool_name: String,
-}
 
 /// What a callback tells Envoy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +67,14 @@ struct Routed {
     indexer_pool: String,
     indexer_cluster: String,
     picked: Option<Picked>,
+}
+
+/// A buffered request body and what was parsed of it.
+struct Body<'r, 'b> {
+    req: &'r ParsedRequest<'b>,
+    bytes: &'b [u8],
+    /// The size Envoy reported.
+    size: usize,
 }
 
 /// One request's flow.
@@ -363,23 +291,12 @@ impl Flow {
             }
         };
         self.model_label = shared.config.model_label(&req.model).to_string();
-        let now_ns = host.now_ns();
-        let outcome = {
-            let pools = shared.pools.borrow();
-            let facts = RequestFacts {
-                tenant: self.tenant.as_deref(),
-                api,
-                model: &req.model,
-                headers: &self.headers,
-                estimated_prompt_tokens: req.estimated_prompt_tokens(),
-                prompt: &req,
-            };
-            shared
-                .config
-                .policy
-                .evaluate(&facts, &pools, now_ns / 1_000_000)
+        let body = Body {
+            req: &req,
+            bytes: &body,
+            size: body_size,
         };
-        match outcome.decision {
+        match self.decide(&shared, &req, host.now_ns()) {
             Decision::Reject { status, message } => {
                 let r = error_reply(self.shape(), status, "policy_rejected", None, message);
                 self.reply(host, RequestDecision::Reject, &r)
@@ -396,28 +313,8 @@ impl Flow {
                 rewrite_model,
                 include_usage,
             } => {
-                self.rewrite(host, &req, &body, body_size, rewrite_model, include_usage);
-                let s = &shared.config.settings;
-                host.set_request_header(&s.route_header, &provider.cluster);
-                if let Some(a) = &provider.authority {
-                    host.set_request_header(":authority", a);
-                }
-                // The client's credentials (its Kvasir key) never leave;
-                // the provider's own are injected by Envoy on the
-                // provider's cluster (credential_injector, an SDS secret),
-                // so they are in no filter configuration.
-                for h in ["authorization", "x-api-key"] {
-                    if header(&self.headers, h).is_some() {
-                        host.remove_request_header(h);
-                    }
-                }
-                host.clear_route_cache();
-                self.count(
-                    &format!("requests.{}", RequestDecision::Provider.as_str()),
-                    1,
-                );
-                self.phase = Phase::Forwarded;
-                Verdict::Continue
+                self.rewrite(host, &body, rewrite_model, include_usage);
+                self.route_to_provider(host, provider)
             }
             Decision::RoutePool {
                 pool,
@@ -426,42 +323,99 @@ impl Flow {
                 priority,
                 include_usage,
             } => {
-                self.rewrite(host, &req, &body, body_size, rewrite_model, include_usage);
-                let s = &shared.config.settings;
-                host.set_request_header(&s.route_header, &pool.cluster);
-                host.clear_route_cache();
-                self.count(&format!("requests.{}", RequestDecision::Route.as_str()), 1);
-                self.routed = Some(Routed {
-                    pool_name: pool.name.clone(),
-                    indexer_pool: pool.indexer_pool.clone(),
-                    indexer_cluster: pool.indexer_cluster.clone(),
-                    picked: None,
-                });
-                self.phase = Phase::Forwarded;
-                let model = rewrite_model.unwrap_or(&req.model);
-                let input = PickInput {
-                    pool: &pool.indexer_pool,
-                    model,
-                    tenant: self.tenant.as_deref().unwrap_or_default(),
-                    request_id: &self.request_id,
-                    priority,
-                    max_endpoints: s.max_endpoints,
-                };
-                let Some(msg) = pick::pick_request(&req, &input) else {
-                    self.fail_open(FailOpen::Unsupported);
-                    return Verdict::Continue;
-                };
-                match host.pick(&pool.indexer_cluster, &msg, pool.indexer_timeout_ms) {
-                    Some(token) => {
-                        self.phase = Phase::Picking(token);
-                        self.pick_started_ns = host.now_ns();
-                        Verdict::Pause
-                    }
-                    None => {
-                        self.fail_open(FailOpen::Dispatch);
-                        Verdict::Continue
-                    }
-                }
+                self.rewrite(host, &body, rewrite_model, include_usage);
+                self.route_to_pool(host, &req, pool, rewrite_model, priority)
+            }
+        }
+    }
+
+    /// The policies' decision for a parsed body.
+    fn decide<'c>(&self, shared: &'c Shared, req: &ParsedRequest<'_>, now_ns: u64) -> Decision<'c> {
+        let pools = shared.pools.borrow();
+        let facts = RequestFacts {
+            tenant: self.tenant.as_deref(),
+            api: req.api,
+            model: &req.model,
+            headers: &self.headers,
+            estimated_prompt_tokens: req.estimated_prompt_tokens(),
+            prompt: req,
+        };
+        shared
+            .config
+            .policy
+            .evaluate(&facts, &pools, now_ns / 1_000_000)
+            .decision
+    }
+
+    /// A provider decision: its cluster (and authority), never the
+    /// client's credentials.
+    fn route_to_provider(&mut self, host: &mut dyn Host, provider: &ProviderConfig) -> Verdict {
+        let s = &self.shared.config.settings;
+        host.set_request_header(&s.route_header, &provider.cluster);
+        if let Some(a) = &provider.authority {
+            host.set_request_header(":authority", a);
+        }
+        // The client's credentials (its Kvasir key) never leave; the
+        // provider's own are injected by Envoy on the provider's cluster
+        // (credential_injector, an SDS secret), so they are in no filter
+        // configuration.
+        for h in ["authorization", "x-api-key"] {
+            if header(&self.headers, h).is_some() {
+                host.remove_request_header(h);
+            }
+        }
+        host.clear_route_cache();
+        self.count(
+            &format!("requests.{}", RequestDecision::Provider.as_str()),
+            1,
+        );
+        self.phase = Phase::Forwarded;
+        Verdict::Continue
+    }
+
+    /// A pool decision: its cluster, then the pick (the request waits for
+    /// it) or, when no pick can be made, Envoy's own choice.
+    fn route_to_pool(
+        &mut self,
+        host: &mut dyn Host,
+        req: &ParsedRequest<'_>,
+        pool: &PoolConfig,
+        rewrite_model: Option<&str>,
+        priority: i32,
+    ) -> Verdict {
+        let shared = Rc::clone(&self.shared);
+        let s = &shared.config.settings;
+        host.set_request_header(&s.route_header, &pool.cluster);
+        host.clear_route_cache();
+        self.count(&format!("requests.{}", RequestDecision::Route.as_str()), 1);
+        self.routed = Some(Routed {
+            pool_name: pool.name.clone(),
+            indexer_pool: pool.indexer_pool.clone(),
+            indexer_cluster: pool.indexer_cluster.clone(),
+            picked: None,
+        });
+        self.phase = Phase::Forwarded;
+        let input = PickInput {
+            pool: &pool.indexer_pool,
+            model: rewrite_model.unwrap_or(&req.model),
+            tenant: self.tenant.as_deref().unwrap_or_default(),
+            request_id: &self.request_id,
+            priority,
+            max_endpoints: s.max_endpoints,
+        };
+        let Some(msg) = pick::pick_request(req, &input) else {
+            self.fail_open(FailOpen::Unsupported);
+            return Verdict::Continue;
+        };
+        match host.pick(&pool.indexer_cluster, &msg, pool.indexer_timeout_ms) {
+            Some(token) => {
+                self.phase = Phase::Picking(token);
+                self.pick_started_ns = host.now_ns();
+                Verdict::Pause
+            }
+            None => {
+                self.fail_open(FailOpen::Dispatch);
+                Verdict::Continue
             }
         }
     }
@@ -486,15 +440,15 @@ impl Flow {
         }
     }
 
+    /// Splices the body for a model rewrite or `include_usage`, if needed.
     fn rewrite(
         &self,
         host: &mut dyn Host,
-        req: &ParsedRequest<'_>,
-        body: &[u8],
-        body_size: usize,
+        body: &Body<'_, '_>,
         model: Option<&str>,
         include_usage: bool,
     ) {
+        let req = body.req;
         let rw = Rewrite {
             model: model.filter(|m| *m != req.model),
             include_usage: include_usage
@@ -505,9 +459,9 @@ impl Flow {
         if rw.is_noop() {
             return;
         }
-        if let Some(new) = rewrite_body(body, &rw) {
+        if let Some(new) = rewrite_body(body.bytes, &rw) {
             // The size Envoy reported: replacing exactly the whole buffer.
-            host.set_request_body(body_size, &new);
+            host.set_request_body(body.size, &new);
             if header(&self.headers, "content-length").is_some() {
                 host.set_request_header("content-length", &new.len().to_string());
             }

@@ -23,7 +23,8 @@
 //! - [`shared`]: the state one VM's requests share (config, pool states);
 //! - [`response`]: TTFT / ITL / e2e and `usage` from JSON or SSE;
 //! - [`stats`]: stat names (Prometheus labels via stats tags);
-//! - [`engine`]: the per-request state machine over a [`engine::Host`].
+//! - [`host`]: what the filter asks of Envoy, the [`host::Host`] trait;
+//! - [`engine`]: the per-request state machine over a [`host::Host`].
 //!
 //! Only the `wasm` module (built for `wasm32` alone) touches the
 //! proxy-wasm SDK. See `filter/README.md` for deployment and the stats.
@@ -31,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod host;
 pub mod pick;
 pub mod reply;
 pub mod request;
