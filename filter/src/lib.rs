@@ -19,7 +19,9 @@
 //! - [`scan`]: every string of a body, for the PII scan;
 //! - [`reply`]: local replies in OpenAI's or Anthropic's error shape;
 //! - [`pick`]: `Pick` / `Report` messages and the fail-open rules;
-//! - [`session`]: the per-VM `Session` stream's bookkeeping;
+//! - [`session`]: the per-VM `Session` streams' decisions (send on a
+//!   stream or fall back to unary, open, time out, deliver) and the root's
+//!   timer period;
 //! - [`shared`]: the state one VM's requests share (config, pool states);
 //! - [`response`]: TTFT / ITL / e2e and `usage` from JSON or SSE;
 //! - [`stats`]: stat names (Prometheus labels via stats tags);

@@ -3,19 +3,24 @@
 //! new gRPC call each (a `dispatch_grpc_call` costs an Envoy worker about
 //! 0.1 ms; a message on an open stream a fraction of that).
 //!
-//! This module is the stream's bookkeeping, without host calls: which
-//! picks wait for an answer and until when, framing a request around an
-//! already encoded `PickRequest` / `ReportRequest`, and when to (re)open.
+//! Every decision about the streams is here, without host calls:
+//! [`Session`] is one stream's bookkeeping (which picks wait and until
+//! when, framing, when to reopen); [`Sessions`] is a VM's streams, whose
+//! methods take what happened (a pick is due, a send failed, the timer
+//! ran, a message arrived, a stream ended) and return what the proxy-wasm
+//! glue must do with host calls; [`Timer`] is the root's timer period.
 //! A stream that is not open never holds a request back: the caller then
 //! uses a unary call, which has its own timeout and fail-open path.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 
 use kvasir_proto::v1::{session_response, SessionResponse};
 use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message;
 
-use crate::pick::{pick_outcome_of, FailOpen, PickOutcome};
+use crate::host::DeferredCall;
+use crate::pick::{self, pick_outcome_of, FailOpen, PickOutcome};
 
 /// The `Session` method.
 pub const METHOD: &str = "Session";
@@ -29,6 +34,12 @@ pub const UNIMPLEMENTED_RETRY_MS: u64 = 60_000;
 /// stream is given up (a stalled stream would otherwise time out every
 /// pick) and reopened later.
 pub const MAX_TIMEOUTS_IN_A_ROW: u32 = 8;
+/// How often the root's timer runs while stream picks wait (their
+/// deadlines are checked on it), ms.
+pub const DEADLINE_CHECK_MS: u64 = 5;
+/// Set in every stream pick's token: Envoy's call tokens are small
+/// counters (and a request matches only its own one pick anyway).
+pub const TOKEN_BIT: u32 = 0x8000_0000;
 
 const MS: u64 = 1_000_000;
 
@@ -215,132 +226,376 @@ impl<W> Session<W> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kvasir_proto::v1::{
-        session_request, CallError, PickRequest, PickResponse, PickedEndpoint, ReportRequest,
-        SessionRequest,
-    };
+/// The token a request knows its stream pick `id` by.
+pub fn pick_token(id: u64) -> u32 {
+    TOKEN_BIT | (id as u32 & !TOKEN_BIT)
+}
 
-    fn answer(id: u64, result: Option<session_response::Result>) -> Vec<u8> {
-        SessionResponse { id, result }.encode_to_vec()
-    }
+/// A pick's outcome for the request that waits for it (its
+/// `Flow::on_pick_outcome`, as that request's context).
+#[derive(Debug, PartialEq)]
+pub struct Delivery<W> {
+    /// The pick's token ([`pick_token`]).
+    pub token: u32,
+    /// Who waits.
+    pub waiter: W,
+    /// What the pick came to.
+    pub outcome: PickOutcome,
+}
 
-    fn picked(addr: &str) -> Option<session_response::Result> {
-        Some(session_response::Result::Pick(PickResponse {
-            endpoints: vec![PickedEndpoint {
-                address: addr.into(),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }))
-    }
-
-    #[test]
-    fn frames_are_session_requests_around_the_encoded_call() {
-        let mut s: Session<u32> = Session::default();
-        let pick = PickRequest {
-            pool: "main".into(),
-            request_id: "r".into(),
-            ..Default::default()
-        };
-        let (id, bytes) = s.pick(&pick.encode_to_vec(), 10, 7);
-        let r = SessionRequest::decode(bytes.as_slice()).unwrap();
-        assert_eq!(r.id, id);
-        assert_eq!(r.call, Some(session_request::Call::Pick(pick)));
-        let rep = ReportRequest {
-            pool: "main".into(),
-            request_id: "r".into(),
-            ..Default::default()
-        };
-        let r = SessionRequest::decode(s.report(&rep.encode_to_vec()).as_slice()).unwrap();
-        assert_ne!(r.id, id);
-        assert_eq!(r.call, Some(session_request::Call::Report(rep)));
-        assert_eq!(s.waiting(), 1, "reports wait for nothing");
-    }
-
-    #[test]
-    fn answers_go_to_their_waiter_once() {
-        let mut s: Session<u32> = Session::default();
-        s.opened(3);
-        let (a, _) = s.pick(b"", 100, 1);
-        let (b, _) = s.pick(b"", 100, 2);
-        let (id, w, out) = s.answer(&answer(b, picked("10.0.0.1:8000"))).unwrap();
-        assert_eq!((id, w), (b, 2));
-        assert_eq!(out.result.unwrap().header, "10.0.0.1:8000");
-        assert!(s.answer(&answer(b, picked("10.0.0.1:8000"))).is_none());
-        let err = Some(session_response::Result::Error(CallError {
-            code: 3,
-            message: "pool: unknown pool `x`".into(),
-        }));
-        let (_, w, out) = s.answer(&answer(a, err)).unwrap();
-        assert_eq!((w, out.result), (1, Err(FailOpen::GrpcError)));
-        assert!(s.answer(b"\xff\xff").is_none(), "garbage is dropped");
-        // An answer that names a non-address is a bad response, as in unary.
-        let (c, _) = s.pick(b"", 100, 3);
-        let (_, _, out) = s.answer(&answer(c, picked("evil.example"))).unwrap();
-        assert_eq!(out.result, Err(FailOpen::BadResponse));
-    }
-
-    #[test]
-    fn deadlines_expire_and_a_stalled_stream_is_given_up() {
-        let mut s: Session<u32> = Session::default();
-        s.opened(3);
-        s.pick(b"", 50, 1);
-        s.pick(b"", 80, 2);
-        let (gone, give_up) = s.expire(60);
-        assert_eq!(
-            (gone.iter().map(|g| g.1).collect::<Vec<_>>(), give_up),
-            (vec![1], false)
-        );
-        // An answer resets the run of timeouts.
-        let (id, _) = s.pick(b"", 100, 3);
-        s.answer(&answer(id, picked("10.0.0.1:8000"))).unwrap();
-        for i in 0..MAX_TIMEOUTS_IN_A_ROW {
-            s.pick(b"", 200, 10 + i);
+impl<W> Delivery<W> {
+    fn new(id: u64, waiter: W, outcome: PickOutcome) -> Self {
+        Delivery {
+            token: pick_token(id),
+            waiter,
+            outcome,
         }
-        let (gone, give_up) = s.expire(200);
-        assert_eq!(gone.len() as u32, MAX_TIMEOUTS_IN_A_ROW + 1);
-        assert!(give_up);
-        assert_eq!(s.token(), None);
-        s.want();
-        assert_eq!(s.open_due_in_ms(200), Some(RETRY_MS));
-        assert!(!s.should_open(200), "not before the retry wait");
-        assert!(s.should_open(200 + RETRY_MS * MS));
-    }
-
-    #[test]
-    fn a_close_fails_every_waiter_and_sets_the_retry() {
-        let mut s: Session<u32> = Session::default();
-        assert!(!s.should_open(0), "only once a request wants it");
-        assert_eq!(s.open_due_in_ms(0), None);
-        s.want();
-        assert!(s.should_open(0));
-        assert_eq!(s.open_due_in_ms(0), Some(0));
-        s.opened(5);
-        assert!(!s.should_open(0));
-        assert_eq!(s.open_due_in_ms(0), None);
-        let (a, _) = s.pick(b"", 50, 1);
-        let (b, _) = s.pick(b"", 50, 2);
-        let mut failed = s.closed(14, 1000);
-        failed.sort_by_key(|f| f.0);
-        assert_eq!(
-            failed,
-            vec![(a, 1, FailOpen::Unavailable), (b, 2, FailOpen::Unavailable)]
-        );
-        assert_eq!(s.waiting(), 0);
-        s.want();
-        assert!(!s.should_open(1000 + RETRY_MS * MS - 1));
-        assert!(s.should_open(1000 + RETRY_MS * MS));
-        s.opened(6);
-        s.closed(12, 0);
-        s.want();
-        assert!(!s.should_open(RETRY_MS * MS));
-        assert!(s.should_open(UNIMPLEMENTED_RETRY_MS * MS));
-        s.opened(7);
-        s.closed(0, 5);
-        s.want();
-        assert!(s.should_open(5), "a clean end reopens at once");
     }
 }
+
+/// A message to send on an open stream, as the root context (which owns
+/// the stream).
+#[derive(Debug, PartialEq, Eq)]
+pub struct StreamSend {
+    /// The stream's token.
+    pub stream: u32,
+    /// The framed `SessionRequest`.
+    pub frame: Vec<u8>,
+}
+
+/// How to start a pick ([`Sessions::pick`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum PickStep {
+    /// Send it on the stream, then tell [`Sessions::pick_sent`] how that
+    /// went.
+    Stream {
+        /// The pick's id in its session.
+        id: u64,
+        /// What to send where.
+        send: StreamSend,
+    },
+    /// Make it a unary call. With `tick_within_ms` a stream is now wanted:
+    /// the root's timer must run within that many ms to open it.
+    Unary {
+        /// See the variant.
+        tick_within_ms: Option<u64>,
+    },
+}
+
+/// What follows a pick's send on a stream ([`Sessions::pick_sent`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum PickSent {
+    /// It waits on the stream under `token`; the root's timer must run
+    /// within `tick_within_ms` to time it out.
+    Waiting {
+        /// The token the request waits for.
+        token: u32,
+        /// See the variant.
+        tick_within_ms: u64,
+    },
+    /// The send failed: cancel `cancel` (still as the root; the stream is
+    /// of no use any more) and make the pick a unary call.
+    Unary {
+        /// The stream to cancel.
+        cancel: u32,
+    },
+}
+
+/// What the root's timer must do for the streams ([`Sessions::upkeep`]),
+/// in this order.
+#[derive(Debug, PartialEq)]
+pub struct Upkeep<W> {
+    /// Stalled streams to cancel (each counted as `session.stalled`).
+    pub cancel: Vec<u32>,
+    /// Picks past their deadline, failed open as timeouts.
+    pub deliver: Vec<Delivery<W>>,
+    /// Clusters to open a stream to now, from this root callback (so the
+    /// stream's callbacks come to the root); then [`Sessions::opened`] or
+    /// [`Sessions::open_failed`].
+    pub open: Vec<String>,
+}
+
+/// What a message on a stream calls for ([`Sessions::message`]).
+#[derive(Debug, PartialEq)]
+pub enum Answer<W> {
+    /// Not one of the streams, or unreadable: nothing.
+    Ignore,
+    /// An answer nobody waits for (timed out already) or that does not
+    /// decode: counted as `session.unmatched`.
+    Unmatched,
+    /// Hand this to its request.
+    Deliver(Delivery<W>),
+}
+
+/// A stream that ended ([`Sessions::closed`]).
+#[derive(Debug, PartialEq)]
+pub struct Ended<W> {
+    /// Its indexer cluster.
+    pub cluster: String,
+    /// Its waiting picks, failed open.
+    pub deliver: Vec<Delivery<W>>,
+}
+
+/// A VM's `Session` streams, one per indexer cluster; `W` is what hands an
+/// outcome back to a request.
+#[derive(Debug)]
+pub struct Sessions<W> {
+    enabled: bool,
+    by_cluster: HashMap<String, Session<W>>,
+    /// Open stream token -> its cluster.
+    streams: HashMap<u32, String>,
+}
+
+impl<W> Default for Sessions<W> {
+    fn default() -> Self {
+        Sessions {
+            enabled: true,
+            by_cluster: HashMap::new(),
+            streams: HashMap::new(),
+        }
+    }
+}
+
+impl<W> Sessions<W> {
+    /// Turns streams on or off (`indexerSession`); off, every pick and
+    /// report is a unary call.
+    pub fn set_enabled(&mut self, on: bool) {
+        self.enabled = on;
+    }
+
+    /// A request's pick to `cluster`: on the open stream, or a unary call
+    /// (and a stream wanted, opened on a later tick: only the root may
+    /// open one). `waiter` is made only when the pick goes on the stream.
+    /// `clock` (ns) is read only with streams on: it is a host call.
+    pub fn pick(
+        &mut self,
+        cluster: &str,
+        msg: &[u8],
+        timeout_ms: u32,
+        clock: impl FnOnce() -> u64,
+        waiter: impl FnOnce() -> W,
+    ) -> PickStep {
+        if !self.enabled {
+            return PickStep::Unary {
+                tick_within_ms: None,
+            };
+        }
+        let now_ns = clock();
+        if let Some(s) = self.by_cluster.get_mut(cluster) {
+            if let Some(stream) = s.token() {
+                let deadline_ns = now_ns + u64::from(timeout_ms) * MS;
+                let (id, frame) = s.pick(msg, deadline_ns, waiter());
+                return PickStep::Stream {
+                    id,
+                    send: StreamSend { stream, frame },
+                };
+            }
+        }
+        // No stream yet, or again after a failure.
+        let s = match self.by_cluster.get_mut(cluster) {
+            Some(s) => s,
+            None => self.by_cluster.entry(cluster.to_string()).or_default(),
+        };
+        let tick_within_ms = match s.open_due_in_ms(now_ns) {
+            Some(_) => None, // wanted already, the timer knows
+            None => {
+                s.want();
+                Some(s.open_due_in_ms(now_ns).unwrap_or(0).max(1))
+            }
+        };
+        PickStep::Unary { tick_within_ms }
+    }
+
+    /// How the send of [`PickStep::Stream`] went; `clock` (ns) is read
+    /// only when it failed.
+    pub fn pick_sent(
+        &mut self,
+        cluster: &str,
+        stream: u32,
+        id: u64,
+        sent: bool,
+        clock: impl FnOnce() -> u64,
+    ) -> PickSent {
+        if sent {
+            return PickSent::Waiting {
+                token: pick_token(id),
+                tick_within_ms: DEADLINE_CHECK_MS,
+            };
+        }
+        if let Some(s) = self.by_cluster.get_mut(cluster) {
+            s.forget(id);
+        }
+        PickSent::Unary {
+            cancel: self.send_failed(cluster, stream, clock()),
+        }
+    }
+
+    /// A fire-and-forget call for the stream, if it may go there: only
+    /// reports (nothing waits for them), and only on an open stream; else
+    /// `None`, and it is a unary call.
+    pub fn detached(&mut self, call: &DeferredCall) -> Option<StreamSend> {
+        if call.method != pick::REPORT || !self.enabled {
+            return None;
+        }
+        let s = self.by_cluster.get_mut(&call.cluster)?;
+        let stream = s.token()?;
+        Some(StreamSend {
+            stream,
+            frame: s.report(&call.msg),
+        })
+    }
+
+    /// A send on `stream` failed: the stream is given up (its waiters time
+    /// out) and may reopen later. Returns the stream to cancel, as the
+    /// root.
+    pub fn send_failed(&mut self, cluster: &str, stream: u32, now_ns: u64) -> u32 {
+        if let Some(s) = self.by_cluster.get_mut(cluster) {
+            s.open_failed(now_ns);
+        }
+        self.streams.remove(&stream);
+        stream
+    }
+
+    /// The root's timer ran: picks past their deadline fail open, a
+    /// stalled stream is given up, wanted streams are opened.
+    pub fn upkeep(&mut self, now_ns: u64) -> Upkeep<W> {
+        let mut up = Upkeep {
+            cancel: Vec::new(),
+            deliver: Vec::new(),
+            open: Vec::new(),
+        };
+        for (cluster, s) in self.by_cluster.iter_mut() {
+            let token = s.token();
+            let (gone, give_up) = s.expire(now_ns);
+            up.deliver.extend(
+                gone.into_iter()
+                    .map(|(id, w)| Delivery::new(id, w, PickOutcome::failed(FailOpen::Timeout))),
+            );
+            if let (true, Some(t)) = (give_up, token) {
+                self.streams.remove(&t);
+                up.cancel.push(t);
+            }
+            if s.should_open(now_ns) {
+                up.open.push(cluster.clone());
+            }
+        }
+        up
+    }
+
+    /// A stream to `cluster` was opened under `stream`.
+    pub fn opened(&mut self, cluster: String, stream: u32) {
+        if let Some(s) = self.by_cluster.get_mut(&cluster) {
+            s.opened(stream);
+            self.streams.insert(stream, cluster);
+        }
+    }
+
+    /// Opening a stream to `cluster` failed at once (unknown cluster...).
+    pub fn open_failed(&mut self, cluster: &str, now_ns: u64) {
+        if let Some(s) = self.by_cluster.get_mut(cluster) {
+            s.open_failed(now_ns);
+        }
+    }
+
+    /// A message arrived on `stream`; `read` reads it (a host call, made
+    /// only for a stream of ours).
+    pub fn message(&mut self, stream: u32, read: impl FnOnce() -> Option<Vec<u8>>) -> Answer<W> {
+        let Some(cluster) = self.streams.get(&stream) else {
+            return Answer::Ignore;
+        };
+        let Some(bytes) = read() else {
+            return Answer::Ignore;
+        };
+        match self
+            .by_cluster
+            .get_mut(cluster)
+            .and_then(|s| s.answer(&bytes))
+        {
+            Some((id, w, outcome)) => Answer::Deliver(Delivery::new(id, w, outcome)),
+            None => Answer::Unmatched,
+        }
+    }
+
+    /// `stream` ended with gRPC `status`; `None` for a stream given up
+    /// already (nothing to do).
+    pub fn closed(&mut self, stream: u32, status: u32, now_ns: u64) -> Option<Ended<W>> {
+        let cluster = self.streams.remove(&stream)?;
+        let deliver = self
+            .by_cluster
+            .get_mut(&cluster)
+            .map(|s| {
+                s.closed(status, now_ns)
+                    .into_iter()
+                    .map(|(id, w, why)| Delivery::new(id, w, PickOutcome::failed(why)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Ended { cluster, deliver })
+    }
+
+    /// How soon the root's timer must run for the streams: to open a
+    /// wanted one, and every [`DEADLINE_CHECK_MS`] while picks wait.
+    pub fn timer_need_ms(&self, now_ns: u64) -> Option<u64> {
+        let open = self
+            .by_cluster
+            .values()
+            .filter_map(|s| s.open_due_in_ms(now_ns))
+            .min()
+            .map(|ms| ms.max(1));
+        let deadlines = self
+            .by_cluster
+            .values()
+            .any(|s| s.waiting() > 0)
+            .then_some(DEADLINE_CHECK_MS);
+        open.into_iter().chain(deadlines).min()
+    }
+
+    /// Picks waiting on every stream.
+    pub fn waiting(&self) -> usize {
+        self.by_cluster.values().map(Session::waiting).sum()
+    }
+}
+
+/// The root context's timer period (ms, 0 = off), shared by the streams,
+/// the queued fire-and-forget calls and the `PoolState` polls. Each
+/// method returns the period to set, if it changes; [`Timer::set`] once
+/// Envoy took it.
+#[derive(Debug, Default)]
+pub struct Timer {
+    period_ms: Cell<u64>,
+}
+
+impl Timer {
+    /// The timer's period now.
+    pub fn period_ms(&self) -> u64 {
+        self.period_ms.get()
+    }
+
+    /// Envoy now runs the timer every `ms`.
+    pub fn set(&self, ms: u64) {
+        self.period_ms.set(ms);
+    }
+
+    /// To run within `ms`: shortens the period, never lengthens it.
+    pub fn within(&self, ms: u64) -> Option<u64> {
+        let now = self.period_ms.get();
+        (now == 0 || ms < now).then_some(ms)
+    }
+
+    /// The period for what is pending (the timer is retimed on each tick
+    /// and when a stream ends): 1 ms for queued calls, the streams' need,
+    /// the poll period, or off.
+    pub fn retime(&self, calls_queued: bool, streams_ms: Option<u64>, poll_ms: u64) -> Option<u64> {
+        let needs = [
+            calls_queued.then_some(1),
+            streams_ms,
+            (poll_ms > 0).then_some(poll_ms),
+        ];
+        let want = needs.into_iter().flatten().min().unwrap_or(0);
+        (want != self.period_ms.get()).then_some(want)
+    }
+}
+
+#[cfg(test)]
+#[path = "session_tests.rs"]
+mod tests;

@@ -1,8 +1,10 @@
 //! What the root context and every request of one VM share: the
 //! configuration, the pools' last known saturation and the stats sink, with
-//! the bookkeeping of `PoolState` polls and report dispatches.
+//! the bookkeeping of `PoolState` polls ([`Polls`]: when, and which are
+//! out) and report dispatches.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 
 use kvasir_policy::PoolStates;
@@ -87,5 +89,84 @@ impl Shared {
             }
             None => self.stats.count(&pool_stat(&name, "state_poll.error"), 1),
         }
+    }
+}
+
+/// The root context's `PoolState` polls: every period, at most one out
+/// per pool (a slow indexer is not asked again before it answered).
+#[derive(Debug, Default)]
+pub struct Polls {
+    period_ms: u64,
+    next_ns: u64,
+    /// Call token -> pool index.
+    out: HashMap<u32, usize>,
+}
+
+impl Polls {
+    /// A (re)configuration: polls every `period_ms` if some policy needs
+    /// a pool's state, else none.
+    pub fn configure(&mut self, needed: bool, period_ms: u32) {
+        self.period_ms = if needed { u64::from(period_ms) } else { 0 };
+    }
+
+    /// The poll period (ms, 0 = no polls).
+    pub fn period_ms(&self) -> u64 {
+        self.period_ms
+    }
+
+    /// Whether polls are due on this tick; if so, the next are due a
+    /// period later. `clock` (ns) is read only with polls on.
+    pub fn due(&mut self, clock: impl FnOnce() -> u64) -> bool {
+        if self.period_ms == 0 {
+            return false;
+        }
+        let now = clock();
+        if now < self.next_ns {
+            return false;
+        }
+        self.next_ns = now + self.period_ms * 1_000_000;
+        true
+    }
+
+    /// Whether `pool`'s last poll is still out (then it is skipped).
+    pub fn out(&self, pool: usize) -> bool {
+        self.out.values().any(|&p| p == pool)
+    }
+
+    /// A poll of `pool` was dispatched under `token`.
+    pub fn sent(&mut self, token: u32, pool: usize) {
+        self.out.insert(token, pool);
+    }
+
+    /// The pool a call's answer is for; `None`: not a poll.
+    pub fn answered(&mut self, token: u32) -> Option<usize> {
+        self.out.remove(&token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Polls;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn polls_run_every_period_with_one_out_per_pool() {
+        let mut p = Polls::default();
+        assert!(!p.due(|| panic!("no polls: the clock is not read")));
+        p.configure(false, 250);
+        assert_eq!(p.period_ms(), 0, "no policy needs a pool's state");
+        assert!(!p.due(|| panic!("not read")));
+        p.configure(true, 250);
+        assert_eq!(p.period_ms(), 250);
+        assert!(p.due(|| 10 * MS));
+        assert!(!p.due(|| 259 * MS), "a period later, not before");
+        assert!(p.due(|| 260 * MS));
+        p.sent(3, 0);
+        assert!(p.out(0) && !p.out(1));
+        assert_eq!(p.answered(9), None, "not a poll");
+        assert_eq!(p.answered(3), Some(0));
+        assert!(!p.out(0));
+        assert_eq!(p.answered(3), None, "answered once");
     }
 }

@@ -1,5 +1,7 @@
-//! The proxy-wasm glue: Envoy's callbacks into [`crate::engine`], and
-//! [`Host`] / [`Stats`] implemented with the SDK's host calls.
+//! The proxy-wasm glue: Envoy's callbacks into [`crate::engine`] and
+//! [`crate::session`], [`Host`] / [`Stats`] implemented with the SDK's host
+//! calls, and what the session streams' decisions call for done with them.
+//! Nothing is decided here that a native test could not see.
 //!
 //! The SDK's wrappers panic on any host status they do not expect, and a
 //! panic kills the VM. So this module calls only the wrappers whose every
@@ -10,7 +12,7 @@
 //! unwrap UTF-8), and leaves the "only in the right state" rule to the
 //! engine, whose tests check it.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
@@ -19,11 +21,13 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 
-use crate::engine::{DeferredCall, Flow, Host, Shared, Verdict};
-use crate::pick::{self, FailOpen, PickOutcome};
+use crate::engine::{Flow, Verdict};
+use crate::host::{DeferredCall, Host};
+use crate::pick;
 use crate::reply::{error_reply, LocalReply, Shape};
-use crate::session::{self, Session};
+use crate::session::{self, Answer, Delivery, PickSent, PickStep, Sessions, StreamSend, Timer};
 use crate::settings::PluginConfig;
+use crate::shared::{Polls, Shared};
 use crate::stats::Stats;
 
 proxy_wasm::main! {{
@@ -114,20 +118,7 @@ fn dispatch(cluster: &str, method: &str, msg: &[u8], timeout_ms: u32) -> Result<
     )
 }
 
-/// Session-stream pick tokens have this bit set (Envoy's call tokens are
-/// small counters); a request matches only its own one pick, so the two
-/// spaces never meet anyway.
-const SESSION_TOKEN: u32 = 0x8000_0000;
-
-fn session_token(id: u64) -> u32 {
-    SESSION_TOKEN | (id as u32 & !SESSION_TOKEN)
-}
-
-/// How often the root's timer runs while session picks wait (their
-/// deadlines are checked on it), ms.
-const DEADLINE_CHECK_MS: u64 = 5;
-
-/// Who waits for a session pick: the request's context and its flow.
+/// Who waits for a stream pick: the request's context and its flow.
 struct Waiter {
     context_id: u32,
     flow: Weak<RefCell<Flow>>,
@@ -135,7 +126,7 @@ struct Waiter {
 
 /// What the root context and this VM's requests share: fire-and-forget
 /// calls queued for the root's timer, the `Session` streams, and the
-/// timer's period.
+/// timer.
 ///
 /// Queued calls: a first-token `Report` dispatched from the response's
 /// first body callback would hold back the first token by the dispatch's
@@ -145,55 +136,43 @@ struct Waiter {
 struct RootShared {
     root_id: u32,
     calls: RefCell<Vec<DeferredCall>>,
-    /// Whether picks and reports use `Session` streams.
-    sessions_enabled: Cell<bool>,
-    /// By indexer cluster.
-    sessions: RefCell<HashMap<String, Session<Waiter>>>,
-    /// Open stream token -> its cluster.
-    stream_clusters: RefCell<HashMap<u32, String>>,
-    /// The timer's period now (ms, 0 = off).
-    tick_ms: Cell<u64>,
+    sessions: RefCell<Sessions<Waiter>>,
+    timer: Timer,
 }
 
 impl RootShared {
-    /// Makes the timer run at least every `ms`.
+    fn set_tick(&self, ms: u64) {
+        if hostcalls::set_tick_period(Duration::from_millis(ms)).is_ok() {
+            self.timer.set(ms);
+        }
+    }
+
     fn tick_within(&self, ms: u64) {
-        let now = self.tick_ms.get();
-        if (now == 0 || ms < now) && hostcalls::set_tick_period(Duration::from_millis(ms)).is_ok() {
-            self.tick_ms.set(ms);
+        if let Some(p) = self.timer.within(ms) {
+            self.set_tick(p);
         }
     }
 
-    /// Sends `frame` on the cluster's open stream (as the root, which owns
-    /// it); false when there is none or the send failed, which also ends
-    /// the stream for good (its waiters then time out).
-    fn send(&self, cluster: &str, frame: impl FnOnce(&mut Session<Waiter>) -> Vec<u8>) -> bool {
-        let mut sessions = self.sessions.borrow_mut();
-        let Some(s) = sessions.get_mut(cluster) else {
-            return false;
-        };
-        let Some(token) = s.token() else { return false };
-        let bytes = frame(s);
-        let current = hostcalls::set_effective_context(self.root_id).is_ok();
-        let sent =
-            current && hostcalls::send_grpc_stream_message(token, Some(&bytes), false).is_ok();
-        if !sent {
-            s.open_failed(now_ns());
-            self.stream_clusters.borrow_mut().remove(&token);
-            let _ = hostcalls::cancel_grpc_stream(token);
-        }
-        sent
+    /// Sends on a stream as the root, which owns it; the caller restores
+    /// its own context.
+    fn send_on_stream(&self, send: &StreamSend) -> bool {
+        hostcalls::set_effective_context(self.root_id).is_ok()
+            && hostcalls::send_grpc_stream_message(send.stream, Some(&send.frame), false).is_ok()
     }
 
-    /// Sends a fire-and-forget call on its cluster's stream when one is
-    /// open (reports only), else dispatches it as a unary call owned by
-    /// the root.
+    /// Sends a fire-and-forget call on its cluster's stream when it may
+    /// go there, else dispatches it as a unary call owned by the root.
     fn send_detached(&self, c: &DeferredCall) -> bool {
-        if c.method == pick::REPORT
-            && self.sessions_enabled.get()
-            && self.send(&c.cluster, |s| s.report(&c.msg))
-        {
-            return true;
+        let on_stream = self.sessions.borrow_mut().detached(c);
+        if let Some(send) = on_stream {
+            if self.send_on_stream(&send) {
+                return true;
+            }
+            let cancel = self
+                .sessions
+                .borrow_mut()
+                .send_failed(&c.cluster, send.stream, now_ns());
+            let _ = hostcalls::cancel_grpc_stream(cancel);
         }
         if hostcalls::set_effective_context(self.root_id).is_err() {
             return false;
@@ -206,11 +185,7 @@ struct Root {
     id: u32,
     shared: Option<Rc<Shared>>,
     stats: Rc<EnvoyStats>,
-    /// In-flight `PoolState` polls: token -> pool index.
-    polls: HashMap<u32, usize>,
-    /// The `PoolState` poll period (ms, 0 = no polls) and the next one due.
-    poll_ms: u64,
-    next_poll_ns: u64,
+    polls: Polls,
     state: Rc<RootShared>,
 }
 
@@ -220,16 +195,12 @@ impl Root {
             id,
             shared: None,
             stats: Rc::new(EnvoyStats::new()),
-            polls: HashMap::new(),
-            poll_ms: 0,
-            next_poll_ns: 0,
+            polls: Polls::default(),
             state: Rc::new(RootShared {
                 root_id: id,
                 calls: RefCell::new(Vec::new()),
-                sessions_enabled: Cell::new(true),
-                sessions: RefCell::new(HashMap::new()),
-                stream_clusters: RefCell::new(HashMap::new()),
-                tick_ms: Cell::new(0),
+                sessions: RefCell::new(Sessions::default()),
+                timer: Timer::default(),
             }),
         }
     }
@@ -248,104 +219,61 @@ impl Root {
         self.stats.count(name, 1);
     }
 
-    /// Hands a session pick's outcome to its request, as that request's
+    /// Hands a stream pick's outcome to its request, as that request's
     /// context (header set, request resumed).
-    fn deliver(&self, id: u64, w: &Waiter, outcome: PickOutcome) {
-        let Some(flow) = w.flow.upgrade() else {
+    fn deliver(&self, d: Delivery<Waiter>) {
+        let Some(flow) = d.waiter.flow.upgrade() else {
             return; // the request went away meanwhile
         };
-        if hostcalls::set_effective_context(w.context_id).is_err() {
+        if hostcalls::set_effective_context(d.waiter.context_id).is_err() {
             return;
         }
         let mut host = EnvoyHost {
-            id: w.context_id,
+            id: d.waiter.context_id,
             root: Rc::clone(&self.state),
-            me: Weak::clone(&w.flow),
+            me: d.waiter.flow,
         };
         // Not re-entered: Envoy runs the resumed filter chain after this
         // callback returns.
         if let Ok(mut f) = flow.try_borrow_mut() {
-            f.on_pick_outcome(&mut host, session_token(id), outcome);
+            f.on_pick_outcome(&mut host, d.token, d.outcome);
         }
         let _ = hostcalls::set_effective_context(self.id);
     }
 
-    /// Session upkeep on the timer: picks past their deadline fail open,
-    /// a stalled stream is given up, wanted streams are opened.
     fn sessions_tick(&mut self) {
         let now = now_ns();
-        let mut expired = Vec::new();
-        let mut open = Vec::new();
-        {
-            let mut sessions = self.state.sessions.borrow_mut();
-            for (cluster, s) in sessions.iter_mut() {
-                let token = s.token();
-                let (gone, give_up) = s.expire(now);
-                expired.extend(gone);
-                if let (true, Some(t)) = (give_up, token) {
-                    self.state.stream_clusters.borrow_mut().remove(&t);
-                    let _ = hostcalls::cancel_grpc_stream(t);
-                    self.stats.count("kvasir.session.stalled", 1);
-                }
-                if s.should_open(now) {
-                    open.push(cluster.clone());
-                }
-            }
+        let up = self.state.sessions.borrow_mut().upkeep(now);
+        for stream in up.cancel {
+            let _ = hostcalls::cancel_grpc_stream(stream);
+            self.count("kvasir.session.stalled");
         }
-        for (id, w) in expired {
-            self.deliver(id, &w, PickOutcome::failed(FailOpen::Timeout));
+        for d in up.deliver {
+            self.deliver(d);
         }
-        for cluster in open {
-            // Opened here, in a root callback, so the stream's callbacks
-            // come to the root.
+        for cluster in up.open {
             let r =
                 hostcalls::open_grpc_stream(&cluster, pick::SERVICE, session::METHOD, Vec::new());
             let mut sessions = self.state.sessions.borrow_mut();
-            let Some(s) = sessions.get_mut(&cluster) else {
-                continue;
-            };
             match r {
-                Ok(token) => {
-                    s.opened(token);
-                    self.state
-                        .stream_clusters
-                        .borrow_mut()
-                        .insert(token, cluster);
-                    self.stats.count("kvasir.session.opened", 1);
+                Ok(stream) => {
+                    sessions.opened(cluster, stream);
+                    self.count("kvasir.session.opened");
                 }
                 Err(_) => {
-                    s.open_failed(now);
-                    self.stats.count("kvasir.session.open_failed", 1);
+                    sessions.open_failed(&cluster, now);
+                    self.count("kvasir.session.open_failed");
                 }
             }
         }
     }
 
-    /// The timer's period from what is pending: 1 ms for queued calls and
-    /// streams to open, the deadline check while picks wait, else the
-    /// poll period (or off).
     fn retime(&self) {
         let st = &self.state;
-        let now = now_ns();
-        let sessions = st.sessions.borrow();
-        let needs = [
-            (!st.calls.borrow().is_empty()).then_some(1),
-            sessions
-                .values()
-                .filter_map(|s| s.open_due_in_ms(now))
-                .min()
-                .map(|ms| ms.max(1)),
-            sessions
-                .values()
-                .any(|s| s.waiting() > 0)
-                .then_some(DEADLINE_CHECK_MS),
-            (self.poll_ms > 0).then_some(self.poll_ms),
-        ];
-        let want = needs.into_iter().flatten().min().unwrap_or(0);
-        if want != st.tick_ms.get()
-            && hostcalls::set_tick_period(Duration::from_millis(want)).is_ok()
-        {
-            st.tick_ms.set(want);
+        let streams = st.sessions.borrow().timer_need_ms(now_ns());
+        let queued = !st.calls.borrow().is_empty();
+        if let Some(p) = st.timer.retime(queued, streams, self.polls.period_ms()) {
+            st.set_tick(p);
         }
     }
 }
@@ -353,7 +281,7 @@ impl Root {
 impl Context for Root {
     fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, response_size: usize) {
         // Only polls are answered here; reports are fire and forget.
-        let Some(pool) = self.polls.remove(&token_id) else {
+        let Some(pool) = self.polls.answered(token_id) else {
             return;
         };
         let Some(shared) = &self.shared else { return };
@@ -368,41 +296,32 @@ impl Context for Root {
     }
 
     fn on_grpc_stream_message(&mut self, token_id: u32, message_size: usize) {
-        let Some(cluster) = self.state.stream_clusters.borrow().get(&token_id).cloned() else {
-            return;
-        };
-        let Some(bytes) = hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, message_size)
-            .ok()
-            .flatten()
-        else {
-            return;
-        };
-        let answer = self
-            .state
-            .sessions
-            .borrow_mut()
-            .get_mut(&cluster)
-            .and_then(|s| s.answer(&bytes));
+        let answer = self.state.sessions.borrow_mut().message(token_id, || {
+            hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, message_size)
+                .ok()
+                .flatten()
+        });
         match answer {
-            Some((id, w, outcome)) => self.deliver(id, &w, outcome),
-            None => self.count("kvasir.session.unmatched"),
+            Answer::Ignore => {}
+            Answer::Unmatched => self.count("kvasir.session.unmatched"),
+            Answer::Deliver(d) => self.deliver(d),
         }
     }
 
     fn on_grpc_stream_close(&mut self, token_id: u32, status_code: u32) {
-        let Some(cluster) = self.state.stream_clusters.borrow_mut().remove(&token_id) else {
-            return; // given up already
-        };
         let ended = self
             .state
             .sessions
             .borrow_mut()
-            .get_mut(&cluster)
-            .map(|s| s.closed(status_code, now_ns()));
+            .closed(token_id, status_code, now_ns());
+        let Some(ended) = ended else {
+            return;
+        };
         self.count("kvasir.session.closed");
+        let cluster = &ended.cluster;
         log::info!("kvasir: session stream to {cluster} ended (gRPC status {status_code}); picks use unary calls until it reopens");
-        for (id, w, why) in ended.unwrap_or_default() {
-            self.deliver(id, &w, PickOutcome::failed(why));
+        for d in ended.deliver {
+            self.deliver(d);
         }
         self.retime();
     }
@@ -438,14 +357,15 @@ impl RootContext for Root {
             cfg.policy.providers().len(),
             cfg.policy.policies().len()
         );
-        let poll_ms = cfg.settings.pool_state_poll_ms;
         let needs_polls = cfg.policy.pools_needing_state().next().is_some();
+        self.polls
+            .configure(needs_polls, cfg.settings.pool_state_poll_ms);
         self.state
-            .sessions_enabled
-            .set(cfg.settings.indexer_session);
+            .sessions
+            .borrow_mut()
+            .set_enabled(cfg.settings.indexer_session);
         let stats: Rc<dyn Stats> = self.stats.clone();
         self.shared = Some(Rc::new(Shared::new(cfg, stats)));
-        self.poll_ms = if needs_polls { u64::from(poll_ms) } else { 0 };
         // A reconfiguration never leaves queued calls behind.
         self.flush_deferred();
         self.retime();
@@ -455,15 +375,14 @@ impl RootContext for Root {
     fn on_tick(&mut self) {
         self.flush_deferred();
         self.sessions_tick();
-        if self.poll_ms > 0 && now_ns() >= self.next_poll_ns {
-            self.next_poll_ns = now_ns() + self.poll_ms * 1_000_000;
+        if self.polls.due(now_ns) {
             if let Some(shared) = self.shared.clone() {
                 for (cluster, pool, msg, timeout_ms) in shared.pool_state_polls() {
-                    if self.polls.values().any(|&p| p == pool) {
-                        continue; // the last poll of this pool is still out
+                    if self.polls.out(pool) {
+                        continue;
                     }
                     if let Ok(token) = dispatch(&cluster, pick::POOL_STATE, &msg, timeout_ms) {
-                        self.polls.insert(token, pool);
+                        self.polls.sent(token, pool);
                     }
                 }
             }
@@ -621,40 +540,37 @@ impl Host for EnvoyHost {
 
     fn pick(&mut self, cluster: &str, msg: &[u8], timeout_ms: u32) -> Option<u32> {
         let root = Rc::clone(&self.root);
-        if root.sessions_enabled.get() {
-            let deadline = now_ns() + u64::from(timeout_ms) * 1_000_000;
-            let mut id = None;
-            let sent = root.send(cluster, |s| {
-                let waiter = Waiter {
-                    context_id: self.id,
-                    flow: Weak::clone(&self.me),
-                };
-                let (i, frame) = s.pick(msg, deadline, waiter);
-                id = Some(i);
-                frame
+        let step = root
+            .sessions
+            .borrow_mut()
+            .pick(cluster, msg, timeout_ms, now_ns, || Waiter {
+                context_id: self.id,
+                flow: Weak::clone(&self.me),
             });
-            let _ = hostcalls::set_effective_context(self.id);
-            match (sent, id) {
-                (true, Some(i)) => {
-                    root.tick_within(DEADLINE_CHECK_MS);
-                    return Some(session_token(i));
+        match step {
+            PickStep::Stream { id, send } => {
+                let sent = root.send_on_stream(&send);
+                let after =
+                    root.sessions
+                        .borrow_mut()
+                        .pick_sent(cluster, send.stream, id, sent, now_ns);
+                if let PickSent::Unary { cancel } = after {
+                    // Still as the root, which owns the stream.
+                    let _ = hostcalls::cancel_grpc_stream(cancel);
                 }
-                (false, Some(i)) => {
-                    if let Some(s) = root.sessions.borrow_mut().get_mut(cluster) {
-                        s.forget(i);
-                    }
+                let _ = hostcalls::set_effective_context(self.id);
+                if let PickSent::Waiting {
+                    token,
+                    tick_within_ms,
+                } = after
+                {
+                    root.tick_within(tick_within_ms);
+                    return Some(token);
                 }
-                (_, None) => {
-                    // No stream (yet, or again after a failure): this pick
-                    // is a unary call, and the root opens one on a tick.
-                    let mut sessions = root.sessions.borrow_mut();
-                    let s = sessions.entry(cluster.to_string()).or_default();
-                    if s.open_due_in_ms(now_ns()).is_none() {
-                        s.want();
-                        let due = s.open_due_in_ms(now_ns()).unwrap_or(0);
-                        drop(sessions);
-                        root.tick_within(due.max(1));
-                    }
+            }
+            PickStep::Unary { tick_within_ms } => {
+                if let Some(ms) = tick_within_ms {
+                    root.tick_within(ms);
                 }
             }
         }
