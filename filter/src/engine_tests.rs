@@ -2,7 +2,7 @@
 //! call made in a state where real Envoy would refuse it (and the SDK would
 //! panic, killing the VM).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use kvasir_proto::v1::{
@@ -13,6 +13,7 @@ use prost::Message;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::session::{PickSent, PickStep, Sessions};
 use crate::settings::PluginConfig;
 use crate::stats::testing::MemStats;
 use crate::stats::Stats;
@@ -50,6 +51,14 @@ struct Fake {
     added_resp: Vec<(String, String)>,
     upstream: Option<String>,
     code_details: Option<String>,
+    /// The VM's session streams, when picks may go on one (as in the wasm
+    /// host); the request is known to them as `waiter`.
+    sessions: Option<Rc<RefCell<Sessions<u32>>>>,
+    waiter: u32,
+    /// Whether a send on a stream succeeds.
+    stream_send_ok: bool,
+    stream_sent: Vec<(u32, Vec<u8>)>,
+    cancelled: Vec<u32>,
 }
 
 impl Fake {
@@ -81,6 +90,11 @@ impl Fake {
             added_resp: Vec::new(),
             upstream: Some("127.0.0.1:9001".into()),
             code_details: None,
+            sessions: None,
+            waiter: 0,
+            stream_send_ok: true,
+            stream_sent: Vec::new(),
+            cancelled: Vec::new(),
         }
     }
 
@@ -166,6 +180,32 @@ impl Host for Fake {
         self.calls
             .push((cluster.into(), method.into(), msg.to_vec(), timeout_ms));
         Some(7)
+    }
+    fn pick(&mut self, cluster: &str, msg: &[u8], timeout_ms: u32) -> Option<u32> {
+        let Some(sessions) = self.sessions.clone() else {
+            return self.call(cluster, pick::PICK, msg, timeout_ms);
+        };
+        assert_eq!(self.cb, Cb::ReqBody, "picks start with the body");
+        // What the wasm host does with the session's steps.
+        let waiter = self.waiter;
+        let step =
+            sessions
+                .borrow_mut()
+                .pick(cluster, msg, timeout_ms, || self.now_ns(), || waiter);
+        if let PickStep::Stream { id, send } = step {
+            let sent = self.stream_send_ok;
+            if sent {
+                self.stream_sent.push((send.stream, send.frame));
+            }
+            let after = sessions
+                .borrow_mut()
+                .pick_sent(cluster, send.stream, id, sent, || self.now_ns());
+            match after {
+                PickSent::Waiting { token, .. } => return Some(token),
+                PickSent::Unary { cancel } => self.cancelled.push(cancel),
+            }
+        }
+        self.call(cluster, pick::PICK, msg, timeout_ms)
     }
     fn call_detached(&mut self, call: &DeferredCall) -> bool {
         self.detached
@@ -1043,6 +1083,9 @@ fn a_new_request_sends_the_reports_still_queued_before_it_is_picked() {
 
 #[path = "engine_body_tests.rs"]
 mod body;
+
+#[path = "engine_session_tests.rs"]
+mod session;
 
 /// A chat request picked (to 127.0.0.1:9001) whose response started with
 /// `status` and one body chunk, `stream` deciding SSE or JSON.
