@@ -110,6 +110,18 @@ pub fn shed_reply(shape: Shape, retry_after_s: u32, message: &str) -> LocalReply
     r
 }
 
+/// The reply of a VM without a valid configuration: 503, fail closed
+/// (tenants are not checked, so nothing may pass).
+pub fn not_configured() -> LocalReply {
+    error_reply(
+        Shape::OpenAi,
+        503,
+        "not_configured",
+        None,
+        "the gateway filter is not configured",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +182,12 @@ mod tests {
     fn messages_are_escaped() {
         let r = error_reply(Shape::OpenAi, 400, "c", None, "a \"quoted\" \u{0} msg");
         assert_eq!(body(&r)["error"]["message"], "a \"quoted\" \u{0} msg");
+    }
+
+    #[test]
+    fn without_a_configuration_everything_is_refused() {
+        let r = not_configured();
+        assert_eq!(r.status, 503);
+        assert_eq!(body(&r)["error"]["code"], "not_configured");
     }
 }

@@ -23,6 +23,8 @@
 //! `_` (so `Qwen/Qwen3-8B` is `Qwen_Qwen3-8B` and `llama-3.1` is
 //! `llama-3_1`), because a dot would start a new name segment.
 
+use std::collections::HashMap;
+
 /// Where stats go: Envoy's metrics in the filter, a map in tests.
 pub trait Stats {
     /// Adds `n` (> 0; zero is skipped) to a counter.
@@ -123,6 +125,56 @@ pub fn ns_to_ms(ns: u64) -> u64 {
     (ns + 500_000) / 1_000_000
 }
 
+/// What a stat name needs before it is written ([`StatIds::lookup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatId {
+    /// Defined already under this id.
+    Known(u32),
+    /// Not yet: define it, then [`StatIds::defined`].
+    Define,
+    /// Not written: the bound is reached (count `kvasir.stats.dropped`).
+    Full,
+}
+
+/// Envoy metric ids by name: each defined once per VM (a define
+/// allocates a new id every time), and at most `max` of them (tenant and
+/// model labels multiply names; Envoy's memory must not).
+#[derive(Debug)]
+pub struct StatIds {
+    ids: HashMap<String, u32>,
+    max: usize,
+}
+
+impl Default for StatIds {
+    fn default() -> Self {
+        StatIds {
+            ids: HashMap::new(),
+            max: 4096,
+        }
+    }
+}
+
+impl StatIds {
+    /// Bounds the names (`maxStats`); those defined already stay.
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max;
+    }
+
+    /// What `name` needs.
+    pub fn lookup(&self, name: &str) -> StatId {
+        match self.ids.get(name) {
+            Some(id) => StatId::Known(*id),
+            None if self.ids.len() >= self.max => StatId::Full,
+            None => StatId::Define,
+        }
+    }
+
+    /// `name` was defined as `id`.
+    pub fn defined(&mut self, name: &str, id: u32) {
+        self.ids.insert(name.to_string(), id);
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod testing {
     //! A recording [`Stats`] for tests.
@@ -190,5 +242,20 @@ mod tests {
         assert_eq!(ns_to_ms(1_499_999), 1);
         assert_eq!(ns_to_ms(1_500_000), 2);
         assert_eq!(RequestDecision::TooLarge.as_str(), "too_large");
+    }
+
+    #[test]
+    fn stat_ids_are_defined_once_and_bounded() {
+        let mut ids = StatIds::default();
+        assert_eq!(ids.lookup("a"), StatId::Define);
+        ids.defined("a", 10);
+        assert_eq!(ids.lookup("a"), StatId::Known(10));
+        ids.set_max(2);
+        ids.defined("b", 11);
+        assert_eq!(ids.lookup("c"), StatId::Full);
+        assert_eq!(ids.lookup("b"), StatId::Known(11), "defined names stay");
+        ids.set_max(1);
+        assert_eq!(ids.lookup("a"), StatId::Known(10));
+        assert_eq!(ids.lookup("c"), StatId::Full);
     }
 }

@@ -13,7 +13,6 @@
 //! engine, whose tests check it.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::time::{Duration, Instant};
 
@@ -24,11 +23,11 @@ use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, Metr
 use crate::engine::{Flow, Verdict};
 use crate::host::{DeferredCall, Host};
 use crate::pick;
-use crate::reply::{error_reply, LocalReply, Shape};
+use crate::reply::{not_configured, LocalReply};
 use crate::session::{self, Answer, Delivery, PickSent, PickStep, Sessions, StreamSend, Timer};
 use crate::settings::PluginConfig;
 use crate::shared::{Polls, Shared};
-use crate::stats::Stats;
+use crate::stats::{StatId, StatIds, Stats};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -50,36 +49,36 @@ fn verdict(v: Verdict) -> Action {
     }
 }
 
-/// Envoy metrics by name, each defined once per VM (a define allocates a
-/// new id every time) and bounded in number.
+/// Envoy metrics by name ([`StatIds`] decides when to define one).
 struct EnvoyStats {
-    ids: RefCell<HashMap<String, u32>>,
-    max: RefCell<usize>,
+    ids: RefCell<StatIds>,
     dropped: RefCell<Option<u32>>,
 }
 
 impl EnvoyStats {
     fn new() -> EnvoyStats {
         EnvoyStats {
-            ids: RefCell::new(HashMap::new()),
-            max: RefCell::new(4096),
+            ids: RefCell::new(StatIds::default()),
             dropped: RefCell::new(None),
         }
     }
 
     fn id(&self, name: &str, kind: MetricType) -> Option<u32> {
-        if let Some(id) = self.ids.borrow().get(name) {
-            return Some(*id);
-        }
-        if self.ids.borrow().len() >= *self.max.borrow() {
-            if let Some(d) = *self.dropped.borrow() {
-                let _ = hostcalls::increment_metric(d, 1);
+        let lookup = self.ids.borrow().lookup(name);
+        match lookup {
+            StatId::Known(id) => Some(id),
+            StatId::Full => {
+                if let Some(d) = *self.dropped.borrow() {
+                    let _ = hostcalls::increment_metric(d, 1);
+                }
+                None
             }
-            return None;
+            StatId::Define => {
+                let id = hostcalls::define_metric(kind, name).ok()?;
+                self.ids.borrow_mut().defined(name, id);
+                Some(id)
+            }
         }
-        let id = hostcalls::define_metric(kind, name).ok()?;
-        self.ids.borrow_mut().insert(name.to_string(), id);
-        Some(id)
     }
 }
 
@@ -344,7 +343,7 @@ impl RootContext for Root {
                 return false;
             }
         };
-        *self.stats.max.borrow_mut() = cfg.settings.max_stats;
+        self.stats.ids.borrow_mut().set_max(cfg.settings.max_stats);
         if self.stats.dropped.borrow().is_none() {
             *self.stats.dropped.borrow_mut() =
                 hostcalls::define_metric(MetricType::Counter, "kvasir.stats.dropped").ok();
@@ -439,14 +438,7 @@ impl HttpContext for Http {
         if let Some(v) = self.with(|f, h| f.on_request_headers(h, end_of_stream)) {
             return verdict(v);
         }
-        let r = error_reply(
-            Shape::OpenAi,
-            503,
-            "not_configured",
-            None,
-            "the gateway filter is not configured",
-        );
-        self.host.send_reply(&r);
+        self.host.send_reply(&not_configured());
         Action::Pause
     }
 
