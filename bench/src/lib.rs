@@ -3,7 +3,8 @@
 //! The load generator replays a workload open-loop through a proxy as real
 //! streaming requests and records every request ([`record`]); the report
 //! turns the runs of several routing modes and load levels into tables,
-//! target checks and plots ([`report`], [`targets`], [`plot`]). The pure parts (trace
+//! target checks and plots ([`report`], [`targets`], [`plot`]), read from
+//! and written to a results directory ([`results`]). The pure parts (trace
 //! parsing, workload planning, statistics, the pooled-cache bound) have
 //! their tests beside them; the processes a run needs (simulators, indexer,
 //! Envoy) are started by `bench/routing.py`.
@@ -20,6 +21,7 @@ pub mod plot;
 pub mod queue;
 pub mod record;
 pub mod report;
+pub mod results;
 pub mod run;
 pub mod stats;
 pub mod targets;

@@ -11,7 +11,7 @@
 //! calls these; see the README's routing benchmark section.
 #![forbid(unsafe_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -20,11 +20,9 @@ use clap::{Args, Parser, Subcommand};
 use kvasir_bench::chat::{self, ChatConfig};
 use kvasir_bench::client::Target;
 use kvasir_bench::cluster::{Cluster, Policy};
-use kvasir_bench::compare::{self, Inputs};
-use kvasir_bench::plot::{self, LoadCurve};
-use kvasir_bench::record::{self, Record};
+use kvasir_bench::compare;
 use kvasir_bench::run::{self, RunOptions, RunResult};
-use kvasir_bench::{bound, floor, report, stats, targets, trace, ttft_growth, RunMeta};
+use kvasir_bench::{bound, results, stats, trace, ttft_growth, RunMeta};
 use kvasir_scoring::Weights;
 use vllm_sim::latency::LatencyProfile;
 
@@ -491,21 +489,7 @@ fn options(c: &Common) -> anyhow::Result<RunOptions> {
     })
 }
 
-fn run_name(workload: &str, load: f64, mode: &str) -> String {
-    format!("{workload}-{load:.2}-{mode}")
-}
-
 fn write_run(c: &Common, workload: &str, rate: f64, res: RunResult) -> anyhow::Result<()> {
-    std::fs::create_dir_all(&c.out_dir)?;
-    let name = run_name(workload, c.load, &c.mode);
-    let mut csv = String::from(record::HEADER);
-    csv.push('\n');
-    for r in &res.records {
-        csv.push_str(&r.to_csv());
-        csv.push('\n');
-    }
-    std::fs::write(c.out_dir.join(format!("{name}.csv")), csv)?;
-    let summary = stats::summarize(&res.records);
     let meta = RunMeta {
         workload: workload.into(),
         mode: c.mode.clone(),
@@ -515,12 +499,14 @@ fn write_run(c: &Common, workload: &str, rate: f64, res: RunResult) -> anyhow::R
         wall_s: res.wall_s,
         engines: res.engines,
         ttft_growth: ttft_growth(&res.records),
-        summary,
+        summary: stats::summarize(&res.records),
         notes: Default::default(),
     };
+    results::write_run(&c.out_dir, &meta, &res.records)?;
     let s = &meta.summary;
     eprintln!(
-        "{name}: {} requests ({} failed, {} timed out), TTFT p50 {} p99 {}, hit rate {:.1}%, prefill use {:.1}%, {:.0} s wall",
+        "{}: {} requests ({} failed, {} timed out), TTFT p50 {} p99 {}, hit rate {:.1}%, prefill use {:.1}%, {:.0} s wall",
+        results::run_name(workload, c.load, &c.mode),
         s.requests,
         s.failed,
         s.timeouts,
@@ -530,189 +516,16 @@ fn write_run(c: &Common, workload: &str, rate: f64, res: RunResult) -> anyhow::R
         meta.engines.prefill_utilisation * 100.0,
         meta.wall_s
     );
-    std::fs::write(
-        c.out_dir.join(format!("{name}.json")),
-        serde_json::to_string_pretty(&meta)?,
-    )?;
     Ok(())
 }
 
-fn read_runs(dir: &Path) -> anyhow::Result<Vec<(RunMeta, Vec<Record>)>> {
-    let mut out = Vec::new();
-    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n != "bound.json" && n != "summary.json")
-        })
-        .collect();
-    names.sort();
-    for p in names {
-        let meta: RunMeta = serde_json::from_str(&std::fs::read_to_string(&p)?)
-            .with_context(|| format!("parsing {}", p.display()))?;
-        let csv = p.with_extension("csv");
-        let recs = record::parse_csv(
-            &std::fs::read_to_string(&csv).with_context(|| format!("reading {}", csv.display()))?,
-        )
-        .map_err(|e| anyhow::anyhow!("{}: {e}", csv.display()))?;
-        out.push((meta, recs));
-    }
-    Ok(out)
-}
-
-/// Kvasir's runs priced with no queueing: at their own reuse, and for the
-/// chat at the best reuse (from all runs of the same load, which replay
-/// the same conversations); the approximate mode's at its own reuse, which
-/// the p90 comparison sets against kvasir's. Each with its queueing
-/// yardsticks, a trace run's balanced one also at the pooled cache's reuse
-/// (`pooled`, one figure per trace request).
-fn unqueued_ttfts(
-    runs: &[(RunMeta, Vec<Record>)],
-    block_tokens: u64,
-    pooled: Option<&[u64]>,
-    model: &bound::EngineModel,
-) -> Vec<floor::Unqueued> {
-    runs.iter()
-        .filter(|(m, _)| m.mode == compare::KVASIR || m.mode == compare::APPROX)
-        .map(|(m, recs)| {
-            let engines = m.engines.engines.max(1);
-            if m.workload == "chat" && m.mode == compare::KVASIR {
-                let same: Vec<&[Record]> = runs
-                    .iter()
-                    .filter(|(o, _)| o.workload == m.workload && (o.load - m.load).abs() < 1e-9)
-                    .map(|(_, r)| r.as_slice())
-                    .collect();
-                floor::chat((&m.mode, m.load), recs, &same, block_tokens, engines, model)
-            } else {
-                // The pooled figures are by trace request; a record's id is
-                // its request's place in the trace.
-                let best: Option<Vec<u64>> = pooled
-                    .filter(|_| m.workload == "trace")
-                    .and_then(|p| recs.iter().map(|r| p.get(r.id).copied()).collect());
-                floor::at_own_reuse(
-                    (&m.workload, &m.mode, m.load),
-                    recs,
-                    engines,
-                    best.as_deref(),
-                    model,
-                )
-            }
-        })
-        .collect()
-}
-
 fn report_cmd(a: &ReportArgs) -> anyhow::Result<()> {
-    let runs = read_runs(&a.dir)?;
-    anyhow::ensure!(!runs.is_empty(), "no runs in {}", a.dir.display());
-    let bound_path = a.dir.join("bound.json");
-    let bound: Option<bound::PooledBound> = if bound_path.exists() {
-        Some(serde_json::from_str(&std::fs::read_to_string(
-            &bound_path,
-        )?)?)
-    } else {
-        None
-    };
-    let setup = std::fs::read_to_string(a.dir.join("setup.txt"))
-        .map(|s| {
-            s.lines()
-                .filter(|l| !l.trim().is_empty())
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default();
-    let unqueued = match a.engine.model()? {
-        Some(model) => {
-            let pooled = bound
-                .as_ref()
-                .map(|b| b.per_request_cached.as_slice())
-                .filter(|p| !p.is_empty());
-            unqueued_ttfts(&runs, a.engine.engine_block as u64, pooled, &model)
-        }
-        None => Vec::new(),
-    };
-    let inp = Inputs {
-        runs: runs.iter().map(|(m, _)| m.clone()).collect(),
-        bound,
-        unqueued,
-        command: a.command.clone(),
-        setup,
-    };
-    let mut md = report::render(&inp);
-    let mut workloads: Vec<String> = inp.runs.iter().map(|r| r.workload.clone()).collect();
-    workloads.sort();
-    workloads.dedup();
-    md.push_str("## Plots\n\n");
-    for w in &workloads {
-        let mut series: Vec<(String, Vec<f64>)> = runs
-            .iter()
-            .filter(|(m, _)| &m.workload == w && (m.load - compare::REF_LOAD).abs() < 1e-9)
-            .map(|(m, recs)| {
-                let mut v: Vec<f64> = recs
-                    .iter()
-                    .map(|r| {
-                        if r.outcome == record::Outcome::Ok && r.ttft_ms.is_finite() {
-                            r.ttft_ms
-                        } else {
-                            f64::INFINITY
-                        }
-                    })
-                    .collect();
-                v.sort_by(f64::total_cmp);
-                (m.mode.clone(), v)
-            })
-            .collect();
-        series.sort_by_key(|(m, _)| compare::mode_rank(m));
-        if !series.is_empty() {
-            let f = format!("{w}-ttft-cdf.svg");
-            plot::ttft_cdf(
-                &a.dir.join(&f),
-                &format!("{w}: TTFT CDF at load 1.0"),
-                &series,
-            )
-            .map_err(|e| anyhow::anyhow!("plot {f}: {e}"))?;
-            md.push_str(&format!("![{w} TTFT CDF]({f})\n\n"));
-        }
-        let mut modes: Vec<String> = runs
-            .iter()
-            .filter(|(m, _)| &m.workload == w)
-            .map(|(m, _)| m.mode.clone())
-            .collect();
-        modes.sort_by_key(|m| compare::mode_rank(m));
-        modes.dedup();
-        let curves: Vec<LoadCurve> = modes
-            .iter()
-            .map(|mode| {
-                let mut points: Vec<(f64, f64, f64)> = runs
-                    .iter()
-                    .filter(|(m, _)| &m.workload == w && &m.mode == mode)
-                    .map(|(m, _)| (m.load, m.summary.ttft.p50, m.summary.ttft.p99))
-                    .collect();
-                points.sort_by(|a, b| a.0.total_cmp(&b.0));
-                LoadCurve {
-                    mode: mode.clone(),
-                    points,
-                }
-            })
-            .collect();
-        let f = format!("{w}-ttft-vs-load.svg");
-        plot::ttft_vs_load(&a.dir.join(&f), &format!("{w}: TTFT against load"), &curves)
-            .map_err(|e| anyhow::anyhow!("plot {f}: {e}"))?;
-        md.push_str(&format!("![{w} TTFT against load]({f})\n\n"));
-    }
-    md.push_str("Raw per-request data: the `*.csv` files beside this report (one per workload, load and mode).\n");
-    std::fs::write(a.dir.join("report.md"), &md)?;
-    let summary = serde_json::json!({
-        "command": a.command,
-        "runs": inp.runs,
-        "bound": inp.bound,
-        "unqueued": inp.unqueued,
-        "targets": targets::check_targets(&inp),
-    });
-    std::fs::write(
-        a.dir.join("summary.json"),
-        serde_json::to_string_pretty(&summary)?,
+    let model = a.engine.model()?;
+    results::write_report(
+        &a.dir,
+        &a.command,
+        model.as_ref(),
+        a.engine.engine_block as u64,
     )?;
     eprintln!("wrote {}", a.dir.join("report.md").display());
     Ok(())
