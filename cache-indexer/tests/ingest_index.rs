@@ -2,7 +2,7 @@
 //! endpoints, parent links, LoRA, filters, concurrency.
 
 use dynamo_kv_router::protocols::{compute_block_hash_for_seq, BlockHashOptions};
-use kvasir_cache_indexer::events::decode::{DecodedBatch, EngineEvent, EngineHash};
+use kvasir_cache_indexer::index::kv_events::{DecodedBatch, EngineEvent, EngineHash};
 use kvasir_cache_indexer::index::PoolIndex;
 use kvasir_cache_indexer::types::EndpointId;
 use std::sync::Arc;

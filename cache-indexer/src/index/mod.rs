@@ -66,7 +66,8 @@
 //!   mutex only (writers for different endpoints run in parallel up to the
 //!   shared enqueue).
 
-use crate::events::decode::{DecodedBatch, EngineEvent, EngineHash};
+pub mod kv_events;
+
 use crate::types::EndpointId;
 use dynamo_kv_router::indexer::concurrent_radix_tree_compressed::ConcurrentRadixTreeCompressed;
 use dynamo_kv_router::indexer::{KvIndexerInterface, SyncIndexer, ThreadPoolIndexer};
@@ -76,6 +77,7 @@ use dynamo_kv_router::protocols::{
     KvCacheStoredBlockData, LocalBlockHash, RouterEvent, WorkerWithDpRank,
 };
 use futures::FutureExt;
+pub use kv_events::{DecodedBatch, EngineEvent, EngineHash};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
