@@ -3,7 +3,7 @@
 //!
 //! This is the Gateway API Inference Extension's approximate prefix-cache
 //! scorer: hash each prompt in blocks (chained, so equal ids mean equal
-//! prefixes: [`crate::load::block_chain`]), remember per server the blocks
+//! prefixes: [`crate::load::prefix::block_chain`]), remember per server the blocks
 //! of the requests it was sent in an LRU of a fixed capacity, and score a
 //! new request by the longest prefix each server holds. It is a guess: it
 //! knows neither what the engine evicted nor what other routers sent there.
@@ -146,7 +146,7 @@ impl PickHistory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::block_chain;
+    use crate::load::prefix::block_chain;
 
     const A: EndpointId = EndpointId(1);
     const B: EndpointId = EndpointId(2);
