@@ -88,8 +88,8 @@
 //! stable across replicas, and spread across endpoints over requests.
 //!
 //! *Failing* endpoints (most of their recent requests ended in ERROR or
-//! TIMEOUT, the cache-indexer's `health` module) go after every other one whatever their cost:
-//! failing fast makes an engine look idle.
+//! TIMEOUT, the cache-indexer's `health` module) go after every other one
+//! whatever their cost: failing fast makes an engine look idle.
 //!
 //! Unhealthy endpoints are left out, and so are *KV-full* ones (KV usage at
 //! the saturation threshold: admitting more there preempts running
