@@ -8,6 +8,7 @@
 pub mod block_pool;
 pub mod config;
 pub mod engine;
+pub mod exposition;
 pub mod faults;
 pub mod hashing;
 pub mod kv_events;

@@ -1,6 +1,5 @@
-//! Engine statistics and their Prometheus exposition under vLLM's names.
-
-use std::fmt::Write;
+//! Engine statistics: what the engine counts, and the point-in-time view
+//! `/metrics` shows (see [`crate::exposition`] for the page itself).
 
 /// vLLM's TTFT histogram buckets (seconds).
 pub const TTFT_BUCKETS: &[f64] = &[
@@ -58,16 +57,15 @@ impl Histogram {
         self.sum
     }
 
-    fn render(&self, out: &mut String, name: &str, help: &str, labels: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cum = 0;
-        for (b, c) in self.bounds.iter().zip(&self.counts) {
-            cum += c;
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{b}\"}} {cum}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
+    /// Upper bounds of the buckets (without `+Inf`).
+    pub fn bounds(&self) -> &'static [f64] {
+        self.bounds
+    }
+
+    /// Observations per bucket (not cumulative); values above the last
+    /// bound are in [`Histogram::count`] only.
+    pub fn counts(&self) -> &[u64] {
+        &self.counts
     }
 }
 
@@ -158,216 +156,4 @@ pub struct StaticInfo {
     pub profile: String,
     /// Wall seconds per virtual second.
     pub time_scale: f64,
-}
-
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-fn metric(
-    out: &mut String,
-    kind: &str,
-    name: &str,
-    help: &str,
-    labels: &str,
-    v: impl std::fmt::Display,
-) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{{labels}}} {v}"
-    );
-}
-
-/// Renders Prometheus text exposition format 0.0.4.
-pub fn render(snap: &Snapshot, info: &StaticInfo, requests_failed: u64) -> String {
-    let mut o = String::with_capacity(8192);
-    let l = format!("engine=\"0\",model_name=\"{}\"", esc(&info.model));
-    let s = &snap.stats;
-    metric(
-        &mut o,
-        "gauge",
-        "vllm:num_requests_running",
-        "Number of requests in model execution batches.",
-        &l,
-        snap.running,
-    );
-    metric(
-        &mut o,
-        "gauge",
-        "vllm:num_requests_waiting",
-        "Number of requests waiting to be processed.",
-        &l,
-        snap.waiting,
-    );
-    metric(
-        &mut o,
-        "gauge",
-        "vllm:kv_cache_usage_perc",
-        "KV-cache usage. 1 means 100 percent usage.",
-        &l,
-        snap.kv_usage,
-    );
-    metric(
-        &mut o,
-        "counter",
-        "vllm:prefix_cache_queries_total",
-        "Prefix cache queries, in terms of number of queried tokens.",
-        &l,
-        s.prefix_cache_queries,
-    );
-    metric(
-        &mut o,
-        "counter",
-        "vllm:prefix_cache_hits_total",
-        "Prefix cache hits, in terms of number of cached tokens.",
-        &l,
-        s.prefix_cache_hits,
-    );
-    metric(
-        &mut o,
-        "counter",
-        "vllm:prompt_tokens_total",
-        "Number of prefill tokens processed.",
-        &l,
-        s.prompt_tokens,
-    );
-    metric(
-        &mut o,
-        "counter",
-        "vllm:generation_tokens_total",
-        "Number of generation tokens processed.",
-        &l,
-        s.generation_tokens,
-    );
-    metric(
-        &mut o,
-        "counter",
-        "vllm:num_preemptions_total",
-        "Cumulative number of preemption from the engine.",
-        &l,
-        s.preemptions,
-    );
-    let _ = writeln!(o, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter");
-    for (reason, v) in [
-        ("length", s.finished_length),
-        ("stop", s.finished_stop),
-        ("abort", s.aborted),
-    ] {
-        let _ = writeln!(
-            o,
-            "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {v}"
-        );
-    }
-    s.ttft.render(
-        &mut o,
-        "vllm:time_to_first_token_seconds",
-        "Histogram of time to first token in seconds.",
-        &l,
-    );
-    s.itl.render(
-        &mut o,
-        "vllm:inter_token_latency_seconds",
-        "Histogram of inter-token latency in seconds.",
-        &l,
-    );
-    s.e2e.render(
-        &mut o,
-        "vllm:e2e_request_latency_seconds",
-        "Histogram of e2e request latency in seconds.",
-        &l,
-    );
-    let ci = format!(
-        "{l},block_size=\"{}\",num_gpu_blocks=\"{}\",enable_prefix_caching=\"{}\",cache_dtype=\"auto\"",
-        info.block_size,
-        info.num_gpu_blocks,
-        if info.enable_prefix_caching { "True" } else { "False" }
-    );
-    metric(
-        &mut o,
-        "gauge",
-        "vllm:cache_config_info",
-        "Information of the LLMEngine CacheConfig",
-        &ci,
-        1,
-    );
-    // Simulator-only facts live outside vllm's namespace so nobody mistakes them for vLLM's.
-    metric(
-        &mut o,
-        "gauge",
-        "vllm_sim:time_scale",
-        "Wall-clock seconds per simulated second (0 = as fast as possible).",
-        &l,
-        info.time_scale,
-    );
-    let pl = format!("{l},profile=\"{}\"", esc(&info.profile));
-    metric(
-        &mut o,
-        "gauge",
-        "vllm_sim:latency_profile_info",
-        "The latency profile in use.",
-        &pl,
-        1,
-    );
-    metric(
-        &mut o,
-        "gauge",
-        "vllm_sim:cached_blocks",
-        "Blocks holding a cached prefix hash.",
-        &l,
-        snap.cached_blocks,
-    );
-    metric(
-        &mut o,
-        "counter",
-        "vllm_sim:virtual_seconds_total",
-        "Simulated GPU time elapsed.",
-        &l,
-        snap.virtual_time,
-    );
-    metric(
-        &mut o,
-        "counter",
-        "vllm_sim:prompt_tokens_computed_total",
-        "Prompt tokens actually prefilled (uncached, incl. recomputation).",
-        &l,
-        s.prompt_tokens_computed,
-    );
-    metric(
-        &mut o,
-        "counter",
-        "vllm_sim:prefill_seconds_total",
-        "Simulated GPU time spent on prefill (the prefill terms of each step's cost); over elapsed simulated time it is the prefill utilisation.",
-        &l,
-        s.prefill_seconds,
-    );
-    metric(
-        &mut o,
-        "counter",
-        "vllm_sim:requests_failed_total",
-        "Requests failed by fault injection.",
-        &l,
-        requests_failed,
-    );
-    o
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn histogram_cumulates() {
-        let mut h = Histogram::new(&[1.0, 2.0]);
-        h.observe(0.5);
-        h.observe(1.5);
-        h.observe(9.0);
-        let mut s = String::new();
-        h.render(&mut s, "x", "h", "a=\"b\"");
-        assert!(s.contains("x_bucket{a=\"b\",le=\"1\"} 1"));
-        assert!(s.contains("x_bucket{a=\"b\",le=\"2\"} 2"));
-        assert!(s.contains("x_bucket{a=\"b\",le=\"+Inf\"} 3"));
-        assert!(s.contains("x_count{a=\"b\"} 3"));
-    }
 }

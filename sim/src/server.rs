@@ -2,8 +2,9 @@
 //! admin endpoints under `/sim/`.
 
 use crate::engine::{FinishReason, NewRequest, TokenOutput};
+use crate::exposition::{render, CONTENT_TYPE};
 use crate::faults::{FaultSettings, Faults};
-use crate::metrics::{render, StaticInfo};
+use crate::metrics::StaticInfo;
 use crate::openai::{
     content_text, parse_prompt, type_name, ApiError, ChatRequest, CompletionRequest, Prompt,
     StreamOptions,
@@ -631,14 +632,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         &st.info,
         st.failed.load(Ordering::Relaxed),
     );
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
 }
 
 async fn reset_prefix_cache(State(st): State<Arc<AppState>>) -> Response {
