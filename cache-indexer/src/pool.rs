@@ -105,7 +105,7 @@ pub struct Pool {
     pub weights: Weights,
     /// Hot-path metrics.
     pub metrics: PoolMetrics,
-    pub(crate) endpoints: RwLock<Arc<Vec<Arc<Endpoint>>>>,
+    endpoints: RwLock<Arc<Vec<Arc<Endpoint>>>>,
     /// Bounds on a pick's in-process tokenization.
     pub tokenize_budget: TokenizeBudget,
     /// Endpoints whose requests fail, from the reports.
