@@ -175,7 +175,11 @@ fn histogram_buckets_are_vllms() {
         want.sort();
         assert_eq!(les, want, "{name}");
     }
-    // Written as Python's prometheus_client (vLLM) writes floats.
+    // Written as Python's prometheus_client (vLLM) writes floats: its
+    // repr, which Rust's `{:?}` agrees with for these bounds.
+    for b in TTFT_BUCKETS.iter().chain(ITL_BUCKETS).chain(E2E_BUCKETS) {
+        assert!(page.contains(&format!(",le=\"{b:?}\"}}")), "le {b:?}");
+    }
     assert!(page.contains(r#",le="1.0"} 4"#), "{page}");
     assert!(page.contains(r#",le="0.001"} 1"#), "{page}");
 }
