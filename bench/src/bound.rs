@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
-use vllm_sim::latency::{LatencyProfile, StepWork};
+use vllm_latency::{LatencyProfile, StepWork};
 
 use crate::trace::TraceRequest;
 

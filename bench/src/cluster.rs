@@ -300,7 +300,7 @@ impl Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vllm_sim::latency::LatencyProfile;
+    use vllm_latency::LatencyProfile;
 
     fn cluster(engines: usize) -> Cluster {
         Cluster {

@@ -213,7 +213,7 @@ pub fn chat(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vllm_sim::latency::LatencyProfile;
+    use vllm_latency::LatencyProfile;
 
     fn rec(id: usize, tenant: &str, conv: usize, turn: usize, sent: f64, p: u64, c: u64) -> Record {
         Record {

@@ -24,7 +24,7 @@ use kvasir_bench::compare;
 use kvasir_bench::run::{self, RunOptions, RunResult};
 use kvasir_bench::{bound, results, stats, trace, ttft_growth, RunMeta};
 use kvasir_scoring::Weights;
-use vllm_sim::latency::LatencyProfile;
+use vllm_latency::LatencyProfile;
 
 #[derive(Parser)]
 #[command(
@@ -161,10 +161,10 @@ struct EngineArgs {
     engine_block: usize,
     /// The engines' latency profile (vllm-sim's `--profile`), for the
     /// unqueued TTFT; `none` skips it.
-    #[arg(long, default_value = vllm_sim::config::DEFAULT_PROFILE)]
+    #[arg(long, default_value = vllm_latency::DEFAULT_PROFILE)]
     profile: String,
     /// The engines' prefill token budget per step (vllm-sim's flag).
-    #[arg(long, default_value_t = vllm_sim::config::DEFAULT_MAX_NUM_BATCHED_TOKENS)]
+    #[arg(long, default_value_t = vllm_latency::DEFAULT_MAX_NUM_BATCHED_TOKENS)]
     max_num_batched_tokens: usize,
 }
 

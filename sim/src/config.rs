@@ -6,9 +6,9 @@ use clap::Parser;
 use std::path::PathBuf;
 
 /// `--max-num-batched-tokens` when not given.
-pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 8192;
+pub use vllm_latency::DEFAULT_MAX_NUM_BATCHED_TOKENS;
 /// `--profile` when not given.
-pub const DEFAULT_PROFILE: &str = "h100-8b";
+pub use vllm_latency::DEFAULT_PROFILE;
 
 /// A simulated vLLM instance: vLLM's OpenAI API, KV-cache events over ZMQ and
 /// Prometheus metrics, with a prefix cache and a continuous-batching
