@@ -9,6 +9,7 @@
 //! their tests beside them; the processes a run needs (simulators, indexer,
 //! Envoy) are started by `bench/routing.py`.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod bound;
 pub mod chat;

@@ -12,6 +12,7 @@
 //! - [`http`], [`metrics`]: `/healthz`, `/readyz`, `/metrics`, and the
 //!   filter module Envoy Gateway downloads.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod http;
 pub mod leader;

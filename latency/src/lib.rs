@@ -11,6 +11,7 @@
 //! its steps with it, and `kvasir-bench`'s cluster model and bounds use
 //! the same numbers without building a simulator.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 /// vLLM's `--max-num-batched-tokens` default in the simulator and the bench.
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 8192;

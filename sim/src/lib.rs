@@ -4,6 +4,7 @@
 //! paged prefix cache with vLLM's semantics and a continuous-batching
 //! scheduler priced by a calibrated latency model.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod block_pool;
 pub mod config;
