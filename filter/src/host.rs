@@ -41,7 +41,8 @@ pub trait Host {
     /// Queues a fire-and-forget call to be dispatched on a later turn of
     /// Envoy's event loop (by the root context), i.e. after the response's
     /// last bytes were written to the client, not before: a dispatch costs
-    /// ~0.1 ms of the worker's time. The root then counts it with
+    /// the worker a new HTTP/2 stream's setup (measured:
+    /// bench/results/filter_notes.md). The root then counts it with
     /// `Shared::count_report`. Gives the call back when this host cannot
     /// defer (the caller dispatches it at once with [`Host::call_detached`]).
     fn defer_detached(&mut self, call: DeferredCall) -> Result<(), DeferredCall> {

@@ -1,7 +1,8 @@
 //! One `kvasir.v1.Indexer/Session` stream per VM and indexer cluster:
 //! picks and reports as messages on an open HTTP/2 stream instead of a
-//! new gRPC call each (a `dispatch_grpc_call` costs an Envoy worker about
-//! 0.1 ms; a message on an open stream a fraction of that).
+//! new gRPC call each (a `dispatch_grpc_call` sets up a new HTTP/2 stream
+//! on the Envoy worker; a message on an open stream costs a fraction of
+//! that; measured: bench/results/filter_notes.md).
 //!
 //! Every decision about the streams is here, without host calls:
 //! [`Session`] is one stream's bookkeeping (which picks wait and until

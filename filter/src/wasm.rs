@@ -129,9 +129,10 @@ struct Waiter {
 ///
 /// Queued calls: a first-token `Report` dispatched from the response's
 /// first body callback would hold back the first token by the dispatch's
-/// ~0.1 ms. Whatever is still queued goes out earlier when a stream is
-/// logged or a request of this VM starts ([`Host::take_deferred`]), so
-/// reports keep their order and a done report never trails the next pick.
+/// cost to the worker (measured: bench/results/filter_notes.md). Whatever
+/// is still queued goes out earlier when a stream is logged or a request
+/// of this VM starts ([`Host::take_deferred`]), so reports keep their
+/// order and a done report never trails the next pick.
 struct RootShared {
     root_id: u32,
     calls: RefCell<Vec<DeferredCall>>,

@@ -45,6 +45,9 @@
 //!
 //! # Default weights and why
 //!
+//! The measured results behind these defaults (which runs, which loads,
+//! how many) are in `bench/results/scoring_weights.md`; here, the reasons.
+//!
 //! * `prefill = 1`: the unit.
 //! * `decode = 64`: a running sequence adds ~20 us of scheduling plus its
 //!   KV reads (~0.04 us per context token) to every step of the batch (the
@@ -57,26 +60,22 @@
 //!   which moved chat turns off the engine holding their history (every
 //!   token of the chat's shortfall against the best reuse was a moved
 //!   turn). At 64, 16 running requests outweigh 1k cached tokens and ~160
-//!   a 10k-token history. Measured (bench/routing.py, one run each, 64 vs
-//!   256): chat mean TTFT -6% at load 1.0 and -7% at 2.0 (p99 -16% and
-//!   -12%), whole Mooncake trace -2% / -1% / 0% at loads 1.0 / 1.5 / 2.0,
-//!   ITL no worse; the 2-minute trace window from cold was 3-5% worse at
-//!   1.0 (two runs; it was what an earlier build's 256 was chosen on).
-//!   16 was no clear gain over 64 (two runs each): chat p99 -9% at load 1.0
-//!   but +7% at 1.5, the whole trace unchanged.
+//!   a 10k-token history. 64 against 256 lowered the chat's TTFT and left
+//!   the whole trace no worse (the 2-minute trace window from cold, which
+//!   an earlier build's 256 was chosen on, was somewhat worse); 16 was no
+//!   clear gain over 64 (measured: bench/results/scoring_weights.md).
 //! * `attention = 4e-5`: see *prefill work* above.
 //! * `queuedPrefill = 0.25`: queued work counts a quarter of the request's
 //!   own. Prefill this request does here delays every request queued after
 //!   it as well, so trading a cache hit for a shorter queue is worth less
-//!   than the queue's length suggests. Measured on the Mooncake trace at
-//!   round-robin's 70% prefill load (bench/routing.py, 8 engines): 1.0 ->
-//!   18% hit rate, p50 TTFT 719 ms; 0.25 -> 26% (94% of one pooled cache's
-//!   27%), 539 ms; 0.1 and 0 pile long prompts onto their holders (p99 TTFT
-//!   18-26 s against 5-7 s).
+//!   than the queue's length suggests. At 1.0 the picker spreads prefixes
+//!   until nobody finds them (lower hit rate, slower TTFT); at 0.1 and
+//!   below it piles long prompts onto their holders (a far worse p99)
+//!   (measured: bench/results/scoring_weights.md).
 //! * `queue = 1024`: a waiting request means the engine is already out of
 //!   batch slots or KV space; ours waits behind at least one more prefill
-//!   step (~30 ms fixed cost = ~1000 tokens). 16384 made the whole trace's
-//!   mean TTFT 6-8% worse at load 1.5 (two runs each).
+//!   step (~30 ms fixed cost = ~1000 tokens). 16384 was worse on the whole
+//!   trace (measured: bench/results/scoring_weights.md).
 //! * `kv = 8192`, `kvKnee = 0.7`: KV usage (blocks pinned by running
 //!   requests) above ~70% means new requests start evicting cached prefixes
 //!   and, near 100%, preemption (recomputation of whole sequences). The
@@ -96,19 +95,10 @@
 //! sequences) unless every healthy one is KV-full. An endpoint saturated by
 //! its waiting queue alone stays in the ranking at its cost: the queue terms
 //! already price that queue in the same unit as the cache hit.
-//! `saturation.leaveOutQueued: true` leaves such endpoints out too. Measured
-//! on the Mooncake trace at twice round-robin's 70% prefill load
-//! (bench/routing.py, 8 engines, kvasir mode), hit rate and mean TTFT:
-//!
-//! | rule | whole trace (8 min of growing queues) | 2-min window from cold |
-//! |---|---|---|
-//! | rank them, `saturatedLoad` 1 | 13.1-14.3%, 16.3-18.9 s (6 runs) | 25.1-27.3%, 5.7-6.1 s |
-//! | rank them, `saturatedLoad` 0.25 | 15.6-15.9%, 15.4-16.3 s (2 runs) | 26.1%, 6.4 s |
-//! | leave them out | 18.6-19.5%, 13.3-15.2 s (4 runs) | 17.1-17.5%, 8.5 s |
-//! | leave out, `saturatedLoad` 0.25 | 21.4%, 13.3 s | 13.3%, 10.0 s |
-//!
-//! Leaving them out wins once queues are deep everywhere and loses while
-//! they build; no rule tried wins both. Ranking stays the default because a
+//! `saturation.leaveOutQueued: true` leaves such endpoints out too. Leaving
+//! them out wins once queues are deep everywhere and loses while they
+//! build; no rule tried wins both (measured:
+//! bench/results/scoring_weights.md). Ranking stays the default because a
 //! pool is run to ride out bursts, not to live in a backlog; one that does
 //! should set `leaveOutQueued`.
 //!
@@ -116,31 +106,22 @@
 //! caller may shed instead) and the load terms (`decode`, `queue`,
 //! `queuedPrefill`) count `saturatedLoad = 0.25` of their weight: queues
 //! exist everywhere then, their differences decide less about when a
-//! request is served than the prefill work a pick adds to the pool (at full
-//! weight they moved more requests off their prefix holders: the lower hit
-//! rates above). At 0.1 the hit rate was 15.2%, at 0.5 14.4%; at 0 requests piled
-//! onto their holders (mean TTFT 20.9 s, p99 166 s). It changes nothing
-//! while any endpoint has room (every other run of the benchmark).
+//! request is served than the prefill work a pick adds to the pool. At full
+//! weight they moved more requests off their prefix holders (lower hit
+//! rates); at 0 requests pile onto their holders (measured:
+//! bench/results/scoring_weights.md). It changes nothing while any
+//! endpoint has room (every other run of the benchmark).
 //!
 //! At those weights one endpoint's queue can run far ahead of the others'
-//! (in the whole-trace runs above, every one of the slowest 1% of requests
-//! sat on one engine: p99 TTFT 117-139 s in 3 runs against approx-prefix's
-//! 62-73 s in 2).
+//! (in the whole-trace runs at twice the benchmark's base load, the p99 was
+//! one engine's queue).
 //! `maxQueueSkew` (off by default) bounds that: an endpoint whose queued
 //! prefill work exceeds the least-queued ranked endpoint's by more than it
-//! is ranked after every endpoint within the margin. Measured there (one run
-//! each), hit rate, mean, p90 and p99 TTFT:
-//!
-//! | `maxQueueSkew` | hit | mean | p90 | p99 |
-//! |---|---|---|---|---|
-//! | off | 15.4% | 14.9 s | 42.6 s | 139 s |
-//! | 131072 | 12.1% | 19.5 s | 61.5 s | 91 s |
-//! | 262144 | 12.6% | 19.2 s | 63.0 s | 89 s |
-//! | 524288 | 15.2% | 18.0 s | 57.8 s | 92 s |
-//!
-//! It buys the tail with the mean and p90 (the runaway queue holds long
-//! prompts with big cached prefixes; spreading it makes every queue long),
-//! so it stays off; a pool with a tail-latency objective can set it.
+//! is ranked after every endpoint within the margin. It buys the tail with
+//! the mean and p90 (the runaway queue holds long prompts with big cached
+//! prefixes; spreading it makes every queue long), so it stays off; a pool
+//! with a tail-latency objective can set it (measured:
+//! bench/results/scoring_weights.md).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

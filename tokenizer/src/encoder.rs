@@ -97,8 +97,9 @@ struct Matcher {
     by_first: Vec<Vec<(Box<[u8]>, u32)>>,
     first: [bool; 256],
     /// The distinct first bytes, when few enough to search for with
-    /// `memchr` (one `<` for Qwen3): a 50 KB prompt is then scanned at
-    /// memory speed instead of a table lookup per byte.
+    /// `memchr` (one `<` for Qwen3): a long prompt is then scanned with
+    /// memchr's vectorised search instead of a table lookup per byte
+    /// (measured: bench/results/tokenizer_notes.md).
     firsts: Vec<u8>,
 }
 
