@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use kvasir_cache_indexer::events::EngineHash;
 use kvasir_cache_indexer::load::{EngineLoad, LoadConfig, LoadTracker};
 use kvasir_cache_indexer::scoring::Weights;
-use kvasir_cache_indexer::service::{stored_batch, IndexerService, Pool, Pools};
+use kvasir_cache_indexer::{stored_batch, IndexerService, Pool, Pools};
 use kvasir_cache_indexer::tokenize::{RequestTokenizer, TokenizeBudget};
 use kvasir_cache_indexer::types::{EndpointSpec, IndexSource};
 use kvasir_proto::v1 as pb;

@@ -13,6 +13,7 @@
 //!   configuration, the KV-event ingest, the prefix index, load tracking,
 //!   scoring, tokenization, discovery and the shared types.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub use app::{start, AppError, Indexer};
 pub use auth::RELOAD_INTERVAL as TOKEN_RELOAD_INTERVAL;
@@ -26,7 +27,7 @@ pub mod events;
 pub mod index;
 pub mod load;
 pub mod scoring;
-pub mod service;
+mod service;
 pub mod tokenize;
 pub mod types;
 

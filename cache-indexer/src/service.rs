@@ -8,11 +8,7 @@ use std::sync::Arc;
 use kvasir_proto::v1 as pb;
 
 use crate::pool::ServiceError;
-
-// examples/pick_bench.rs still names these through this module; they
-// belong to `crate::pool` and `crate::pools` (the crate root offers them).
-pub use crate::pool::{stored_batch, Pool};
-pub use crate::pools::Pools;
+use crate::pools::Pools;
 
 impl From<ServiceError> for tonic::Status {
     fn from(e: ServiceError) -> Self {
