@@ -11,8 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kvasir_cache_indexer::start;
 use kvasir_cache_indexer::config::{Config, EndpointConfig, PoolConfig, TokenizerSource};
+use kvasir_cache_indexer::start;
 use kvasir_cache_indexer::types::IndexSource;
 use kvasir_proto::v1 as pb;
 use service_support::*;

@@ -26,9 +26,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kvasir_cache_indexer::{start, Indexer};
 use kvasir_cache_indexer::config::{Config, EndpointConfig, PoolConfig, TokenizerSource};
 use kvasir_cache_indexer::load::parse_sample;
+use kvasir_cache_indexer::{start, Indexer};
 use kvasir_proto::v1 as pb;
 use kvasir_proto::v1::indexer_client::IndexerClient;
 use serde_json::{json, Value};
