@@ -201,6 +201,34 @@ impl ApiServer {
         self.expect("PATCH", path, move |_| (200, obj)).await
     }
 
+    /// The tenant's key Secret exists.
+    async fn secret_found(&mut self) {
+        self.expect(
+            "GET",
+            "/api/v1/namespaces/serving/secrets/acme-keys",
+            |_| (200, secret()),
+        )
+        .await;
+    }
+
+    /// The target's EnvoyExtensionPolicy is applied (the server echoes it).
+    async fn policy_applied(&mut self) -> Seen {
+        let path = format!("{EEP}/kvasir-gateway-inference-gateway");
+        self.expect("PATCH", &path, |s| {
+            (200, serde_json::from_slice(&s.body).expect("object"))
+        })
+        .await
+    }
+
+    /// The settings' and the tenant's status patches close the script.
+    async fn settings_and_tenant_statuses(&mut self, reply: &Value) {
+        self.patch(&format!("{KVASIR}/inferencesettings/gw/status"), reply)
+            .await;
+        self.patch(&format!("{KVASIR}/inferencetenants/acme/status"), reply)
+            .await;
+        self.no_more_requests().await;
+    }
+
     async fn no_more_requests(&mut self) {
         let next = tokio::time::timeout(Duration::from_millis(200), self.0.next_request()).await;
         if let Ok(Some((req, _))) = next {
@@ -231,6 +259,17 @@ fn snapshot(
         settings: settings.iter().map(typed::<InferenceSettings>).collect(),
         pools: pools.iter().map(typed::<InferencePool>).collect(),
     }
+}
+
+/// A namespace where everything already carries the finalizer: `policy`,
+/// the tenant, the settings and the pool.
+fn settled(policy: Value) -> Snapshot {
+    snapshot(
+        vec![policy],
+        vec![stored(TENANT, 1, true)],
+        vec![stored(SETTINGS, 1, true)],
+        vec![stored(POOL, 1, false)],
+    )
 }
 
 /// What `kvasirctl compile --output envoyextensionpolicy` prints for the
@@ -285,19 +324,8 @@ async fn create_adds_finalizers_applies_the_policy_and_reports_conditions() {
             assert_eq!(body["metadata"]["finalizers"], json!([FINALIZER]));
             assert_eq!(body["metadata"]["resourceVersion"], "101");
         }
-        api.expect(
-            "GET",
-            "/api/v1/namespaces/serving/secrets/acme-keys",
-            |_| (200, secret()),
-        )
-        .await;
-        let seen = api
-            .expect(
-                "PATCH",
-                &format!("{EEP}/kvasir-gateway-inference-gateway"),
-                |s| (200, serde_json::from_slice(&s.body).expect("object")),
-            )
-            .await;
+        api.secret_found().await;
+        let seen = api.policy_applied().await;
         assert!(
             seen.query.contains("fieldManager=kvasir-controller"),
             "{}",
@@ -377,19 +405,8 @@ async fn an_update_reapplies_and_patches_only_the_changed_status() {
     let pool = stored(POOL, 1, false);
     let snap = snapshot(vec![p.clone()], vec![t], vec![s], vec![pool]);
     let script = async {
-        api.expect(
-            "GET",
-            "/api/v1/namespaces/serving/secrets/acme-keys",
-            |_| (200, secret()),
-        )
-        .await;
-        let seen = api
-            .expect(
-                "PATCH",
-                &format!("{EEP}/kvasir-gateway-inference-gateway"),
-                |s| (200, serde_json::from_slice(&s.body).expect("object")),
-            )
-            .await;
+        api.secret_found().await;
+        let seen = api.policy_applied().await;
         let cfg = &seen.json()["spec"]["wasm"][0]["config"];
         let cheap = cfg["policies"]
             .as_array()
@@ -418,11 +435,7 @@ async fn an_update_reapplies_and_patches_only_the_changed_status() {
             "status did not change, so the transition time stays"
         );
         // settings/tenant: Programmed message changed (new hash).
-        api.patch(&format!("{KVASIR}/inferencesettings/gw/status"), &s_of())
-            .await;
-        api.patch(&format!("{KVASIR}/inferencetenants/acme/status"), &s_of())
-            .await;
-        api.no_more_requests().await;
+        api.settings_and_tenant_statuses(&s_of()).await;
     };
     let (result, ()) = tokio::join!(reconcile::reconcile(&ctx, &snap, NOW), script);
     result.expect("reconcile");
@@ -455,12 +468,7 @@ async fn an_invalid_policy_is_refused_with_its_path_and_the_last_good_config_sta
         vec![stored(POOL, 1, false)],
     );
     let script = async {
-        api.expect(
-            "GET",
-            "/api/v1/namespaces/serving/secrets/acme-keys",
-            |_| (200, secret()),
-        )
-        .await;
+        api.secret_found().await;
         // No PATCH to the EnvoyExtensionPolicy: the list comes next.
         api.empty_eep_list().await;
         let seen = api
@@ -488,11 +496,7 @@ async fn an_invalid_policy_is_refused_with_its_path_and_the_last_good_config_sta
                 && msg.contains("InferencePolicy/broken"),
             "{msg}"
         );
-        api.patch(&format!("{KVASIR}/inferencesettings/gw/status"), &s_of())
-            .await;
-        api.patch(&format!("{KVASIR}/inferencetenants/acme/status"), &s_of())
-            .await;
-        api.no_more_requests().await;
+        api.settings_and_tenant_statuses(&s_of()).await;
     };
     let (result, ()) = tokio::join!(reconcile::reconcile(&ctx, &snap, NOW), script);
     // An invalid resource is the user's to fix, not an API error to retry.
@@ -520,19 +524,8 @@ async fn a_deleted_policy_leaves_the_config_before_its_finalizer_goes() {
         vec![stored(POOL, 1, false)],
     );
     let script = async {
-        api.expect(
-            "GET",
-            "/api/v1/namespaces/serving/secrets/acme-keys",
-            |_| (200, secret()),
-        )
-        .await;
-        let seen = api
-            .expect(
-                "PATCH",
-                &format!("{EEP}/kvasir-gateway-inference-gateway"),
-                |s| (200, serde_json::from_slice(&s.body).expect("object")),
-            )
-            .await;
+        api.secret_found().await;
+        let seen = api.policy_applied().await;
         let text = String::from_utf8_lossy(&seen.body).to_string();
         assert!(
             !text.contains("\"broken\""),
@@ -648,12 +641,7 @@ async fn a_missing_inference_pool_is_resolved_refs_false_on_the_policy() {
         vec![],
     );
     let script = async {
-        api.expect(
-            "GET",
-            "/api/v1/namespaces/serving/secrets/acme-keys",
-            |_| (200, secret()),
-        )
-        .await;
+        api.secret_found().await;
         api.empty_eep_list().await;
         let seen = api
             .patch(&format!("{KVASIR}/inferencepolicies/cheap/status"), &p)
@@ -672,11 +660,7 @@ async fn a_missing_inference_pool_is_resolved_refs_false_on_the_policy() {
                 .starts_with("spec.action.route.pool"),
             "{r}"
         );
-        api.patch(&format!("{KVASIR}/inferencesettings/gw/status"), &p)
-            .await;
-        api.patch(&format!("{KVASIR}/inferencetenants/acme/status"), &p)
-            .await;
-        api.no_more_requests().await;
+        api.settings_and_tenant_statuses(&p).await;
     };
     let (result, ()) = tokio::join!(reconcile::reconcile(&ctx, &snap, NOW), script);
     result.expect("reconcile");
@@ -686,19 +670,9 @@ async fn a_missing_inference_pool_is_resolved_refs_false_on_the_policy() {
 async fn a_conflicting_owner_is_reported_not_overridden() {
     let Fixture { ctx, mut api } = fixture(false);
     let p = stored(POLICY, 1, true);
-    let snap = snapshot(
-        vec![p.clone()],
-        vec![stored(TENANT, 1, true)],
-        vec![stored(SETTINGS, 1, true)],
-        vec![stored(POOL, 1, false)],
-    );
+    let snap = settled(p.clone());
     let script = async {
-        api.expect(
-            "GET",
-            "/api/v1/namespaces/serving/secrets/acme-keys",
-            |_| (200, secret()),
-        )
-        .await;
+        api.secret_found().await;
         let seen = api
             .expect("PATCH", &format!("{EEP}/kvasir-gateway-inference-gateway"), |_| {
                 status_error(409, "Conflict", "Apply failed with 1 conflict: conflict with \"kubectl-client-side-apply\" using gateway.envoyproxy.io/v1alpha1: .spec.wasm")
@@ -722,11 +696,7 @@ async fn a_conflicting_owner_is_reported_not_overridden() {
                 .contains("kubectl-client-side-apply"),
             "{c}"
         );
-        api.patch(&format!("{KVASIR}/inferencesettings/gw/status"), &p)
-            .await;
-        api.patch(&format!("{KVASIR}/inferencetenants/acme/status"), &p)
-            .await;
-        api.no_more_requests().await;
+        api.settings_and_tenant_statuses(&p).await;
     };
     let (result, ()) = tokio::join!(reconcile::reconcile(&ctx, &snap, NOW), script);
     result.expect("a conflict waits for people, it is not retried in a loop");
@@ -736,19 +706,9 @@ async fn a_conflicting_owner_is_reported_not_overridden() {
 async fn an_api_failure_is_retried_and_reported_pending() {
     let Fixture { ctx, mut api } = fixture(false);
     let p = stored(POLICY, 1, true);
-    let snap = snapshot(
-        vec![p.clone()],
-        vec![stored(TENANT, 1, true)],
-        vec![stored(SETTINGS, 1, true)],
-        vec![stored(POOL, 1, false)],
-    );
+    let snap = settled(p.clone());
     let script = async {
-        api.expect(
-            "GET",
-            "/api/v1/namespaces/serving/secrets/acme-keys",
-            |_| (200, secret()),
-        )
-        .await;
+        api.secret_found().await;
         api.expect(
             "PATCH",
             &format!("{EEP}/kvasir-gateway-inference-gateway"),
@@ -760,11 +720,7 @@ async fn an_api_failure_is_retried_and_reported_pending() {
             .patch(&format!("{KVASIR}/inferencepolicies/cheap/status"), &p)
             .await;
         assert_eq!(condition(&seen.json(), "Programmed")["reason"], "Pending");
-        api.patch(&format!("{KVASIR}/inferencesettings/gw/status"), &p)
-            .await;
-        api.patch(&format!("{KVASIR}/inferencetenants/acme/status"), &p)
-            .await;
-        api.no_more_requests().await;
+        api.settings_and_tenant_statuses(&p).await;
     };
     let (result, ()) = tokio::join!(reconcile::reconcile(&ctx, &snap, NOW), script);
     assert!(result.is_err(), "an API failure must be retried");
