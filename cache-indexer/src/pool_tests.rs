@@ -36,15 +36,7 @@ fn pool_indexed(
         Weights::default(),
     )
     .with_index(source, history_blocks);
-    let specs = (0..n)
-        .map(|i| EndpointSpec {
-            address: format!("127.0.0.1:{}", 8000 + i),
-            kv_events: format!("tcp://127.0.0.1:{}", 9000 + i),
-            replay: None,
-            metrics_url: None,
-            topic: String::new(),
-        })
-        .collect();
+    let specs = (0..n).map(EndpointSpec::loopback).collect();
     pool.set_endpoints(specs, |_| None);
     let now = Instant::now();
     for e in pool.endpoints().iter() {

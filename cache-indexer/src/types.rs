@@ -96,6 +96,19 @@ pub struct EndpointSpec {
 }
 
 impl EndpointSpec {
+    /// Endpoint `i` of a pool on this machine: HTTP on `127.0.0.1:8000+i`,
+    /// KV events on `tcp://127.0.0.1:9000+i`, no replay, default metrics
+    /// URL: the pool fixture of the crate's tests and benchmarks.
+    pub fn loopback(i: usize) -> EndpointSpec {
+        EndpointSpec {
+            address: format!("127.0.0.1:{}", 8000 + i),
+            kv_events: format!("tcp://127.0.0.1:{}", 9000 + i),
+            replay: None,
+            metrics_url: None,
+            topic: String::new(),
+        }
+    }
+
     /// The endpoint's indexer id.
     pub fn id(&self) -> EndpointId {
         EndpointId::from_address(&self.address)

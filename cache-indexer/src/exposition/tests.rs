@@ -82,15 +82,7 @@ fn pools() -> Arc<Pools> {
             Weights::default(),
         )
         .with_index(source, 1000);
-        let specs = (0..2)
-            .map(|i| EndpointSpec {
-                address: format!("127.0.0.1:{}", 8000 + i),
-                kv_events: format!("tcp://127.0.0.1:{}", 9000 + i),
-                replay: None,
-                metrics_url: None,
-                topic: String::new(),
-            })
-            .collect();
+        let specs = (0..2).map(EndpointSpec::loopback).collect();
         pool.set_endpoints(specs, |_| None);
         let e = pool.endpoints()[0].id;
         pool.load
