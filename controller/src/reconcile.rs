@@ -222,7 +222,11 @@ async fn run(ctx: &Context, snap: &Snapshot, now: &str) -> Result<Outcomes, Erro
     read_secrets(ctx, &mut res).await?;
     let outcomes = apply_targets(ctx, &res).await;
     delete_stale(ctx, ns, &outcomes).await?;
-    write_pools(ctx, &res).await;
+    // Only where Kvasir serves a target: a namespace with pools alone gets
+    // no indexer configuration written into it.
+    if !outcomes.targets.is_empty() {
+        write_pools(ctx, &res).await;
+    }
     let mut first_err = write_statuses(ctx, ns, &entries, &outcomes, now)
         .await
         .err();
@@ -442,7 +446,8 @@ async fn delete_stale(ctx: &Context, ns: &str, outcomes: &Outcomes) -> Result<()
     Ok(())
 }
 
-/// Writes the indexer's pools file and rolls the indexer when it changed.
+/// Writes the indexer's pools file and, when it changed, rolls the indexer
+/// Deployment of that name if the namespace runs one.
 /// Failures here do not stop the filter's configuration: they are logged,
 /// counted and retried on the next reconcile.
 async fn write_pools(ctx: &Context, res: &Resources) {
@@ -482,17 +487,25 @@ async fn write_pools(ctx: &Context, res: &Resources) {
         return;
     }
     if let Some(dep) = &ctx.settings.indexer_deployment {
-        let body = json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": dep, "namespace": ns},
-            "spec": {"template": {"metadata": {"annotations": {POOLS_HASH_ANNOTATION: hash}}}},
-        });
+        // A merge patch, not an apply: an apply would try to create the
+        // Deployment where none runs, and then there is nothing to roll.
+        let body = json!({"spec": {"template": {"metadata": {"annotations": {POOLS_HASH_ANNOTATION: hash}}}}});
+        let mp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
         let deps: Api<k8s_openapi::api::apps::v1::Deployment> =
             Api::namespaced(ctx.client.clone(), ns);
-        if let Err(e) = deps.patch(dep, &pp, &Patch::Apply(&body)).await {
-            ctx.metrics.error("api");
-            tracing::warn!(namespace = %ns, "rolling Deployment {dep}: {e}");
-            return;
+        match deps.patch(dep, &mp, &Patch::Merge(&body)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {
+                tracing::debug!(namespace = %ns, "no Deployment {dep} here to roll");
+            }
+            Err(e) => {
+                ctx.metrics.error("api");
+                tracing::warn!(namespace = %ns, "rolling Deployment {dep}: {e}");
+                return;
+            }
         }
     }
     if let Ok(mut m) = ctx.pools_written.lock() {

@@ -331,6 +331,8 @@ def test_the_controller_binary_programs_the_examples_and_guards_the_last_good_co
         pools = yaml.safe_load(cm[-1]["body"]["data"]["pools.yaml"])["pools"]
         assert sorted(p["name"] for p in pools) == ["main", "small"]
         dep = api.written("PATCH", "/apis/apps/v1/namespaces/serving/deployments/kvasir-indexer")
+        # A merge patch: an apply would create a Deployment where none runs.
+        assert dep[-1]["content_type"].startswith("application/merge-patch+json"), dep[-1]["content_type"]
         assert dep[-1]["body"]["spec"]["template"]["metadata"]["annotations"]["kvasir.dev/pools-sha256"].startswith("sha256:")
 
         # The module Envoy Gateway downloads, and the metrics.
