@@ -99,6 +99,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// A target's policy could not be applied (its status says `Pending`).
+    #[error("apply: {0}")]
+    Apply(String),
 }
 
 fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
@@ -239,10 +242,7 @@ async fn run(ctx: &Context, snap: &Snapshot, now: &str) -> Result<Outcomes, Erro
     });
     match (first_err, failed) {
         (Some(e), _) => Err(e),
-        (None, Some(msg)) => Err(Error::Api {
-            what: "apply".into(),
-            source: kube::Error::Service(msg.into()),
-        }),
+        (None, Some(msg)) => Err(Error::Apply(msg)),
         (None, None) => Ok(outcomes),
     }
 }
@@ -358,19 +358,10 @@ async fn apply_targets(ctx: &Context, res: &Resources) -> Outcomes {
     out
 }
 
-/// The bytes the controller sends for a target: what `kvasirctl compile
-/// --output envoyextensionpolicy` prints for the same resources.
-pub fn policy_bytes(
-    ns: &str,
-    target: &TargetRef,
-    config: &[u8],
-    wasm: &WasmCode,
-) -> Result<Vec<u8>, serde_json::Error> {
-    eep::to_json(ns, target, config, wasm)
-}
-
 async fn apply_target(ctx: &Context, ns: &str, target: &TargetRef, config: &[u8]) -> Outcome {
-    let bytes = match policy_bytes(ns, target, config, &ctx.settings.wasm) {
+    // The same function `kvasirctl compile --output envoyextensionpolicy`
+    // prints through, so both write the same bytes.
+    let bytes = match eep::to_json(ns, target, config, &ctx.settings.wasm) {
         Ok(b) => b,
         Err(e) => return Outcome::Failed(format!("cannot build the policy: {e}")),
     };
