@@ -312,23 +312,6 @@ fn error(pool: &InferencePool, path: String, message: String) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::InferencePoolSpec;
-
-    fn pool(name: &str, annotations: &[(&str, &str)]) -> InferencePool {
-        let mut p = InferencePool::new(
-            name,
-            InferencePoolSpec {
-                fields: BTreeMap::new(),
-            },
-        );
-        p.metadata.annotations = Some(
-            annotations
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        p
-    }
 
     fn res(pools: Vec<InferencePool>) -> Resources {
         Resources {
@@ -344,7 +327,7 @@ mod tests {
 
     #[test]
     fn defaults_match_the_deployed_example() {
-        let out = indexer_pools(&res(vec![pool(
+        let out = indexer_pools(&res(vec![InferencePool::annotated(
             "main",
             &[(MODELS_ANNOTATION, "llama-3.1-8b-instruct, llama-3.1-8b")],
         )]))
@@ -383,7 +366,7 @@ mod tests {
 
     #[test]
     fn every_annotation_is_applied() {
-        let out = indexer_pools(&res(vec![pool(
+        let out = indexer_pools(&res(vec![InferencePool::annotated(
             "qwen-pool",
             &[
                 (MODELS_ANNOTATION, "Qwen/Qwen3-8B"),
@@ -406,7 +389,7 @@ mod tests {
         assert_eq!(p.discovery.replay_port, Some(6001));
         assert_eq!(p.discovery.topic, "kv");
 
-        let none = indexer_pools(&res(vec![pool(
+        let none = indexer_pools(&res(vec![InferencePool::annotated(
             "p",
             &[
                 (MODELS_ANNOTATION, "m"),
@@ -421,31 +404,31 @@ mod tests {
     #[test]
     fn a_bad_annotation_is_a_finding_on_its_path() {
         let errs = findings(vec![
-            pool(
+            InferencePool::annotated(
                 "a",
                 &[(MODELS_ANNOTATION, "m"), (BLOCK_SIZE_ANNOTATION, "sixteen")],
             ),
-            pool(
+            InferencePool::annotated(
                 "b",
                 &[(MODELS_ANNOTATION, "m"), (BLOCK_SIZE_ANNOTATION, "0")],
             ),
-            pool(
+            InferencePool::annotated(
                 "c",
                 &[
                     (MODELS_ANNOTATION, "m"),
                     (KV_EVENTS_PORT_ANNOTATION, "70000"),
                 ],
             ),
-            pool(
+            InferencePool::annotated(
                 "d",
                 &[(MODELS_ANNOTATION, "m"), (KV_REPLAY_PORT_ANNOTATION, "0")],
             ),
-            pool("e", &[(MODELS_ANNOTATION, " , ")]),
-            pool(
+            InferencePool::annotated("e", &[(MODELS_ANNOTATION, " , ")]),
+            InferencePool::annotated(
                 "f",
                 &[(MODELS_ANNOTATION, "m"), (TOKENIZER_ANNOTATION, " ")],
             ),
-            pool(
+            InferencePool::annotated(
                 "g",
                 &[(MODELS_ANNOTATION, "m"), (INDEXER_POOL_ANNOTATION, "")],
             ),
@@ -480,11 +463,11 @@ mod tests {
     #[test]
     fn two_pools_with_one_indexer_name_are_a_finding() {
         let errs = findings(vec![
-            pool(
+            InferencePool::annotated(
                 "z",
                 &[(MODELS_ANNOTATION, "m"), (INDEXER_POOL_ANNOTATION, "a")],
             ),
-            pool("a", &[(MODELS_ANNOTATION, "m")]),
+            InferencePool::annotated("a", &[(MODELS_ANNOTATION, "m")]),
         ]);
         assert_eq!(errs.len(), 1);
         assert_eq!(
@@ -492,12 +475,12 @@ mod tests {
             "InferencePool/z: metadata.annotations[\"kvasir.dev/indexer-pool\"]: indexer pool `a` is also InferencePool/a's: each pool needs its own indexer pool name (set `kvasir.dev/indexer-pool`)"
         );
         let errs = findings(vec![
-            pool("a", &[(MODELS_ANNOTATION, "m")]),
-            pool(
+            InferencePool::annotated("a", &[(MODELS_ANNOTATION, "m")]),
+            InferencePool::annotated(
                 "b",
                 &[(MODELS_ANNOTATION, "m"), (INDEXER_POOL_ANNOTATION, "x")],
             ),
-            pool(
+            InferencePool::annotated(
                 "c",
                 &[(MODELS_ANNOTATION, "m"), (INDEXER_POOL_ANNOTATION, "x")],
             ),
@@ -509,13 +492,13 @@ mod tests {
     #[test]
     fn sorted_and_deterministic_and_unannotated_pools_skipped() {
         let pools = vec![
-            pool("c", &[(MODELS_ANNOTATION, "m3")]),
-            pool("no-models", &[(BLOCK_SIZE_ANNOTATION, "bad")]),
-            pool(
+            InferencePool::annotated("c", &[(MODELS_ANNOTATION, "m3")]),
+            InferencePool::annotated("no-models", &[(BLOCK_SIZE_ANNOTATION, "bad")]),
+            InferencePool::annotated(
                 "a",
                 &[(MODELS_ANNOTATION, "m1"), (INDEXER_POOL_ANNOTATION, "y")],
             ),
-            pool(
+            InferencePool::annotated(
                 "b",
                 &[(MODELS_ANNOTATION, "m2"), (INDEXER_POOL_ANNOTATION, "x")],
             ),
@@ -532,14 +515,14 @@ mod tests {
         let back: IndexerPools = serde_yaml::from_str(&one.to_yaml()).unwrap();
         assert_eq!(back, one);
 
-        let empty = indexer_pools(&res(vec![pool("p", &[])])).unwrap();
+        let empty = indexer_pools(&res(vec![InferencePool::annotated("p", &[])])).unwrap();
         assert_eq!(empty.to_yaml(), "pools: []\n");
     }
 
     #[test]
     fn no_namespace_is_a_finding() {
         let r = Resources {
-            pools: vec![pool("a", &[(MODELS_ANNOTATION, "m")])],
+            pools: vec![InferencePool::annotated("a", &[(MODELS_ANNOTATION, "m")])],
             ..Resources::default()
         };
         let errs = indexer_pools(&r).unwrap_err();

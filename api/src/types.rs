@@ -399,6 +399,26 @@ pub struct InferencePoolSpec {
     pub fields: BTreeMap<String, serde_json::Value>,
 }
 
+impl InferencePool {
+    /// A pool with these annotations and an empty spec: everything of a
+    /// pool that Kvasir reads.
+    pub fn annotated(name: &str, annotations: &[(&str, &str)]) -> InferencePool {
+        let mut p = InferencePool::new(
+            name,
+            InferencePoolSpec {
+                fields: BTreeMap::new(),
+            },
+        );
+        p.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        p
+    }
+}
+
 /// The status of every Kvasir resource: Gateway-API-style conditions.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -1,33 +1,14 @@
 //! The indexer parses exactly what the controller writes: kvasir-api's
 //! `indexer_pools(..).to_yaml()` as the `poolsFile` of a main config.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use kvasir_api::indexer::{
     indexer_pools, BLOCK_SIZE_ANNOTATION, KV_EVENTS_PORT_ANNOTATION, KV_EVENTS_TOPIC_ANNOTATION,
     KV_REPLAY_PORT_ANNOTATION, POOLS_KEY,
 };
-use kvasir_api::{
-    InferencePool, InferencePoolSpec, Resources, INDEXER_POOL_ANNOTATION, MODELS_ANNOTATION,
-};
+use kvasir_api::{InferencePool, Resources, INDEXER_POOL_ANNOTATION, MODELS_ANNOTATION};
 use kvasir_cache_indexer::config::{Args, Config, TokenizerSource};
-
-fn pool(name: &str, annotations: &[(&str, &str)]) -> InferencePool {
-    let mut p = InferencePool::new(
-        name,
-        InferencePoolSpec {
-            fields: BTreeMap::new(),
-        },
-    );
-    p.metadata.annotations = Some(
-        annotations
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    );
-    p
-}
 
 /// A directory of its own under the temp dir, removed on drop.
 struct TempDir(PathBuf);
@@ -43,7 +24,7 @@ fn the_indexer_loads_the_pools_kvasir_api_writes() {
     let res = Resources {
         namespace: "serving".into(),
         pools: vec![
-            pool(
+            InferencePool::annotated(
                 "small",
                 &[
                     (MODELS_ANNOTATION, "llama-3.2-1b-instruct"),
@@ -53,7 +34,7 @@ fn the_indexer_loads_the_pools_kvasir_api_writes() {
                     (KV_EVENTS_TOPIC_ANNOTATION, "kv"),
                 ],
             ),
-            pool(
+            InferencePool::annotated(
                 "main-pool",
                 &[
                     (MODELS_ANNOTATION, "llama-3.1-8b-instruct,llama-3.1-8b"),

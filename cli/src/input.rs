@@ -36,6 +36,30 @@ pub struct Diagnostic {
     pub severity: Severity,
 }
 
+impl Diagnostic {
+    /// A problem that no file holds (a target's, or a finding on a
+    /// resource the files do not name).
+    pub fn unlocated(
+        namespace: Option<String>,
+        path: String,
+        message: String,
+        severity: Severity,
+    ) -> Diagnostic {
+        Diagnostic {
+            file: None,
+            line: None,
+            column: None,
+            document: None,
+            kind: None,
+            name: None,
+            namespace,
+            path,
+            message,
+            severity,
+        }
+    }
+}
+
 impl std::fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if let Some(file) = &self.file {
@@ -239,18 +263,7 @@ impl Input {
         });
         let mut d = match source {
             Some(s) => diag(&s.file, Some(&s.doc), &f.path, f.message.clone()),
-            None => Diagnostic {
-                file: None,
-                line: None,
-                column: None,
-                document: None,
-                kind: None,
-                name: None,
-                namespace: None,
-                path: f.path.clone(),
-                message: f.message.clone(),
-                severity: f.severity,
-            },
+            None => Diagnostic::unlocated(None, f.path.clone(), f.message.clone(), f.severity),
         };
         if let Some(o) = &f.object {
             d.kind = Some(o.kind.to_owned());

@@ -247,18 +247,12 @@ pub fn extension_policy(
         // exit status 1 instead of a panic.
         |e| Report {
             valid: false,
-            errors: vec![Diagnostic {
-                file: None,
-                line: None,
-                column: None,
-                document: None,
-                kind: None,
-                name: None,
-                namespace: Some(scoped.namespace.clone()),
-                path: String::new(),
-                message: format!("{scoped}: cannot build the EnvoyExtensionPolicy: {e}"),
-                severity: Severity::Error,
-            }],
+            errors: vec![Diagnostic::unlocated(
+                Some(scoped.namespace.clone()),
+                String::new(),
+                format!("{scoped}: cannot build the EnvoyExtensionPolicy: {e}"),
+                Severity::Error,
+            )],
             warnings: Vec::new(),
             targets: vec![scoped.to_string()],
         },

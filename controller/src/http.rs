@@ -241,6 +241,14 @@ mod tests {
             .expect("reqwest client")
     }
 
+    /// The status a GET of `url` is answered with.
+    async fn status_of(client: &reqwest::Client, url: String) -> reqwest::StatusCode {
+        let response = client.get(&url).send().await;
+        response
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+            .status()
+    }
+
     fn state(ready: watch::Receiver<bool>, wasm: Option<Arc<WasmModule>>) -> HttpState {
         HttpState {
             metrics: Arc::new(Metrics::new()),
@@ -326,20 +334,16 @@ mod tests {
             let response = client.post(&url).send().await.expect("POST /healthz");
             assert_eq!(response.status(), 405);
 
-            let response = client
-                .get(format!("{}/nope", server.base))
-                .send()
-                .await
-                .expect("GET /nope");
-            assert_eq!(response.status(), 404);
+            assert_eq!(
+                status_of(&client, format!("{}/nope", server.base)).await,
+                404
+            );
 
             // /metrics lives on the other port only.
-            let response = client
-                .get(format!("{}/metrics", server.base))
-                .send()
-                .await
-                .expect("GET /metrics");
-            assert_eq!(response.status(), 404);
+            assert_eq!(
+                status_of(&client, format!("{}/metrics", server.base)).await,
+                404
+            );
 
             drop(client);
             server.stop().await;
@@ -438,12 +442,10 @@ mod tests {
             let (_ready_tx, ready) = watch::channel(true);
             let server = start(router(state(ready, None))).await;
             let client = client();
-            let response = client
-                .get(format!("{}{WASM_PATH}", server.base))
-                .send()
-                .await
-                .expect("GET wasm");
-            assert_eq!(response.status(), 404);
+            assert_eq!(
+                status_of(&client, format!("{}{WASM_PATH}", server.base)).await,
+                404
+            );
             drop(client);
             server.stop().await;
         })
@@ -493,12 +495,10 @@ mod tests {
                 "{body}"
             );
 
-            let response = client
-                .get(format!("{}/healthz", server.base))
-                .send()
-                .await
-                .expect("GET /healthz");
-            assert_eq!(response.status(), 404);
+            assert_eq!(
+                status_of(&client, format!("{}/healthz", server.base)).await,
+                404
+            );
 
             drop(client);
             server.stop().await;

@@ -428,6 +428,18 @@ mod tests {
 
     const FIFTEEN: Duration = Duration::from_secs(15);
 
+    /// What replica `a`, asking for 15 s, does about `lease` now.
+    fn decide_a(lease: &Lease) -> Decision {
+        decide(Some(lease), "a", now(), FIFTEEN)
+    }
+
+    fn follows_b(expires_in: Duration) -> Decision {
+        Decision::Follow {
+            holder: "b".into(),
+            expires_in,
+        }
+    }
+
     #[test]
     fn absent_lease_is_created() {
         assert_eq!(decide(None, "a", now(), FIFTEEN), Decision::Create);
@@ -436,39 +448,27 @@ mod tests {
     #[test]
     fn lease_held_by_me_is_renewed_even_when_expired() {
         let fresh = lease(Some("a"), Some(1), Some(15));
-        assert_eq!(decide(Some(&fresh), "a", now(), FIFTEEN), Decision::Renew);
+        assert_eq!(decide_a(&fresh), Decision::Renew);
         let stale = lease(Some("a"), Some(100), Some(15));
-        assert_eq!(decide(Some(&stale), "a", now(), FIFTEEN), Decision::Renew);
+        assert_eq!(decide_a(&stale), Decision::Renew);
     }
 
     #[test]
     fn fresh_lease_held_by_other_is_followed() {
         let held = lease(Some("b"), Some(5), Some(15));
-        assert_eq!(
-            decide(Some(&held), "a", now(), FIFTEEN),
-            Decision::Follow {
-                holder: "b".into(),
-                expires_in: Duration::from_secs(10)
-            }
-        );
+        assert_eq!(decide_a(&held), follows_b(Duration::from_secs(10)));
     }
 
     #[test]
     fn lease_expiring_exactly_now_is_still_followed() {
         let held = lease(Some("b"), Some(15), Some(15));
-        assert_eq!(
-            decide(Some(&held), "a", now(), FIFTEEN),
-            Decision::Follow {
-                holder: "b".into(),
-                expires_in: Duration::ZERO
-            }
-        );
+        assert_eq!(decide_a(&held), follows_b(Duration::ZERO));
     }
 
     #[test]
     fn expired_lease_held_by_other_is_taken_over() {
         let held = lease(Some("b"), Some(16), Some(15));
-        assert_eq!(decide(Some(&held), "a", now(), FIFTEEN), Decision::TakeOver);
+        assert_eq!(decide_a(&held), Decision::TakeOver);
     }
 
     #[test]
@@ -476,31 +476,22 @@ mod tests {
         // b asked for 60 s; our 15 s must not cut its lease short.
         let held = lease(Some("b"), Some(30), Some(60));
         assert!(matches!(
-            decide(Some(&held), "a", now(), FIFTEEN),
+            decide_a(&held),
             Decision::Follow { expires_in, .. } if expires_in == Duration::from_secs(30)
         ));
         // Without a duration on the Lease, ours stands in.
         let held = lease(Some("b"), Some(30), None);
-        assert_eq!(decide(Some(&held), "a", now(), FIFTEEN), Decision::TakeOver);
+        assert_eq!(decide_a(&held), Decision::TakeOver);
     }
 
     #[test]
     fn released_lease_is_taken_at_once() {
         let released = lease(Some(""), Some(0), Some(1));
-        assert_eq!(
-            decide(Some(&released), "a", now(), FIFTEEN),
-            Decision::TakeOver
-        );
+        assert_eq!(decide_a(&released), Decision::TakeOver);
         let no_holder = lease(None, Some(0), Some(15));
-        assert_eq!(
-            decide(Some(&no_holder), "a", now(), FIFTEEN),
-            Decision::TakeOver
-        );
+        assert_eq!(decide_a(&no_holder), Decision::TakeOver);
         let no_spec = Lease::default();
-        assert_eq!(
-            decide(Some(&no_spec), "a", now(), FIFTEEN),
-            Decision::TakeOver
-        );
+        assert_eq!(decide_a(&no_spec), Decision::TakeOver);
     }
 
     #[test]
@@ -509,32 +500,20 @@ mod tests {
         let spec = held.spec.as_mut().expect("spec");
         spec.renew_time = None;
         spec.acquire_time = Some(MicroTime(now() - SignedDuration::from_secs(5)));
-        assert_eq!(
-            decide(Some(&held), "a", now(), FIFTEEN),
-            Decision::Follow {
-                holder: "b".into(),
-                expires_in: Duration::from_secs(10)
-            }
-        );
+        assert_eq!(decide_a(&held), follows_b(Duration::from_secs(10)));
     }
 
     #[test]
     fn lease_with_neither_time_is_taken_over() {
         let held = lease(Some("b"), None, Some(15));
-        assert_eq!(decide(Some(&held), "a", now(), FIFTEEN), Decision::TakeOver);
+        assert_eq!(decide_a(&held), Decision::TakeOver);
     }
 
     #[test]
     fn renew_time_in_the_future_is_followed() {
         // Another node's clock running ahead: still b's, for longer.
         let held = lease(Some("b"), Some(-3), Some(15));
-        assert_eq!(
-            decide(Some(&held), "a", now(), FIFTEEN),
-            Decision::Follow {
-                holder: "b".into(),
-                expires_in: Duration::from_secs(18)
-            }
-        );
+        assert_eq!(decide_a(&held), follows_b(Duration::from_secs(18)));
     }
 
     #[test]

@@ -216,6 +216,14 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
+    // The sample names the tests read.
+    const RECONCILES: &str = "kvasir_controller_reconciles_total";
+    const DURATION_COUNT: &str = "kvasir_controller_reconcile_duration_seconds_count";
+    const ERRORS: &str = "kvasir_controller_errors_total";
+    const LAST_COMPILE: &str = "kvasir_controller_last_successful_compile_timestamp_seconds";
+    const CONFIG_BYTES: &str = "kvasir_controller_config_bytes";
+    const LEADER: &str = "kvasir_controller_leader";
+
     /// One sample line of the exposition: name, labels, value.
     #[derive(Debug, PartialEq)]
     struct Sample {
@@ -304,31 +312,16 @@ mod tests {
         assert!(text.ends_with("# EOF\n"), "{text}");
         for result in ["ok", "error"] {
             assert_eq!(
-                value(
-                    &text,
-                    "kvasir_controller_reconciles_total",
-                    &[("result", result)]
-                ),
+                value(&text, RECONCILES, &[("result", result)]),
                 Some(0.0),
                 "{text}"
             );
         }
         for kind in ERROR_KINDS {
-            assert_eq!(
-                value(&text, "kvasir_controller_errors_total", &[("kind", kind)]),
-                Some(0.0),
-                "{text}"
-            );
+            assert_eq!(value(&text, ERRORS, &[("kind", kind)]), Some(0.0), "{text}");
         }
-        assert_eq!(value(&text, "kvasir_controller_leader", &[]), Some(0.0));
-        assert_eq!(
-            value(
-                &text,
-                "kvasir_controller_reconcile_duration_seconds_count",
-                &[]
-            ),
-            Some(0.0)
-        );
+        assert_eq!(value(&text, LEADER, &[]), Some(0.0));
+        assert_eq!(value(&text, DURATION_COUNT, &[]), Some(0.0));
         // No target was programmed, so no per-target series exist yet.
         assert!(!parse(&text).iter().any(|s| s.labels.contains_key("target")));
     }
@@ -346,9 +339,8 @@ mod tests {
         m.set_leader(true);
         let text = m.render();
 
-        let reconciles = "kvasir_controller_reconciles_total";
-        assert_eq!(value(&text, reconciles, &[("result", "ok")]), Some(2.0));
-        assert_eq!(value(&text, reconciles, &[("result", "error")]), Some(1.0));
+        assert_eq!(value(&text, RECONCILES, &[("result", "ok")]), Some(2.0));
+        assert_eq!(value(&text, RECONCILES, &[("result", "error")]), Some(1.0));
 
         let duration = "kvasir_controller_reconcile_duration_seconds";
         assert_eq!(value(&text, &format!("{duration}_count"), &[]), Some(3.0));
@@ -359,31 +351,17 @@ mod tests {
         // Buckets are cumulative: 0.02 falls in le=0.04, 0.5 and 3 do not.
         assert_eq!(value(&text, &bucket, &[("le", "0.04")]), Some(1.0));
 
-        let errors = "kvasir_controller_errors_total";
-        assert_eq!(value(&text, errors, &[("kind", "api")]), Some(1.0));
-        assert_eq!(value(&text, errors, &[("kind", "invalid")]), Some(2.0));
-        assert_eq!(value(&text, errors, &[("kind", "conflict")]), Some(0.0));
+        assert_eq!(value(&text, ERRORS, &[("kind", "api")]), Some(1.0));
+        assert_eq!(value(&text, ERRORS, &[("kind", "invalid")]), Some(2.0));
+        assert_eq!(value(&text, ERRORS, &[("kind", "conflict")]), Some(0.0));
 
         let target = [("namespace", "team-a"), ("target", "pool-x")];
-        assert_eq!(
-            value(
-                &text,
-                "kvasir_controller_last_successful_compile_timestamp_seconds",
-                &target
-            ),
-            Some(1_767_225_600.25)
-        );
-        assert_eq!(
-            value(&text, "kvasir_controller_config_bytes", &target),
-            Some(1234.0)
-        );
-        assert_eq!(value(&text, "kvasir_controller_leader", &[]), Some(1.0));
+        assert_eq!(value(&text, LAST_COMPILE, &target), Some(1_767_225_600.25));
+        assert_eq!(value(&text, CONFIG_BYTES, &target), Some(1234.0));
+        assert_eq!(value(&text, LEADER, &[]), Some(1.0));
 
         m.set_leader(false);
-        assert_eq!(
-            value(&m.render(), "kvasir_controller_leader", &[]),
-            Some(0.0)
-        );
+        assert_eq!(value(&m.render(), LEADER, &[]), Some(0.0));
     }
 
     #[test]
@@ -407,18 +385,8 @@ mod tests {
         m.programmed("ns", "t", 200, 20.0);
         let text = m.render();
         let target = [("namespace", "ns"), ("target", "t")];
-        assert_eq!(
-            value(&text, "kvasir_controller_config_bytes", &target),
-            Some(200.0)
-        );
-        assert_eq!(
-            value(
-                &text,
-                "kvasir_controller_last_successful_compile_timestamp_seconds",
-                &target
-            ),
-            Some(20.0)
-        );
+        assert_eq!(value(&text, CONFIG_BYTES, &target), Some(200.0));
+        assert_eq!(value(&text, LAST_COMPILE, &target), Some(20.0));
     }
 
     #[test]
@@ -442,23 +410,10 @@ mod tests {
             .collect();
         assert!(!series.contains(&("ns", "gone")), "{text}");
         let kept = [("namespace", "ns"), ("target", "kept")];
-        assert_eq!(
-            value(&text, "kvasir_controller_config_bytes", &kept),
-            Some(20.0)
-        );
+        assert_eq!(value(&text, CONFIG_BYTES, &kept), Some(20.0));
         let other = [("namespace", "other"), ("target", "gone")];
-        assert_eq!(
-            value(&text, "kvasir_controller_config_bytes", &other),
-            Some(30.0)
-        );
-        assert_eq!(
-            value(
-                &text,
-                "kvasir_controller_last_successful_compile_timestamp_seconds",
-                &other
-            ),
-            Some(3.0)
-        );
+        assert_eq!(value(&text, CONFIG_BYTES, &other), Some(30.0));
+        assert_eq!(value(&text, LAST_COMPILE, &other), Some(3.0));
 
         // Removing what is not there is a no-op, not an error.
         m.target_removed("ns", "never");
@@ -476,11 +431,7 @@ mod tests {
         m.error("a\"b\\c\nd");
         let text = m.render();
         assert_eq!(
-            value(
-                &text,
-                "kvasir_controller_errors_total",
-                &[("kind", "a\"b\\c\nd")]
-            ),
+            value(&text, ERRORS, &[("kind", "a\"b\\c\nd")]),
             Some(1.0),
             "{text}"
         );
@@ -495,22 +446,8 @@ mod tests {
         m.reconciled(true, f64::NAN);
         m.reconciled(true, -1.0);
         let text = m.render();
-        assert_eq!(
-            value(
-                &text,
-                "kvasir_controller_reconciles_total",
-                &[("result", "ok")]
-            ),
-            Some(2.0)
-        );
-        assert_eq!(
-            value(
-                &text,
-                "kvasir_controller_reconcile_duration_seconds_count",
-                &[]
-            ),
-            Some(0.0)
-        );
+        assert_eq!(value(&text, RECONCILES, &[("result", "ok")]), Some(2.0));
+        assert_eq!(value(&text, DURATION_COUNT, &[]), Some(0.0));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use kvasir_api::document::secret_values;
 use kvasir_api::eep::{self, WasmCode, FIELD_MANAGER, MANAGED_BY_LABEL};
 use kvasir_api::indexer::POOLS_KEY;
 use kvasir_api::{
-    InferencePolicy, InferencePool, InferenceProvider, InferenceSettings, InferenceTenant, Options,
+    InferencePolicy, InferenceProvider, InferenceSettings, InferenceTenant, Options,
     ResourceStatus, Resources, TargetKind, TargetRef,
 };
 use serde_json::json;
@@ -69,22 +69,9 @@ impl Context {
 }
 
 /// A namespace's objects as the watches hold them (deleted ones included
-/// until their finalizer goes).
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    /// The namespace.
-    pub namespace: String,
-    /// `InferencePolicy` objects.
-    pub policies: Vec<InferencePolicy>,
-    /// `InferenceTenant` objects.
-    pub tenants: Vec<InferenceTenant>,
-    /// `InferenceProvider` objects.
-    pub providers: Vec<InferenceProvider>,
-    /// `InferenceSettings` objects.
-    pub settings: Vec<InferenceSettings>,
-    /// `InferencePool` objects.
-    pub pools: Vec<InferencePool>,
-}
+/// until their finalizer goes): compilation's [`Resources`], its `secrets`
+/// left empty, since a reconcile reads only the Secrets tenants name.
+pub type Snapshot = Resources;
 
 /// Why a reconcile must be retried. Invalid resources are not errors: they
 /// end in status conditions.

@@ -84,6 +84,7 @@ impl Stores {
             providers: in_ns(&self.providers, ns),
             settings: in_ns(&self.settings, ns),
             pools: in_ns(&self.pools, ns),
+            secrets: Default::default(),
         }
     }
 

@@ -159,6 +159,31 @@ fn spec(body: &Value) -> &Value {
     &body["spec"]
 }
 
+/// A lease write names its holder, when it took the lease, when it last
+/// renewed it, and how many handovers came before.
+fn assert_holds(
+    body: &Value,
+    holder: &str,
+    acquired: Timestamp,
+    renewed: Timestamp,
+    transitions: i32,
+) {
+    let spec = spec(body);
+    assert_eq!(spec["holderIdentity"], holder);
+    assert_eq!(spec["acquireTime"], stamp(acquired));
+    assert_eq!(spec["renewTime"], stamp(renewed));
+    assert_eq!(spec["leaseTransitions"], transitions);
+}
+
+/// The client sent nothing more: the mock's stream ends (every sender of
+/// requests is gone) without one.
+async fn no_more_requests(handle: &mut ApiHandle, why: &str) {
+    let more = timeout(PATIENCE, handle.next_request())
+        .await
+        .expect("mock closes");
+    assert!(more.is_none(), "{why}");
+}
+
 #[tokio::test]
 async fn first_replica_creates_the_lease_and_leads() {
     let (api, cfg, mut handle) = replica("pod-a");
@@ -167,12 +192,8 @@ async fn first_replica_creates_the_lease_and_leads() {
         let (body, respond) = expect(&mut handle, Method::POST, LEASES).await;
         assert_eq!(body["metadata"]["name"], NAME);
         assert_eq!(body["metadata"]["namespace"], NS);
-        let spec = spec(&body);
-        assert_eq!(spec["holderIdentity"], "pod-a");
-        assert_eq!(spec["leaseDurationSeconds"], 15);
-        assert_eq!(spec["acquireTime"], stamp(at(0)));
-        assert_eq!(spec["renewTime"], stamp(at(0)));
-        assert_eq!(spec["leaseTransitions"], 0);
+        assert_holds(&body, "pod-a", at(0), at(0), 0);
+        assert_eq!(spec(&body)["leaseDurationSeconds"], 15);
         answer(respond, 201, &stored(&body, "1"));
     })
     .await;
@@ -189,10 +210,7 @@ async fn second_replica_follows_a_fresh_lease_without_writing() {
     assert!(!leads.expect("no API error"));
     // Every request the client could have made has been made: none was a write.
     drop(api);
-    let more = timeout(PATIENCE, handle.next_request())
-        .await
-        .expect("mock closes");
-    assert!(more.is_none(), "a follower must not write");
+    no_more_requests(&mut handle, "a follower must not write").await;
 }
 
 #[tokio::test]
@@ -205,11 +223,7 @@ async fn leader_renews_keeping_acquire_time_and_transitions() {
             body["metadata"]["resourceVersion"], "41",
             "the PUT must be conditional"
         );
-        let spec = spec(&body);
-        assert_eq!(spec["holderIdentity"], "pod-a");
-        assert_eq!(spec["acquireTime"], stamp(at(0)));
-        assert_eq!(spec["renewTime"], stamp(at(2)));
-        assert_eq!(spec["leaseTransitions"], 3);
+        assert_holds(&body, "pod-a", at(0), at(2), 3);
         answer(respond, 200, &stored(&body, "42"));
     })
     .await;
@@ -245,12 +259,8 @@ async fn leader_change_when_the_holder_stops_renewing() {
         get(&mut b, Some(held_by_a.clone())).await;
         let (body, respond) = expect(&mut b, Method::PUT, LEASE).await;
         assert_eq!(body["metadata"]["resourceVersion"], "1");
-        let spec = spec(&body);
-        assert_eq!(spec["holderIdentity"], "pod-b");
-        assert_eq!(spec["leaseTransitions"], 1);
-        assert_eq!(spec["acquireTime"], stamp(at(16)));
-        assert_eq!(spec["renewTime"], stamp(at(16)));
-        assert_eq!(spec["leaseDurationSeconds"], 15);
+        assert_holds(&body, "pod-b", at(16), at(16), 1);
+        assert_eq!(spec(&body)["leaseDurationSeconds"], 15);
         answer(respond, 200, &stored(&body, "2"));
     })
     .await;
@@ -419,6 +429,14 @@ fn spawn_run(
     (handle, leading, stop, task)
 }
 
+/// `run` returns, without a panic.
+async fn returns(task: tokio::task::JoinHandle<()>) {
+    timeout(PATIENCE, task)
+        .await
+        .expect("run returns")
+        .expect("run did not panic");
+}
+
 async fn becomes(leading: &mut watch::Receiver<bool>, value: bool) {
     timeout(PATIENCE, leading.wait_for(|now| *now == value))
         .await
@@ -477,10 +495,7 @@ async fn run_steps_down_within_the_renew_deadline_when_renewals_fail() {
     let (body, respond) = expect(&mut handle, Method::PUT, LEASE).await;
     assert_eq!(spec(&body)["holderIdentity"], "");
     answer(respond, 200, &stored(&body, "2"));
-    timeout(PATIENCE, task)
-        .await
-        .expect("run returns")
-        .expect("run did not panic");
+    returns(task).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -498,10 +513,7 @@ async fn run_steps_down_at_the_deadline_when_the_api_server_hangs() {
     drop(unanswered);
     drop(stop);
     drop(handle);
-    timeout(PATIENCE, task)
-        .await
-        .expect("run returns")
-        .expect("run did not panic");
+    returns(task).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -534,10 +546,7 @@ async fn run_renews_while_leading_and_releases_the_lease_on_shutdown() {
     assert_eq!(spec["leaseDurationSeconds"], 1);
     assert_eq!(spec["leaseTransitions"], 0);
     answer(respond, 200, &stored(&body, "3"));
-    timeout(PATIENCE, task)
-        .await
-        .expect("run returns")
-        .expect("run did not panic");
+    returns(task).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -573,10 +582,7 @@ async fn run_follower_takes_a_released_lease_on_its_next_round() {
     let (body, respond) = expect(&mut handle, Method::PUT, LEASE).await;
     assert_eq!(spec(&body)["holderIdentity"], "");
     answer(respond, 200, &stored(&body, "8"));
-    timeout(PATIENCE, task)
-        .await
-        .expect("run returns")
-        .expect("run did not panic");
+    returns(task).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -591,15 +597,6 @@ async fn run_follower_does_not_write_or_release() {
     }
     assert!(!*leading.borrow());
     stop.send(()).expect("run alive");
-    timeout(PATIENCE, task)
-        .await
-        .expect("run returns")
-        .expect("run did not panic");
-    let more = timeout(PATIENCE, handle.next_request())
-        .await
-        .expect("mock closes");
-    assert!(
-        more.is_none(),
-        "a follower must not write, even on shutdown"
-    );
+    returns(task).await;
+    no_more_requests(&mut handle, "a follower must not write, even on shutdown").await;
 }

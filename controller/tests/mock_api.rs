@@ -236,6 +236,19 @@ impl ApiServer {
         }
     }
 
+    /// The list of managed policies holds the gateway's, from an earlier
+    /// reconcile.
+    async fn gateway_eep_listed(&mut self) {
+        self.expect("GET", EEP, |_| {
+            (200, json!({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicyList", "metadata": {}, "items": [
+                {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicy",
+                 "metadata": {"name": "kvasir-gateway-inference-gateway", "namespace": "serving",
+                              "labels": {"app.kubernetes.io/managed-by": "kvasir-controller",
+                                         "kvasir.dev/target-kind": "Gateway", "kvasir.dev/target-name": "inference-gateway"}}}]}))
+        })
+        .await;
+    }
+
     async fn empty_eep_list(&mut self) {
         self.expect("GET", EEP, |s| {
             assert!(s.query.contains("labelSelector=app.kubernetes.io%2Fmanaged-by%3Dkvasir-controller"), "{}", s.query);
@@ -258,6 +271,7 @@ fn snapshot(
         providers: vec![],
         settings: settings.iter().map(typed::<InferenceSettings>).collect(),
         pools: pools.iter().map(typed::<InferencePool>).collect(),
+        secrets: Default::default(),
     }
 }
 
@@ -290,6 +304,21 @@ fn condition<'a>(status_patch: &'a Value, t: &str) -> &'a Value {
         .as_array()
         .and_then(|a| a.iter().find(|c| c["type"] == t))
         .unwrap_or_else(|| panic!("no {t} condition in {status_patch}"))
+}
+
+/// The `t` condition of a status patch, checked to be `status` for `reason`.
+fn condition_is<'a>(status_patch: &'a Value, t: &str, status: &str, reason: &str) -> &'a Value {
+    let c = condition(status_patch, t);
+    assert_eq!(
+        (c["status"].as_str(), c["reason"].as_str()),
+        (Some(status), Some(reason)),
+        "{status_patch}"
+    );
+    c
+}
+
+fn message(condition: &Value) -> &str {
+    condition["message"].as_str().unwrap_or("")
 }
 
 fn secret() -> Value {
@@ -414,14 +443,7 @@ async fn an_update_reapplies_and_patches_only_the_changed_status() {
             .cloned()
             .unwrap_or_default();
         assert_eq!(cheap["action"]["route"]["priority"], 5, "{cfg}");
-        api.expect("GET", EEP, |_| {
-            (200, json!({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicyList", "metadata": {}, "items": [
-                {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicy",
-                 "metadata": {"name": "kvasir-gateway-inference-gateway", "namespace": "serving",
-                              "labels": {"app.kubernetes.io/managed-by": "kvasir-controller",
-                                         "kvasir.dev/target-kind": "Gateway", "kvasir.dev/target-name": "inference-gateway"}}}]}))
-        })
-        .await;
+        api.gateway_eep_listed().await;
         // The settings and tenant are unchanged; the policy's Programmed
         // message names the new config hash, and all carry generation 2.
         let seen = api
@@ -475,12 +497,7 @@ async fn an_invalid_policy_is_refused_with_its_path_and_the_last_good_config_sta
             .patch(&format!("{KVASIR}/inferencepolicies/broken/status"), &bad)
             .await;
         let body = seen.json();
-        let a = condition(&body, "Accepted");
-        assert_eq!(
-            (a["status"].as_str(), a["reason"].as_str()),
-            (Some("False"), Some("Invalid"))
-        );
-        let msg = a["message"].as_str().unwrap_or("");
+        let msg = message(condition_is(&body, "Accepted", "False", "Invalid"));
         assert!(msg.starts_with("spec.action.route.rewriteModel"), "{msg}");
         assert!(msg.contains("no-such-model"), "{msg}");
         let seen = api
@@ -490,7 +507,7 @@ async fn an_invalid_policy_is_refused_with_its_path_and_the_last_good_config_sta
         assert_eq!(condition(&body, "Accepted")["status"], "True");
         let p = condition(&body, "Programmed");
         assert_eq!(p["status"], "False");
-        let msg = p["message"].as_str().unwrap_or("");
+        let msg = message(p);
         assert!(
             msg.contains("keeps its last good configuration")
                 && msg.contains("InferencePolicy/broken"),
@@ -564,14 +581,7 @@ async fn deleting_the_settings_deletes_the_policy_then_releases_the_finalizer() 
         vec![stored(POOL, 1, false)],
     );
     let script = async {
-        api.expect("GET", EEP, |_| {
-            (200, json!({"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicyList", "metadata": {}, "items": [
-                {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicy",
-                 "metadata": {"name": "kvasir-gateway-inference-gateway", "namespace": "serving",
-                              "labels": {"app.kubernetes.io/managed-by": "kvasir-controller",
-                                         "kvasir.dev/target-kind": "Gateway", "kvasir.dev/target-name": "inference-gateway"}}}]}))
-        })
-        .await;
+        api.gateway_eep_listed().await;
         api.expect("DELETE", &format!("{EEP}/kvasir-gateway-inference-gateway"), |_| {
             (200, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200}))
         })
@@ -612,15 +622,8 @@ async fn a_missing_secret_is_resolved_refs_false_and_nothing_is_applied() {
             .patch(&format!("{KVASIR}/inferencetenants/acme/status"), &t)
             .await;
         let body = seen.json();
-        let r = condition(&body, "ResolvedRefs");
-        assert_eq!(
-            (r["status"].as_str(), r["reason"].as_str()),
-            (Some("False"), Some("SecretNotFound"))
-        );
-        assert!(
-            r["message"].as_str().unwrap_or("").contains("acme-keys"),
-            "{r}"
-        );
+        let r = condition_is(&body, "ResolvedRefs", "False", "SecretNotFound");
+        assert!(message(r).contains("acme-keys"), "{r}");
         assert_eq!(condition(&body, "Accepted")["status"], "True");
         assert_eq!(condition(&body, "Programmed")["status"], "False");
         api.no_more_requests().await;
@@ -647,19 +650,8 @@ async fn a_missing_inference_pool_is_resolved_refs_false_on_the_policy() {
             .patch(&format!("{KVASIR}/inferencepolicies/cheap/status"), &p)
             .await;
         let body = seen.json();
-        let r = condition(&body, "ResolvedRefs");
-        assert_eq!(
-            (r["status"].as_str(), r["reason"].as_str()),
-            (Some("False"), Some("PoolNotFound")),
-            "{body}"
-        );
-        assert!(
-            r["message"]
-                .as_str()
-                .unwrap_or("")
-                .starts_with("spec.action.route.pool"),
-            "{r}"
-        );
+        let r = condition_is(&body, "ResolvedRefs", "False", "PoolNotFound");
+        assert!(message(r).starts_with("spec.action.route.pool"), "{r}");
         api.settings_and_tenant_statuses(&p).await;
     };
     let (result, ()) = tokio::join!(reconcile::reconcile(&ctx, &snap, NOW), script);
@@ -684,18 +676,8 @@ async fn a_conflicting_owner_is_reported_not_overridden() {
             .patch(&format!("{KVASIR}/inferencepolicies/cheap/status"), &p)
             .await;
         let body = seen.json();
-        let c = condition(&body, "Programmed");
-        assert_eq!(
-            (c["status"].as_str(), c["reason"].as_str()),
-            (Some("False"), Some("Conflicted"))
-        );
-        assert!(
-            c["message"]
-                .as_str()
-                .unwrap_or("")
-                .contains("kubectl-client-side-apply"),
-            "{c}"
-        );
+        let c = condition_is(&body, "Programmed", "False", "Conflicted");
+        assert!(message(c).contains("kubectl-client-side-apply"), "{c}");
         api.settings_and_tenant_statuses(&p).await;
     };
     let (result, ()) = tokio::join!(reconcile::reconcile(&ctx, &snap, NOW), script);
