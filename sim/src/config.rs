@@ -124,9 +124,19 @@ pub struct Args {
     /// Block hash layout: int (uint64) or bytes (32-byte bin).
     #[arg(long, value_enum, default_value_t = HashFormat::Int)]
     pub kv_events_hash_format: HashFormat,
-    /// data_parallel_rank written into each batch.
+    /// data_parallel_rank written into each batch; as in vLLM, it also
+    /// moves the KV-event ports (unless 0) up by the rank.
     #[arg(long, default_value_t = 0)]
     pub data_parallel_rank: u32,
+
+    // ---- APIs ----
+    /// Keep Responses API responses in memory for previous_response_id,
+    /// GET and cancel (vLLM's env switch; off by default as in vLLM).
+    #[arg(long, env = "VLLM_ENABLE_RESPONSES_API_STORE")]
+    pub enable_responses_api_store: bool,
+    /// Count in-flight requests for GET /load (vLLM's flag).
+    #[arg(long)]
+    pub enable_server_load_tracking: bool,
 
     // ---- faults (also changeable at run time: POST /sim/faults) ----
     /// Fraction of requests answered with HTTP 500.
@@ -145,14 +155,23 @@ pub struct Args {
 pub struct KvEventsSettings {
     /// Events enabled at all.
     pub enabled: bool,
-    /// PUB endpoint.
+    /// PUB endpoint to bind.
     pub endpoint: String,
-    /// ROUTER endpoint.
+    /// ROUTER endpoint to bind.
     pub replay_endpoint: Option<String>,
+    /// The PUB endpoint as vLLM advertises it in /kv_event_sources: as
+    /// configured (a `*` host kept), the rank's port offset applied.
+    pub advertised_endpoint: String,
+    /// The replay endpoint as advertised.
+    pub advertised_replay: Option<String>,
     /// Topic.
     pub topic: String,
     /// Replay buffer.
     pub buffer_steps: usize,
+    /// vLLM's publisher high-water mark (reported, not enforced).
+    pub hwm: u64,
+    /// vLLM's publisher queue bound (reported, not enforced).
+    pub max_queue_size: u64,
 }
 
 impl Args {
@@ -246,13 +265,19 @@ impl Args {
 
     /// KV-events settings from the flags and, over them, --kv-events-config.
     pub fn kv_events(&self) -> Result<KvEventsSettings, String> {
+        let endpoint = format!("tcp://{}:{}", self.host, self.kv_events_port);
+        let replay_endpoint = (!self.no_kv_events_replay)
+            .then(|| format!("tcp://{}:{}", self.host, self.kv_events_replay_port));
         let mut s = KvEventsSettings {
             enabled: true,
-            endpoint: format!("tcp://{}:{}", self.host, self.kv_events_port),
-            replay_endpoint: (!self.no_kv_events_replay)
-                .then(|| format!("tcp://{}:{}", self.host, self.kv_events_replay_port)),
+            advertised_endpoint: endpoint.clone(),
+            advertised_replay: replay_endpoint.clone(),
+            endpoint,
+            replay_endpoint,
             topic: self.kv_events_topic.clone(),
             buffer_steps: self.kv_events_buffer_steps,
+            hwm: 100_000,
+            max_queue_size: 100_000,
         };
         if let Some(cfg) = &self.kv_events_config {
             let v: serde_json::Value = serde_json::from_str(cfg)
@@ -268,11 +293,18 @@ impl Args {
                     ("publisher", serde_json::Value::String(p)) if p == "zmq" || p == "null" => {
                         s.enabled &= p == "zmq"
                     }
-                    ("endpoint", serde_json::Value::String(e)) => s.endpoint = fix(e),
-                    ("replay_endpoint", serde_json::Value::String(e)) => {
-                        s.replay_endpoint = Some(fix(e))
+                    ("endpoint", serde_json::Value::String(e)) => {
+                        s.endpoint = fix(e);
+                        s.advertised_endpoint = e.clone();
                     }
-                    ("replay_endpoint", serde_json::Value::Null) => s.replay_endpoint = None,
+                    ("replay_endpoint", serde_json::Value::String(e)) => {
+                        s.replay_endpoint = Some(fix(e));
+                        s.advertised_replay = Some(e.clone());
+                    }
+                    ("replay_endpoint", serde_json::Value::Null) => {
+                        s.replay_endpoint = None;
+                        s.advertised_replay = None;
+                    }
                     ("topic", serde_json::Value::String(t)) => s.topic = t.clone(),
                     ("buffer_steps", serde_json::Value::Number(n)) => {
                         s.buffer_steps = n
@@ -280,10 +312,18 @@ impl Args {
                             .ok_or("--kv-events-config.buffer_steps must be a positive integer")?
                             as usize
                     }
-                    ("hwm" | "max_queue_size" | "enable_kv_cache_events" | "publisher", _) => {
-                        if !matches!(k.as_str(), "hwm" | "max_queue_size") {
-                            return Err(format!("--kv-events-config.{k} has the wrong type"));
+                    ("hwm" | "max_queue_size", serde_json::Value::Number(n)) => {
+                        let n = n.as_u64().ok_or_else(|| {
+                            format!("--kv-events-config.{k} must be a non-negative integer")
+                        })?;
+                        if k == "hwm" {
+                            s.hwm = n;
+                        } else {
+                            s.max_queue_size = n;
                         }
+                    }
+                    ("hwm" | "max_queue_size" | "enable_kv_cache_events" | "publisher", _) => {
+                        return Err(format!("--kv-events-config.{k} has the wrong type"));
                     }
                     _ => {
                         return Err(format!(
@@ -296,6 +336,12 @@ impl Args {
         if s.buffer_steps == 0 {
             return Err("kv-events buffer_steps must be positive".into());
         }
+        let rank = self.data_parallel_rank;
+        let offset = |e: &str| crate::instrumentator::offset_endpoint_port(e, rank);
+        s.endpoint = offset(&s.endpoint);
+        s.advertised_endpoint = offset(&s.advertised_endpoint);
+        s.replay_endpoint = s.replay_endpoint.as_deref().map(offset);
+        s.advertised_replay = s.advertised_replay.as_deref().map(offset);
         Ok(s)
     }
 }
@@ -341,6 +387,19 @@ mod tests {
         assert_eq!(s.endpoint, "tcp://127.0.0.1:5557");
         assert_eq!(s.replay_endpoint.as_deref(), Some("tcp://127.0.0.1:5558"));
         assert_eq!(s.topic, "kv-events");
+        assert_eq!(s.advertised_endpoint, "tcp://*:5557");
+        let ranked = args(&[
+            "--data-parallel-rank",
+            "2",
+            "--kv-events-config",
+            r#"{"endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:0","hwm":7}"#,
+        ])
+        .kv_events()
+        .unwrap();
+        assert_eq!(ranked.endpoint, "tcp://127.0.0.1:5559");
+        assert_eq!(ranked.advertised_endpoint, "tcp://*:5559");
+        assert_eq!(ranked.advertised_replay.as_deref(), Some("tcp://*:0"));
+        assert_eq!(ranked.hwm, 7);
         assert!(args(&["--kv-events-config", "{\"bogus\":1}"])
             .kv_events()
             .is_err());

@@ -6,19 +6,26 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod anthropic;
+pub mod apis;
 pub mod block_pool;
 pub mod config;
 pub mod engine;
 pub mod exposition;
 pub mod faults;
 pub mod hashing;
+pub mod instrumentator;
 pub mod kv_events;
 pub mod latency;
 pub mod metrics;
 pub mod openai;
 pub mod publisher;
+pub mod response_store;
+pub mod responses;
+pub mod responses_input;
 pub mod runner;
 pub mod server;
+pub mod validation;
 
 use anyhow::Context;
 use config::Args;
@@ -156,6 +163,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    let merge_inline_system = anthropic::template_needs_system_first(&tokenizer);
     let state = Arc::new(server::AppState {
         model: args.model.clone(),
         max_model_len: args.max_model_len,
@@ -171,7 +179,22 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         next_id: std::sync::atomic::AtomicU64::new(0),
         failed: std::sync::atomic::AtomicU64::new(0),
         started,
+        apis: apis::ApiState {
+            merge_inline_system,
+            store: response_store::ResponseStore::new(args.enable_responses_api_store),
+            load_tracking: args.enable_server_load_tracking,
+            server_load: std::sync::atomic::AtomicI64::new(0),
+            kv_event_sources: instrumentator::kv_event_sources(
+                &ev,
+                &endpoints,
+                args.data_parallel_rank,
+            ),
+        },
     });
+    if args.enable_responses_api_store {
+        // vLLM warns the same: nothing is ever removed from the store.
+        tracing::warn!("the Responses API store is on: stored responses are never removed");
+    }
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
         .await
         .with_context(|| format!("binding HTTP on {}:{}", args.host, args.port))?;

@@ -59,14 +59,40 @@ pub struct AppState {
     pub failed: AtomicU64,
     /// Process start, for `created` fields.
     pub started: u64,
+    /// What the Messages and Responses APIs need beyond chat's.
+    pub apis: crate::apis::ApiState,
 }
 
 /// Builds the router.
 pub fn router(state: Arc<AppState>) -> Router {
-    Router::new()
+    use crate::{anthropic, instrumentator, responses};
+    // vLLM counts these routes in /load (its `load_aware_call`).
+    let load_aware = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{response_id}", get(responses::retrieve))
+        .route(
+            "/v1/responses/{response_id}/cancel",
+            post(responses::cancel),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            instrumentator::track_load,
+        ));
+    Router::new()
+        .merge(load_aware)
         .route("/v1/chat/completions/render", post(render_chat))
+        .route("/v1/messages/render", post(anthropic::render))
+        .route("/v1/responses/render", post(responses::render))
+        .route("/load", get(instrumentator::load))
+        .route("/version", get(instrumentator::version))
+        .route(
+            "/kv_event_sources",
+            get(instrumentator::kv_event_sources_handler),
+        )
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/v1/models", get(models))
@@ -81,13 +107,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         let what = if e.is_syntax() || e.is_eof() {
             "malformed JSON"
@@ -99,7 +125,7 @@ fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiErro
 }
 
 impl AppState {
-    fn check_model(&self, m: &Option<String>) -> Result<(), ApiError> {
+    pub(crate) fn check_model(&self, m: &Option<String>) -> Result<(), ApiError> {
         match m {
             None => Ok(()),
             Some(m) if *m == self.model => Ok(()),
@@ -109,7 +135,7 @@ impl AppState {
         }
     }
 
-    fn injected_failure(&self) -> Option<ApiError> {
+    pub(crate) fn injected_failure(&self) -> Option<ApiError> {
         let r = self.faults.fail_rate();
         if r > 0.0 && rand::random::<f64>() < r {
             self.failed.fetch_add(1, Ordering::Relaxed);
@@ -157,7 +183,7 @@ impl AppState {
 
     /// Decides the completion length and its finish reason, vLLM-style
     /// length checks included.
-    fn plan_output(
+    pub(crate) fn plan_output(
         &self,
         prompt_len: usize,
         max_tokens: Option<u32>,
@@ -214,7 +240,7 @@ impl AppState {
         })
     }
 
-    fn submit(
+    pub(crate) fn submit(
         &self,
         prompt: Vec<u32>,
         max_tokens: u32,
@@ -240,10 +266,10 @@ impl AppState {
 }
 
 /// Sends an abort when a request's handler or stream goes away early.
-struct AbortGuard {
-    engine: EngineHandle,
-    id: u64,
-    done: bool,
+pub(crate) struct AbortGuard {
+    pub(crate) engine: EngineHandle,
+    pub(crate) id: u64,
+    pub(crate) done: bool,
 }
 
 impl Drop for AbortGuard {
