@@ -18,63 +18,18 @@
 //!   32k-token requests against 8 and 64 endpoints of ~25k blocks each, p50 /
 //!   p99 in microseconds.
 
+#[path = "../tests/testkit/mod.rs"]
+mod testkit;
+
 use kvasir_cache_indexer::events::decode::decode_batch;
 use kvasir_cache_indexer::index::PoolIndex;
 use kvasir_cache_indexer::types::EndpointId;
-use rmpv::Value as V;
 use serde_json::json;
 use std::time::Instant;
+use testkit::{vllm_payload, Rng};
 
-const BS: u32 = 16;
+const BS: u32 = testkit::BLOCK_SIZE;
 const EVENT_BLOCKS: usize = 125;
-
-/// xorshift64*, deterministic.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
-/// A batch payload exactly as vLLM >= 0.23 writes it.
-fn payload(stored: Option<(&[u64], Option<u64>, &[u32])>, removed: Option<&[u64]>) -> Vec<u8> {
-    let mut events = Vec::new();
-    if let Some((hashes, parent, tokens)) = stored {
-        events.push(V::Map(vec![
-            (V::from("type"), V::from("BlockStored")),
-            (
-                V::from("block_hashes"),
-                V::Array(hashes.iter().map(|h| V::from(*h)).collect()),
-            ),
-            (V::from("parent_block_hash"), parent.map_or(V::Nil, V::from)),
-            (
-                V::from("token_ids"),
-                V::Array(tokens.iter().map(|t| V::from(*t)).collect()),
-            ),
-            (V::from("block_size"), V::from(BS)),
-            (V::from("lora_id"), V::Nil),
-            (V::from("medium"), V::from("GPU")),
-            (V::from("lora_name"), V::Nil),
-        ]));
-    }
-    if let Some(hashes) = removed {
-        events.push(V::Map(vec![
-            (V::from("type"), V::from("BlockRemoved")),
-            (
-                V::from("block_hashes"),
-                V::Array(hashes.iter().map(|h| V::from(*h)).collect()),
-            ),
-            (V::from("medium"), V::from("GPU")),
-        ]));
-    }
-    let b = V::Array(vec![V::F64(1.7e9), V::Array(events), V::from(0)]);
-    let mut out = Vec::new();
-    rmpv::encode::write_value(&mut out, &b).expect("encode to Vec");
-    out
-}
 
 /// Token ids of a realistic spread (1-, 2-, 3- and 5-byte msgpack ints).
 fn tokens(rng: &mut Rng, n: usize) -> Vec<u32> {
@@ -134,12 +89,12 @@ fn workload(
             .unwrap_or((None, None));
         out.push((
             ep,
-            payload(Some((&hashes[..EVENT_BLOCKS], None, &toks[..split])), a),
+            vllm_payload(Some((&hashes[..EVENT_BLOCKS], None, &toks[..split])), a),
             EVENT_BLOCKS,
         ));
         out.push((
             ep,
-            payload(
+            vllm_payload(
                 Some((
                     &hashes[EVENT_BLOCKS..],
                     Some(hashes[EVENT_BLOCKS - 1]),
@@ -211,8 +166,8 @@ fn memory(rng: &mut Rng, endpoints: usize, per_endpoint: usize) -> serde_json::V
             let hashes: Vec<u64> = (0..2 * EVENT_BLOCKS).map(|_| rng.next()).collect();
             let toks = tokens(rng, 2 * EVENT_BLOCKS * BS as usize);
             let split = EVENT_BLOCKS * BS as usize;
-            let p1 = payload(Some((&hashes[..EVENT_BLOCKS], None, &toks[..split])), None);
-            let p2 = payload(
+            let p1 = vllm_payload(Some((&hashes[..EVENT_BLOCKS], None, &toks[..split])), None);
+            let p2 = vllm_payload(
                 Some((
                     &hashes[EVENT_BLOCKS..],
                     Some(hashes[EVENT_BLOCKS - 1]),
@@ -274,7 +229,7 @@ fn overlap_bench(rng: &mut Rng, endpoints: usize, queries: usize) -> serde_json:
             for (c, hs) in hashes.chunks(EVENT_BLOCKS).enumerate() {
                 let start = c * EVENT_BLOCKS * BS as usize;
                 let t = &toks[start..start + hs.len() * BS as usize];
-                let p = payload(Some((hs, parent, t)), None);
+                let p = vllm_payload(Some((hs, parent, t)), None);
                 if let Ok(b) = decode_batch(&p) {
                     index.apply(EndpointId(e as u64), &b);
                 }

@@ -27,6 +27,9 @@
 //! none. Needs the Qwen3 tokenizer (`$KVASIR_TOKENIZER_DIR` or
 //! `.tools/tokenizers/qwen3`).
 
+#[path = "../tests/testkit/mod.rs"]
+mod testkit;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,6 +43,7 @@ use kvasir_cache_indexer::{stored_batch, IndexerService, Pool, Pools};
 use kvasir_proto::v1 as pb;
 use kvasir_tokenizer::{ChatMessage, ChatTokenizer};
 use serde_json::json;
+use testkit::Rng;
 
 const BLOCK: u32 = 16;
 const BLOCKS_PER_ENDPOINT: usize = 25_000;
@@ -50,17 +54,6 @@ fn tokenizer_dir() -> PathBuf {
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/tokenizers/qwen3")
         })
-}
-
-/// xorshift64*: reproducible filler without a dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
 }
 
 /// Text with a large, varied vocabulary (common words mixed with made-up

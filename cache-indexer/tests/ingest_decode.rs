@@ -2,7 +2,10 @@
 //! encoder lays them out (FACTS.md "vLLM KV-cache events"): both event
 //! layouts, every hash encoding, optional and unknown fields, and garbage.
 
+mod testkit;
+
 use kvasir_cache_indexer::events::decode::{decode_batch, DecodedBatch, EngineEvent, EngineHash};
+use testkit::Rng;
 
 /// A minimal msgpack writer that emits the smallest encoding of each value,
 /// as msgspec does. Written out by hand (not via a msgpack library) so the
@@ -668,20 +671,6 @@ fn sample_payloads() -> Vec<Vec<u8>> {
             None,
         ),
     ]
-}
-
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
 }
 
 /// A payload this decoder accepts must be one well-formed msgpack value

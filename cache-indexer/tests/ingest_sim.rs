@@ -5,6 +5,7 @@
 //! (built with `cargo build --release -p vllm-sim`).
 
 mod service_support;
+mod testkit;
 
 use bytes::Bytes;
 use kvasir_cache_indexer::events::subscriber::{
@@ -16,9 +17,10 @@ use serde_json::{json, Value};
 use service_support::MODEL;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::vllm_payload;
 use zeromq::{Socket, SocketSend, ZmqMessage};
 
-const BLOCK: u32 = 16;
+const BLOCK: u32 = testkit::BLOCK_SIZE;
 
 /// One simulator process ([`service_support::Sim`]: fresh ports, output
 /// kept, bounded start with retries, killed on drop) and what these tests
@@ -409,28 +411,6 @@ async fn reset_prefix_cache_clears_the_endpoint() {
     assert_eq!(index.blocks(ep), 0);
 }
 
-/// A valid `[ts, [BlockStored], nil]` payload (map layout, int hashes).
-fn stored_payload(hashes: &[u64], parent: Option<u64>, tokens: &[u32]) -> Vec<u8> {
-    use rmpv::Value as V;
-    let ev = V::Map(vec![
-        (V::from("type"), V::from("BlockStored")),
-        (
-            V::from("block_hashes"),
-            V::Array(hashes.iter().map(|h| V::from(*h)).collect()),
-        ),
-        (V::from("parent_block_hash"), parent.map_or(V::Nil, V::from)),
-        (
-            V::from("token_ids"),
-            V::Array(tokens.iter().map(|t| V::from(*t)).collect()),
-        ),
-        (V::from("block_size"), V::from(BLOCK)),
-    ]);
-    let b = V::Array(vec![V::F64(1.0), V::Array(vec![ev]), V::Nil]);
-    let mut out = Vec::new();
-    rmpv::encode::write_value(&mut out, &b).expect("encode");
-    out
-}
-
 fn msg(frames: Vec<Vec<u8>>) -> ZmqMessage {
     ZmqMessage::try_from(frames.into_iter().map(Bytes::from).collect::<Vec<_>>()).expect("frames")
 }
@@ -488,7 +468,7 @@ async fn garbage_on_a_fake_publisher_is_counted_and_survived() {
         .send(msg(vec![
             vec![],
             seq(4),
-            stored_payload(&hashes, None, &toks),
+            vllm_payload(Some((&hashes, None, &toks)), None),
         ]))
         .await
         .expect("send");
@@ -529,7 +509,7 @@ async fn old_replay_format_and_topic() {
     // Batch k stores chain k: 2 blocks, hashes 100k+1, 100k+2.
     let chain = |k: u64| -> (Vec<u32>, Vec<u8>) {
         let toks: Vec<u32> = (0..32).map(|i| k as u32 * 1000 + i).collect();
-        let p = stored_payload(&[100 * k + 1, 100 * k + 2], None, &toks);
+        let p = vllm_payload(Some((&[100 * k + 1, 100 * k + 2], None, &toks)), None);
         (toks, p)
     };
     let ring: Ring = Arc::new(Mutex::new((0..3).map(|k| (k, chain(k).1)).collect()));

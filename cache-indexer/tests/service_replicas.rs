@@ -25,6 +25,12 @@ fn summary(p: &pb::PickResponse) -> (Vec<(String, u32)>, String, u32) {
     )
 }
 
+/// How many blocks a replica indexes for each endpoint.
+async fn indexed_blocks(r: &Running) -> Vec<u64> {
+    let state = r.state().await;
+    state.endpoints.iter().map(|e| e.indexed_blocks).collect()
+}
+
 /// Waits until both replicas index the same number of blocks for every
 /// endpoint, unchanged over a few polls.
 async fn wait_same_index(a: &Running, b: &Running) {
@@ -32,20 +38,7 @@ async fn wait_same_index(a: &Running, b: &Running) {
     let mut last = Vec::new();
     let mut stable = 0;
     loop {
-        let sa: Vec<u64> = a
-            .state()
-            .await
-            .endpoints
-            .iter()
-            .map(|e| e.indexed_blocks)
-            .collect();
-        let sb: Vec<u64> = b
-            .state()
-            .await
-            .endpoints
-            .iter()
-            .map(|e| e.indexed_blocks)
-            .collect();
+        let (sa, sb) = (indexed_blocks(a).await, indexed_blocks(b).await);
         if sa == sb && sa == last {
             stable += 1;
             if stable >= 3 {
