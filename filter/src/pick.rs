@@ -40,38 +40,50 @@ pub struct PickInput<'a> {
     pub max_endpoints: u32,
 }
 
-/// The encoded `PickRequest`, or `None` when the prompt cannot be picked
-/// for (a batch of prompts): the request then goes to Envoy's own load
-/// balancing.
+/// The encoded `PickRequest`, or `None` when the request cannot be picked
+/// for (a batch of prompts, or no prompt and no stored response): the
+/// request then goes to Envoy's own load balancing. A request bound to a
+/// stored response carries its id (`response_id`), and its prompt when it
+/// has one.
 pub fn pick_request(req: &ParsedRequest<'_>, input: &PickInput<'_>) -> Option<Vec<u8>> {
+    let response_id = req.response_id.as_deref().unwrap_or_default();
     let prompt = match &req.prompt {
-        RequestPrompt::Chat(ms) => pick_request::Prompt::Chat(Chat {
+        RequestPrompt::Chat(ms) if !ms.is_empty() => Some(pick_request::Prompt::Chat(Chat {
             messages: ms
                 .iter()
                 .map(|m| ChatMessage {
                     role: m.role.to_string(),
-                    content: m.content.flattened(),
+                    content: m.template_text(),
                 })
                 .collect(),
-        }),
-        RequestPrompt::Completion(Prompt::Text(t)) => pick_request::Prompt::Text(t.to_string()),
+        })),
+        RequestPrompt::Completion(Prompt::Text(t)) => {
+            Some(pick_request::Prompt::Text(t.to_string()))
+        }
         RequestPrompt::Completion(Prompt::Ids(ids)) => {
-            pick_request::Prompt::TokenIds(TokenIds { ids: ids.clone() })
+            Some(pick_request::Prompt::TokenIds(TokenIds {
+                ids: ids.clone(),
+            }))
         }
         RequestPrompt::Completion(Prompt::Batch(..)) => return None,
+        RequestPrompt::Chat(_) | RequestPrompt::None => None,
     };
+    if prompt.is_none() && response_id.is_empty() {
+        return None;
+    }
     let msg = PickRequest {
         pool: input.pool.to_string(),
         model: input.model.to_string(),
         tenant: input.tenant.to_string(),
         request_id: input.request_id.to_string(),
-        prompt: Some(prompt),
+        prompt,
         hints: Some(Hints {
             priority: input.priority,
             expected_output_tokens: u32::try_from(req.max_tokens).unwrap_or(u32::MAX),
             cache_salt: req.cache_salt.as_deref().unwrap_or_default().to_string(),
         }),
         max_endpoints: input.max_endpoints,
+        response_id: response_id.to_string(),
     };
     Some(msg.encode_to_vec())
 }
@@ -120,6 +132,22 @@ impl FailOpen {
     }
 }
 
+/// Why a pick gave no endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoPick {
+    /// Envoy's load balancing picks instead (counted as a fail-open).
+    FailOpen(FailOpen),
+    /// The request names a stored response that no live engine is known to
+    /// hold: the client gets vLLM's 404 for an unknown id.
+    UnknownResponse,
+}
+
+impl From<FailOpen> for NoPick {
+    fn from(why: FailOpen) -> NoPick {
+        NoPick::FailOpen(why)
+    }
+}
+
 /// A usable pick.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Picked {
@@ -142,7 +170,7 @@ pub struct Picked {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PickOutcome {
     /// The endpoints, or why there are none.
-    pub result: Result<Picked, FailOpen>,
+    pub result: Result<Picked, NoPick>,
     /// Pool saturation 0..1, when the answer carried one.
     pub saturation: Option<f64>,
 }
@@ -151,7 +179,7 @@ impl PickOutcome {
     /// A pick that produced no answer to learn from: fail open, no saturation.
     pub fn failed(why: FailOpen) -> PickOutcome {
         PickOutcome {
-            result: Err(why),
+            result: Err(NoPick::FailOpen(why)),
             saturation: None,
         }
     }
@@ -179,6 +207,12 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
         .pool_saturation
         .is_finite()
         .then_some(resp.pool_saturation.clamp(0.0, 1.0));
+    if resp.decision == Decision::UnknownResponse as i32 {
+        return PickOutcome {
+            result: Err(NoPick::UnknownResponse),
+            saturation: None,
+        };
+    }
     if resp.endpoints.is_empty() {
         // Its saturation (1 by the indexer's rule for "none healthy") says
         // nothing about load: not learnt.
@@ -190,7 +224,7 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
         .all(|e| is_endpoint_address(&e.address))
     {
         return PickOutcome {
-            result: Err(FailOpen::BadResponse),
+            result: Err(FailOpen::BadResponse.into()),
             saturation,
         };
     }
@@ -242,6 +276,9 @@ pub struct ReportInput<'a> {
     pub outcome: Outcome,
     /// Which point of the request's life.
     pub phase: ReportPhase,
+    /// The id the engine gave a stored Responses API response ("" when
+    /// none, not known yet, or the request set `store: false`).
+    pub response_id: &'a str,
 }
 
 /// The encoded `ReportRequest`.
@@ -259,6 +296,7 @@ pub fn report_request(r: &ReportInput<'_>) -> Vec<u8> {
         e2e_ms: r.e2e_ms,
         outcome: r.outcome as i32,
         phase: r.phase as i32,
+        response_id: r.response_id.to_string(),
     }
     .encode_to_vec()
 }
@@ -386,18 +424,30 @@ mod tests {
 
     #[test]
     fn failures_fail_open() {
-        assert_eq!(pick_outcome(14, None).result, Err(FailOpen::Unavailable));
-        assert_eq!(pick_outcome(4, None).result, Err(FailOpen::Timeout));
-        assert_eq!(pick_outcome(3, None).result, Err(FailOpen::GrpcError));
-        assert_eq!(pick_outcome(0, None).result, Err(FailOpen::BadResponse));
+        assert_eq!(
+            pick_outcome(14, None).result,
+            Err(NoPick::FailOpen(FailOpen::Unavailable))
+        );
+        assert_eq!(
+            pick_outcome(4, None).result,
+            Err(NoPick::FailOpen(FailOpen::Timeout))
+        );
+        assert_eq!(
+            pick_outcome(3, None).result,
+            Err(NoPick::FailOpen(FailOpen::GrpcError))
+        );
+        assert_eq!(
+            pick_outcome(0, None).result,
+            Err(NoPick::FailOpen(FailOpen::BadResponse))
+        );
         assert_eq!(
             pick_outcome(0, Some(b"\xff\xff\xff")).result,
-            Err(FailOpen::BadResponse)
+            Err(NoPick::FailOpen(FailOpen::BadResponse))
         );
         let o = pick_outcome(0, Some(&answer(&[], Decision::NoEndpoints, 1.0)));
         assert_eq!(
             (o.result, o.saturation),
-            (Err(FailOpen::NoEndpoints), None),
+            (Err(NoPick::FailOpen(FailOpen::NoEndpoints)), None),
             "no endpoints known is not saturation"
         );
         // An indexer must not be able to inject header syntax.
@@ -410,7 +460,7 @@ mod tests {
         ] {
             assert_eq!(
                 pick_outcome(0, Some(&answer(&[bad], Decision::Load, 0.0))).result,
-                Err(FailOpen::BadResponse),
+                Err(NoPick::FailOpen(FailOpen::BadResponse)),
                 "{bad}"
             );
         }
@@ -476,8 +526,10 @@ mod tests {
             e2e_ms: 40.0,
             outcome: Outcome::Success,
             phase: ReportPhase::Done,
+            response_id: "resp_1",
         });
         let r = ReportRequest::decode(b.as_slice()).unwrap();
+        assert_eq!(r.response_id, "resp_1");
         assert_eq!(
             (r.prompt_tokens, r.cached_tokens, r.completion_tokens),
             (100, 64, 5)

@@ -1,11 +1,14 @@
 //! Local replies in the API's own error shape.
 //!
-//! OpenAI (`/v1/chat/completions`, `/v1/completions`, and any other path):
-//! `{"error": {"message", "type", "param", "code"}}` with OpenAI's type
-//! names (`invalid_request_error`, `authentication_error`, ...) and a
-//! string `code` saying exactly what happened. Anthropic (`/v1/messages`):
+//! OpenAI (`/v1/chat/completions`, `/v1/completions`, `/v1/responses*`,
+//! and any other path): `{"error": {"message", "type", "param", "code"}}`
+//! with OpenAI's type names (`invalid_request_error`,
+//! `authentication_error`, ...) and a string `code` saying exactly what
+//! happened. Anthropic (`/v1/messages`, `/v1/messages/count_tokens`):
 //! `{"type": "error", "error": {"type", "message"}}` with Anthropic's type
 //! names. Clients' SDKs then raise their usual exception for the status.
+//! An unknown stored response is answered exactly as vLLM answers it
+//! ([`unknown_response`]).
 
 use kvasir_policy::ApiKind;
 use serde_json::json;
@@ -40,7 +43,7 @@ impl Shape {
     /// The shape of an API (`None`: a path the filter does not parse).
     pub fn of(api: Option<ApiKind>) -> Shape {
         match api {
-            Some(ApiKind::AnthropicMessages) => Shape::Anthropic,
+            Some(ApiKind::AnthropicMessages | ApiKind::AnthropicCountTokens) => Shape::Anthropic,
             _ => Shape::OpenAi,
         }
     }
@@ -98,6 +101,27 @@ pub fn error_reply(
             (REPLY_MARKER.into(), "filter".into()),
         ],
         // A json! value of strings always serializes.
+        body: serde_json::to_vec(&body).unwrap_or_default(),
+    }
+}
+
+/// vLLM's answer to a Responses API request naming a response it does not
+/// hold (`_make_not_found_error`: an `ErrorResponse` whose `code` is the
+/// status as a number), so a client cannot tell the gateway's answer from
+/// the engine's.
+pub fn unknown_response(id: &str) -> LocalReply {
+    let body = json!({"error": {
+        "message": format!("Response with id '{id}' not found."),
+        "type": "invalid_request_error",
+        "param": "response_id",
+        "code": 404,
+    }});
+    LocalReply {
+        status: 404,
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            (REPLY_MARKER.into(), "filter".into()),
+        ],
         body: serde_json::to_vec(&body).unwrap_or_default(),
     }
 }
@@ -176,6 +200,23 @@ mod tests {
             Shape::Anthropic
         );
         assert_eq!(Shape::of(None), Shape::OpenAi);
+    }
+
+    #[test]
+    fn unknown_response_is_vllms_404() {
+        let r = unknown_response("resp_1\"x");
+        assert_eq!(r.status, 404);
+        assert!(r.headers.contains(&(REPLY_MARKER.into(), "filter".into())));
+        assert_eq!(
+            body(&r),
+            json!({"error": {"message": "Response with id 'resp_1\"x' not found.",
+                "type": "invalid_request_error", "param": "response_id", "code": 404}})
+        );
+        assert_eq!(
+            Shape::of(Some(ApiKind::AnthropicCountTokens)),
+            Shape::Anthropic
+        );
+        assert_eq!(Shape::of(Some(ApiKind::Responses)), Shape::OpenAi);
     }
 
     #[test]

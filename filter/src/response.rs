@@ -1,7 +1,10 @@
 //! The response side: time to first token, inter-token gaps and end to
-//! end time, and the token counts of `usage`, read from the final JSON or
+//! end time, the token counts of `usage`, read from the final JSON or
 //! from the SSE stream (OpenAI's usage chunk, Anthropic's `message_start`
-//! and `message_delta` events).
+//! and `message_delta` events, the Responses API's `response.completed`
+//! or `response.incomplete`), and the id of a Responses API response (the
+//! body's `id`, or the `response.id` of the first event that has one,
+//! `response.created`).
 //!
 //! The response is never held back: chunks are looked at as they pass.
 //! Only SSE lines that mention `"usage"` are parsed with serde; a
@@ -36,6 +39,9 @@ struct RawUsage {
     cache_read_input_tokens: Option<u64>,
     #[serde(default)]
     cache_creation_input_tokens: Option<u64>,
+    /// The Responses API's: its `input_tokens` include the cached ones.
+    #[serde(default)]
+    input_tokens_details: Option<Details>,
 }
 
 impl RawUsage {
@@ -52,7 +58,8 @@ impl RawUsage {
             input_tokens,
             output_tokens,
             cache_read_input_tokens,
-            cache_creation_input_tokens
+            cache_creation_input_tokens,
+            input_tokens_details
         );
     }
 
@@ -66,6 +73,14 @@ impl RawUsage {
                 prompt_tokens: p,
                 cached_tokens: cached.min(p),
                 completion_tokens: self.completion_tokens.unwrap_or(0),
+            });
+        }
+        if let (Some(input), Some(d)) = (self.input_tokens, self.input_tokens_details) {
+            let cached = d.cached_tokens.unwrap_or(0);
+            return Some(Usage {
+                prompt_tokens: input,
+                cached_tokens: cached.min(input),
+                completion_tokens: self.output_tokens.unwrap_or(0),
             });
         }
         if self.input_tokens.is_some() || self.output_tokens.is_some() {
@@ -97,6 +112,38 @@ struct WithUsage {
     /// Anthropic's `message_start` nests it under `message`.
     #[serde(default)]
     message: Option<Inner>,
+    /// The Responses API's terminal events nest it under `response`.
+    #[serde(default)]
+    response: Option<Inner>,
+}
+
+#[derive(Deserialize)]
+struct IdOnly {
+    #[serde(default)]
+    id: Option<String>,
+}
+
+/// A streamed Responses API event: `response.id`.
+#[derive(Deserialize)]
+struct EventWithId {
+    #[serde(default)]
+    response: Option<IdOnly>,
+}
+
+/// The `id` of a JSON object whose first member is `id` (vLLM writes a
+/// response's `id` first), read from the start of a body that may not have
+/// fully arrived; `None` until the whole string is there, or when the body
+/// does not start that way.
+fn leading_id(body: &[u8]) -> Option<String> {
+    let ws = |b: &[u8]| b.iter().take_while(|c| c.is_ascii_whitespace()).count();
+    let mut i = ws(body);
+    i += usize::from(body.get(i) == Some(&b'{'));
+    i += ws(&body[i.min(body.len())..]);
+    let rest = body.get(i..)?.strip_prefix(b"\"id\"")?;
+    let rest = &rest[ws(rest)..];
+    let rest = rest.strip_prefix(b":")?;
+    let mut d = serde_json::Deserializer::from_slice(rest);
+    String::deserialize(&mut d).ok()
 }
 
 /// What one response chunk told the tracker.
@@ -108,6 +155,9 @@ pub struct ChunkEvents {
     /// events (ns), for the inter-token latency histogram. One sample per
     /// chunk: a chunk with several events gets their mean gap.
     pub itl_ns: Option<u64>,
+    /// A Responses API response's id became known in this chunk
+    /// ([`ResponseTracker::response_id`]).
+    pub response_id: bool,
 }
 
 /// Watches one response.
@@ -124,6 +174,8 @@ pub struct ResponseTracker {
     raw: RawUsage,
     seen_usage: bool,
     events: u64,
+    want_id: bool,
+    response_id: Option<String>,
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -147,7 +199,24 @@ impl ResponseTracker {
             raw: RawUsage::default(),
             seen_usage: false,
             events: 0,
+            want_id: false,
+            response_id: None,
         }
+    }
+
+    /// Also looks for the id of a Responses API response.
+    pub fn with_response_id(mut self) -> ResponseTracker {
+        self.want_id = true;
+        self
+    }
+
+    /// The response's id, once seen (only with [`Self::with_response_id`]).
+    pub fn response_id(&self) -> Option<&str> {
+        self.response_id.as_deref()
+    }
+
+    fn wants_id(&self) -> bool {
+        self.want_id && self.response_id.is_none()
     }
 
     /// Whether the response is SSE.
@@ -165,6 +234,7 @@ impl ResponseTracker {
             self.first_ns = Some(now_ns);
             ev.first = true;
         }
+        let had_id = !self.wants_id();
         if !self.streaming {
             if !self.overflow {
                 if self.body.len() + chunk.len() > self.limit {
@@ -174,9 +244,14 @@ impl ResponseTracker {
                     self.body.extend_from_slice(chunk);
                 }
             }
+            if self.wants_id() {
+                self.response_id = leading_id(&self.body);
+            }
+            ev.response_id = !had_id && self.response_id.is_some();
             return ev;
         }
         let n = self.scan_sse(chunk);
+        ev.response_id = !had_id && self.response_id.is_some();
         if n > 0 {
             if let Some(last) = self.last_event_ns {
                 ev.itl_ns = now_ns.saturating_sub(last).checked_div(n);
@@ -215,12 +290,21 @@ impl ResponseTracker {
         if payload.is_empty() || payload == b"[DONE]" {
             return 0;
         }
+        if self.wants_id() && contains(payload, b"\"response\"") {
+            if let Ok(EventWithId { response: Some(r) }) = serde_json::from_slice(payload) {
+                self.response_id = r.id;
+            }
+        }
         if contains(payload, b"\"usage\"") {
             if let Ok(w) = serde_json::from_slice::<WithUsage>(payload) {
                 let mut any = false;
-                for u in [w.message.and_then(|m| m.usage), w.usage]
-                    .into_iter()
-                    .flatten()
+                for u in [
+                    w.message.and_then(|m| m.usage),
+                    w.response.and_then(|r| r.usage),
+                    w.usage,
+                ]
+                .into_iter()
+                .flatten()
                 {
                     self.raw.merge(u);
                     any = true;
@@ -250,6 +334,12 @@ impl ResponseTracker {
                     self.raw.merge(u);
                     self.seen_usage = true;
                 }
+            }
+            if self.wants_id() {
+                // Another server may write `id` later in the object.
+                self.response_id = serde_json::from_slice::<IdOnly>(&body)
+                    .ok()
+                    .and_then(|o| o.id);
             }
         }
         if self.streaming && !self.carry.is_empty() {

@@ -3,6 +3,7 @@
 //! ([`Sessions`]), and the root's timer period ([`Timer`]).
 
 use super::*;
+use crate::pick::NoPick;
 use kvasir_proto::v1::{
     session_request, CallError, PickRequest, PickResponse, PickedEndpoint, ReportRequest,
     SessionRequest,
@@ -60,12 +61,15 @@ fn answers_go_to_their_waiter_once() {
         message: "pool: unknown pool `x`".into(),
     }));
     let (_, w, out) = s.answer(&answer(a, err)).unwrap();
-    assert_eq!((w, out.result), (1, Err(FailOpen::GrpcError)));
+    assert_eq!(
+        (w, out.result),
+        (1, Err(NoPick::FailOpen(FailOpen::GrpcError)))
+    );
     assert!(s.answer(b"\xff\xff").is_none(), "garbage is dropped");
     // An answer that names a non-address is a bad response, as in unary.
     let (c, _) = s.pick(b"", 100, 3);
     let (_, _, out) = s.answer(&answer(c, picked("evil.example"))).unwrap();
-    assert_eq!(out.result, Err(FailOpen::BadResponse));
+    assert_eq!(out.result, Err(NoPick::FailOpen(FailOpen::BadResponse)));
 }
 
 #[test]
@@ -384,7 +388,7 @@ fn a_stalled_stream_is_cancelled_and_its_picks_time_out() {
     assert!(up
         .deliver
         .iter()
-        .all(|d| d.outcome.result == Err(FailOpen::Timeout)));
+        .all(|d| d.outcome.result == Err(NoPick::FailOpen(FailOpen::Timeout))));
     assert!(up.open.is_empty());
     // Given up: its end is nobody's, and the next pick is unary.
     assert_eq!(s.closed(7, 1, 40 * MS), None);

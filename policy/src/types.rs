@@ -307,6 +307,16 @@ pub enum ApiKind {
     Completions,
     /// Anthropic `/v1/messages`.
     AnthropicMessages,
+    /// Anthropic `/v1/messages/count_tokens`: a prompt to count, nothing
+    /// generated. Its own kind, so `apis: [anthropicMessages]` does not
+    /// cover it.
+    AnthropicCountTokens,
+    /// OpenAI's Responses API: `POST /v1/responses`, and the requests on a
+    /// stored response, `GET /v1/responses/{id}` and
+    /// `POST /v1/responses/{id}/cancel` (these carry no model and no
+    /// prompt, so `models`, `promptTokens`, `pii` and `easy` conditions see
+    /// an empty model and an empty prompt).
+    Responses,
 }
 
 /// One policy: when `match` holds, `action` is taken.

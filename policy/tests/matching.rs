@@ -170,6 +170,35 @@ fn api_kinds() {
             ..Req::default()
         }
     ));
+    // count_tokens and the Responses API are kinds of their own.
+    for api in [ApiKind::AnthropicCountTokens, ApiKind::Responses] {
+        assert!(!hit(
+            &c,
+            Req {
+                api,
+                ..Req::default()
+            }
+        ));
+    }
+    let c = one(r#"{"apis": ["responses", "anthropicCountTokens"]}"#);
+    for (api, hits) in [
+        (ApiKind::Responses, true),
+        (ApiKind::AnthropicCountTokens, true),
+        (ApiKind::AnthropicMessages, false),
+        (ApiKind::Chat, false),
+    ] {
+        assert_eq!(
+            hit(
+                &c,
+                Req {
+                    api,
+                    ..Req::default()
+                }
+            ),
+            hits,
+            "{api:?}"
+        );
+    }
 }
 
 #[test]

@@ -56,14 +56,14 @@ fn wrong_types_and_variants() {
     let e = parse_json(&MINIMAL.replace(r#""modle""#, r#""apis""#).replace(
         r#"["m"]}, "action": {"route": {"pool": "main"}}}
   ]"#,
-        r#"["chat", "responses"]}, "action": {"route": {"pool": "main"}}}
+        r#"["chat", "embeddings"]}, "action": {"route": {"pool": "main"}}}
   ]"#,
     ))
     .unwrap_err();
     assert_eq!(e.path, "policies[1].match.apis[1]");
     assert_eq!(
         e.message,
-        "unknown variant `responses`, expected one of `chat`, `completions`, `anthropicMessages`"
+        "unknown variant `embeddings`, expected one of `chat`, `completions`, `anthropicMessages`, `anthropicCountTokens`, `responses`"
     );
 }
 

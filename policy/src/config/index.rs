@@ -62,6 +62,8 @@ pub(crate) fn api_bit(a: ApiKind) -> u8 {
         ApiKind::Chat => 1,
         ApiKind::Completions => 2,
         ApiKind::AnthropicMessages => 4,
+        ApiKind::AnthropicCountTokens => 8,
+        ApiKind::Responses => 16,
     }
 }
 

@@ -10,25 +10,32 @@
 //! reply or after it was resumed, and response headers only in the
 //! response-headers callback. The tests drive it with a host that fails
 //! the test on any call outside those states.
+//!
+//! A request on a stored Responses API response (`GET /v1/responses/{id}`,
+//! `POST /v1/responses/{id}/cancel`) has no body to wait for: it is decided
+//! and picked for at its headers, with the response id and no prompt. The
+//! response side (usage, reports) is [`respond`]'s.
 
+mod respond;
+
+use std::borrow::Cow;
 use std::rc::Rc;
 
 use kvasir_policy::{
     ApiKind, Decision, PoolConfig, ProviderConfig, RequestFacts, TenantError, TenantInput,
     TenantSourceKind,
 };
-use kvasir_proto::v1::{Outcome, ReportPhase};
 
 pub use crate::host::{DeferredCall, Host};
-use crate::pick::{self, FailOpen, PickInput, PickOutcome, Picked, ReportInput};
-use crate::reply::{error_reply, shed_reply, LocalReply, Shape};
-use crate::request::{api_for_path, content_encoding_error, parse_body, ParsedRequest};
+use crate::pick::{self, FailOpen, NoPick, PickInput, PickOutcome, Picked};
+use crate::reply::{error_reply, shed_reply, unknown_response, LocalReply, Shape};
+use crate::request::{
+    api_for_path, content_encoding_error, parse_body, stored_response_request, ParsedRequest,
+};
 use crate::response::ResponseTracker;
 use crate::rewrite::{rewrite_body, Rewrite};
 pub use crate::shared::Shared;
-use crate::stats::{
-    ns_to_ms, pool_stat, response_class, tenant_model_prefix, RequestDecision, UNKNOWN_TENANT,
-};
+use crate::stats::{pool_stat, tenant_model_prefix, RequestDecision, UNKNOWN_TENANT};
 
 /// The model label of requests refused before their body was read.
 pub const UNKNOWN_MODEL: &str = "unknown";
@@ -94,6 +101,15 @@ pub struct Flow {
     pick_started_ns: u64,
     /// The upstream cut the response after it started (see `on_log`).
     cut: bool,
+    /// The stored response the request is bound to (`previous_response_id`
+    /// or the path's id).
+    response_id: Option<String>,
+    /// A `GET` or `cancel` of a stored response: its body repeats the
+    /// stored usage, which is not charged again.
+    stored: bool,
+    /// Whether the engine's id for the response is reported (a Responses
+    /// API request that did not set `store: false`).
+    learn_response_id: bool,
 }
 
 fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -127,6 +143,9 @@ impl Flow {
             tracker: None,
             pick_started_ns: 0,
             cut: false,
+            response_id: None,
+            stored: false,
+            learn_response_id: false,
         }
     }
 
@@ -187,9 +206,13 @@ impl Flow {
                 }
             }
         }
-        let post = header(&headers, ":method") == Some("POST");
-        self.api = if post {
-            header(&headers, ":path").and_then(api_for_path)
+        let method = header(&headers, ":method").unwrap_or_default();
+        let path = header(&headers, ":path").unwrap_or_default();
+        let stored = stored_response_request(method, path).map(|(_, id)| id.into_owned());
+        self.api = if stored.is_some() {
+            Some(ApiKind::Responses)
+        } else if method == "POST" {
+            api_for_path(path)
         } else {
             None
         };
@@ -231,6 +254,9 @@ impl Flow {
             }
         }
         self.headers = headers;
+        if let Some(id) = stored {
+            return self.on_stored_response(host, id);
+        }
         if self.api.is_none() {
             self.count(
                 &format!("requests.{}", RequestDecision::Passthrough.as_str()),
@@ -291,12 +317,37 @@ impl Flow {
             }
         };
         self.model_label = shared.config.model_label(&req.model).to_string();
+        self.learn_response_id = req.api == ApiKind::Responses && req.store;
         let body = Body {
             req: &req,
             bytes: &body,
             size: body_size,
         };
-        match self.decide(&shared, &req, host.now_ns()) {
+        let decision = self.decide(&shared, &req, host.now_ns());
+        self.act(host, &req, Some(&body), decision)
+    }
+
+    /// A `GET` or `cancel` of the stored response `id`: decided at the
+    /// headers (there is no body to read), with no model and no prompt.
+    fn on_stored_response(&mut self, host: &mut dyn Host, id: String) -> Verdict {
+        self.stored = true;
+        self.learn_response_id = true;
+        let shared = Rc::clone(&self.shared);
+        let req = ParsedRequest::stored_response(Cow::Owned(id));
+        let decision = self.decide(&shared, &req, host.now_ns());
+        self.act(host, &req, None, decision)
+    }
+
+    /// Does what the policies decided; `body` is `None` for a request
+    /// without one (nothing to rewrite).
+    fn act(
+        &mut self,
+        host: &mut dyn Host,
+        req: &ParsedRequest<'_>,
+        body: Option<&Body<'_, '_>>,
+        decision: Decision<'_>,
+    ) -> Verdict {
+        match decision {
             Decision::Reject { status, message } => {
                 let r = error_reply(self.shape(), status, "policy_rejected", None, message);
                 self.reply(host, RequestDecision::Reject, &r)
@@ -313,7 +364,9 @@ impl Flow {
                 rewrite_model,
                 include_usage,
             } => {
-                self.rewrite(host, &body, rewrite_model, include_usage);
+                if let Some(b) = body {
+                    self.rewrite(host, b, rewrite_model, include_usage);
+                }
                 self.route_to_provider(host, provider)
             }
             Decision::RoutePool {
@@ -323,8 +376,10 @@ impl Flow {
                 priority,
                 include_usage,
             } => {
-                self.rewrite(host, &body, rewrite_model, include_usage);
-                self.route_to_pool(host, &req, pool, rewrite_model, priority)
+                if let Some(b) = body {
+                    self.rewrite(host, b, rewrite_model, include_usage);
+                }
+                self.route_to_pool(host, req, pool, rewrite_model, priority)
             }
         }
     }
@@ -395,6 +450,14 @@ impl Flow {
             picked: None,
         });
         self.phase = Phase::Forwarded;
+        if req.api == ApiKind::AnthropicCountTokens {
+            // Counting runs the tokenizer on the engine's API server, not
+            // the model: no prefix cache to find and no load on the engine
+            // worth accounting. Envoy's least-request balancing picks,
+            // without an indexer round trip and without a fail-open.
+            return Verdict::Continue;
+        }
+        self.response_id = req.response_id.as_ref().map(|id| id.to_string());
         let input = PickInput {
             pool: &pool.indexer_pool,
             model: rewrite_model.unwrap_or(&req.model),
@@ -453,7 +516,7 @@ impl Flow {
             model: model.filter(|m| *m != req.model),
             include_usage: include_usage
                 && req.stream
-                && req.api != ApiKind::AnthropicMessages
+                && matches!(req.api, ApiKind::Chat | ApiKind::Completions)
                 && req.include_usage != Some(true),
         };
         if rw.is_noop() {
@@ -525,236 +588,23 @@ impl Flow {
                     r.picked = Some(p);
                 }
             }
-            Err(why) => self.fail_open(why),
+            Err(NoPick::FailOpen(why)) => self.fail_open(why),
+            Err(NoPick::UnknownResponse) => {
+                if let (Some(id), Some(r)) = (&self.response_id, &self.routed) {
+                    let stat = pool_stat(&r.pool_name, "pick.unknown_response");
+                    self.shared.stats.count(&stat, 1);
+                    host.send_reply(&unknown_response(id));
+                    self.phase = Phase::Replied;
+                    return;
+                }
+                // An answer about a response the request never named.
+                self.fail_open(FailOpen::BadResponse);
+            }
         }
         self.phase = Phase::Forwarded;
         host.resume_request();
     }
-
-    /// Response headers: status, streaming or not, which endpoint served.
-    pub fn on_response_headers(&mut self, host: &mut dyn Host, end_of_stream: bool) -> Verdict {
-        if self.phase != Phase::Forwarded {
-            return Verdict::Continue;
-        }
-        let s = &self.shared.config.settings;
-        self.status = host.response_header(":status").and_then(|v| v.parse().ok());
-        let streaming = host.response_header("content-type").is_some_and(|c| {
-            c.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("text/event-stream")
-        });
-        let upstream_said = host.response_header(&s.served_header);
-        self.served = upstream_said
-            .clone()
-            .or_else(|| host.upstream_address())
-            .or_else(|| {
-                self.routed
-                    .as_ref()
-                    .and_then(|r| r.picked.as_ref())
-                    .map(|p| p.first.clone())
-            });
-        if s.expose_served_endpoint && upstream_said.is_none() {
-            if let Some(addr) = &self.served {
-                host.add_response_header(&s.served_header, addr);
-            }
-        }
-        self.tracker = Some(ResponseTracker::new(
-            self.start_ns,
-            streaming,
-            s.response_body_limit_bytes,
-        ));
-        if end_of_stream {
-            self.finish(host, true);
-        }
-        Verdict::Continue
-    }
-
-    fn ok_status(&self) -> bool {
-        self.status.is_some_and(|s| (200..300).contains(&s))
-    }
-
-    /// A response body chunk.
-    pub fn on_response_body(
-        &mut self,
-        host: &mut dyn Host,
-        size: usize,
-        end_of_stream: bool,
-    ) -> Verdict {
-        if self.phase != Phase::Forwarded {
-            return Verdict::Continue;
-        }
-        let chunk = if size > 0 {
-            host.response_body(size).unwrap_or_default()
-        } else {
-            Vec::new()
-        };
-        let now = host.now_ns();
-        let mut first = false;
-        if let Some(t) = &mut self.tracker {
-            let ev = t.feed(&chunk, now);
-            first = ev.first;
-            if let (Some(itl), true) = (ev.itl_ns, self.ok_status()) {
-                self.shared
-                    .stats
-                    .record(&format!("{}.itl_ms", self.prefix()), ns_to_ms(itl));
-            }
-        }
-        if first && self.ok_status() && self.shared.config.settings.report_first_token {
-            self.report(
-                host,
-                ReportPhase::FirstToken,
-                Outcome::Unspecified,
-                None,
-                now,
-            );
-        }
-        if end_of_stream {
-            self.finish(host, true);
-        }
-        Verdict::Continue
-    }
-
-    /// Response trailers: the response ended (gRPC-style upstreams end
-    /// with trailers instead of an end-of-stream body chunk).
-    pub fn on_response_trailers(&mut self, host: &mut dyn Host) -> Verdict {
-        if self.phase == Phase::Forwarded && self.tracker.is_some() {
-            self.finish(host, true);
-        }
-        Verdict::Continue
-    }
-
-    /// The stream is done (always called): accounts a response that did not
-    /// end normally (client gone, reset).
-    pub fn on_log(&mut self, host: &mut dyn Host) {
-        if self.phase == Phase::Forwarded || matches!(self.phase, Phase::Picking(_)) {
-            // Response bytes already went to the client, so Envoy could
-            // not retry: the engine (or the connection to it) cut the
-            // stream. Counted apart from clients that went away.
-            self.cut = self.tracker.is_some()
-                && host
-                    .response_code_details()
-                    .is_some_and(|d| d.starts_with("upstream_reset_after_response_started"));
-            self.finish(host, false);
-        }
-        // The stream is complete: its done report (queued at the
-        // response's end) and anything else still queued go now.
-        self.send_queued(host);
-    }
-
-    fn finish(&mut self, host: &mut dyn Host, completed: bool) {
-        if self.phase == Phase::Done {
-            return;
-        }
-        self.phase = Phase::Done;
-        let now = host.now_ns();
-        let e2e = now.saturating_sub(self.start_ns);
-        let class = if self.cut {
-            "cut"
-        } else {
-            response_class(self.status, completed)
-        };
-        self.count(&format!("responses.{class}"), 1);
-        let ok = completed && self.ok_status();
-        let (usage, ttft) = match &mut self.tracker {
-            Some(t) => (t.usage(), t.ttft_ns()),
-            None => (None, None),
-        };
-        if ok {
-            let stats = Rc::clone(&self.shared.stats);
-            let p = self.prefix();
-            if let Some(t) = ttft {
-                stats.record(&format!("{p}.ttft_ms"), ns_to_ms(t));
-            }
-            stats.record(&format!("{p}.e2e_ms"), ns_to_ms(e2e));
-        }
-        if let Some(u) = usage {
-            self.count("prompt_tokens.cached", u.cached_tokens);
-            self.count(
-                "prompt_tokens.uncached",
-                u.prompt_tokens.saturating_sub(u.cached_tokens),
-            );
-            self.count("completion_tokens", u.completion_tokens);
-        }
-        let outcome = if self.cut {
-            Outcome::Error
-        } else if !completed {
-            Outcome::Cancelled
-        } else if self.status == Some(504) {
-            Outcome::Timeout
-        } else if ok {
-            Outcome::Success
-        } else if self.status.is_some_and(|s| (400..500).contains(&s)) {
-            // The request's fault, not the engine's: a tenant sending
-            // invalid requests must not make an engine look failing.
-            Outcome::ClientError
-        } else {
-            Outcome::Error
-        };
-        self.report(host, ReportPhase::Done, outcome, usage, now);
-    }
-
-    /// Dispatches the calls still queued for the root's tick (this VM's,
-    /// any request's), in order.
-    fn send_queued(&self, host: &mut dyn Host) {
-        for call in host.take_deferred() {
-            let sent = host.call_detached(&call);
-            self.shared.count_report(&call.pool_name, sent);
-        }
-    }
-
-    fn report(
-        &self,
-        host: &mut dyn Host,
-        phase: ReportPhase,
-        outcome: Outcome,
-        usage: Option<pick::Usage>,
-        now: u64,
-    ) {
-        let s = &self.shared.config.settings;
-        let Some(r) = &self.routed else { return };
-        if !s.report || r.picked.is_none() || self.request_id.is_empty() {
-            return;
-        }
-        let ttft = self.tracker.as_ref().and_then(ResponseTracker::ttft_ns);
-        let ms = |ns: u64| ns as f64 / 1e6;
-        let msg = pick::report_request(&ReportInput {
-            pool: &r.indexer_pool,
-            request_id: &self.request_id,
-            endpoint: self.served.as_deref().unwrap_or_default(),
-            usage,
-            ttft_ms: ttft.map(ms).unwrap_or(0.0),
-            e2e_ms: if phase == ReportPhase::Done {
-                ms(now.saturating_sub(self.start_ns))
-            } else {
-                0.0
-            },
-            outcome,
-            phase,
-        });
-        let call = DeferredCall {
-            cluster: r.indexer_cluster.clone(),
-            method: pick::REPORT,
-            msg,
-            timeout_ms: s.report_timeout_ms,
-            pool_name: r.pool_name.clone(),
-        };
-        // Reports are queued, not dispatched, from the response's
-        // callbacks: a dispatch there (~0.1 ms) runs before Envoy writes the
-        // bytes, holding back the first token or the response's end. The
-        // first-token report goes on the root's next tick; the done report
-        // when the stream is logged (`on_log`), which is also what a
-        // follow-up needs: until it arrives the request counts as load on
-        // its endpoint, and an agent's next turn sent the moment this
-        // response ends would be picked against that stale load, away
-        // from its own prefix.
-        let Err(call) = host.defer_detached(call) else {
-            return; // counted when it is dispatched
-        };
-        let sent = host.call_detached(&call);
-        self.shared.count_report(&r.pool_name, sent);
-    }
 }
 
 #[cfg(test)]
-#[path = "engine_tests.rs"]
 mod tests;

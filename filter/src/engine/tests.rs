@@ -1081,10 +1081,10 @@ fn a_new_request_sends_the_reports_still_queued_before_it_is_picked() {
     assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 1);
 }
 
-#[path = "engine_body_tests.rs"]
+#[path = "body_tests.rs"]
 mod body;
 
-#[path = "engine_session_tests.rs"]
+#[path = "session_tests.rs"]
 mod session;
 
 /// A chat request picked (to 127.0.0.1:9001) whose response started with

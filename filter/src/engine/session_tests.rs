@@ -95,7 +95,7 @@ fn a_pick_on_the_stream_is_answered_to_its_request() {
         waiter: 1,
         outcome: d.outcome.clone(),
     };
-    other.outcome.result = Err(FailOpen::Timeout);
+    other.outcome.result = Err(NoPick::FailOpen(FailOpen::Timeout));
     deliver(&mut flow, &mut h, other);
     assert!(!h.resumed, "a token of another pick");
     deliver(&mut flow, &mut h, d);
