@@ -6,12 +6,16 @@
 //!   [`EndpointSpec`](crate::types::EndpointSpec)s and the pods skipped, with why.
 //! - [`watch_pool`]: watches the pool and its pods through the API server
 //!   and keeps a `tokio::sync::watch` channel holding the current set.
+//! - [`kv_event_sources`]: where an engine publishes its KV events, read from
+//!   the engine itself (vLLM's `GET /kv_event_sources`) for endpoints given
+//!   without an events address; the subscriber asks it.
 //!
 //! RBAC the indexer's ServiceAccount needs in the pool's namespace: `get`,
 //! `list`, `watch` on `inferencepools.inference.networking.k8s.io` and on
 //! `pods`.
 
 mod endpoints;
+pub mod kv_event_sources;
 mod pool;
 mod watch;
 
@@ -19,6 +23,7 @@ pub use endpoints::{
     endpoints_for, DiscoveryDefaults, SkipKind, SkipReason, ANNOTATION_EVENTS_PORT,
     ANNOTATION_REPLAY_PORT, ANNOTATION_TOPIC,
 };
+pub use kv_event_sources::{EngineSource, ResolvedSource, SourceError};
 pub use pool::{
     EndpointPickerRef, InferencePool, InferencePoolSpec, PoolPort, PoolSelector, API_VERSION,
     GROUP, KIND, PLURAL, VERSION,
