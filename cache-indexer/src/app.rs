@@ -76,6 +76,8 @@ pub enum AppError {
 pub fn build_pools(cfg: &Config, client: &reqwest::Client) -> Result<Vec<Arc<Pool>>, AppError> {
     let mut tokenizers: HashMap<PathBuf, Arc<ChatTokenizer>> = HashMap::new();
     let mut pools = Vec::new();
+    // One store (one Redis connection) for every pool; keys name the pool.
+    let shared = cfg.responses.shared_store()?;
     for pc in &cfg.pools {
         let tokenizer = match &pc.tokenizer {
             TokenizerSource::Dir(dir) => {
@@ -114,7 +116,8 @@ pub fn build_pools(cfg: &Config, client: &reqwest::Client) -> Result<Vec<Arc<Poo
             )
             .with_index(pc.index, pc.pick_history_blocks)
             .with_tokenize_budget(pc.tokenize_budget.clone())
-            .with_failures(pc.failures.clone()),
+            .with_failures(pc.failures.clone())
+            .with_responses(cfg.responses.affinity(), shared.clone()),
         ));
     }
     Ok(pools)
@@ -228,7 +231,7 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
         match &pc.discovery {
             None => {
                 let specs: Vec<EndpointSpec> = pc.endpoints.iter().map(|e| e.to_spec()).collect();
-                let changes = pool.set_endpoints(specs, |spec| subscribe(pool, spec));
+                let changes = pool.set_endpoints(specs, |spec| subscribe(pool, spec, &client));
                 warmup.mark_known();
                 tracing::info!(pool = %pool.name, endpoints = ?changes.added, tokenizer = %pc.tokenizer, index = %pc.index, "pool configured");
             }
@@ -242,6 +245,7 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
                 tasks.extend(spawn_discovery(
                     Arc::clone(pool),
                     kube,
+                    client.clone(),
                     d.clone(),
                     Arc::clone(&warmup),
                     cancel.clone(),
@@ -312,7 +316,7 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
         }
     }));
 
-    tracing::info!(%grpc_addr, %http_addr, pools = cfg.pools.len(), "cache-indexer started");
+    tracing::info!(%grpc_addr, %http_addr, pools = cfg.pools.len(), responses_store = ?cfg.responses.store, "cache-indexer started");
     Ok(Indexer {
         pools,
         grpc_addr,
@@ -324,11 +328,12 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
 }
 
 /// The endpoint's KV-event subscriber; none when the pool's index is its
-/// own picks.
-fn subscribe(pool: &Pool, spec: &EndpointSpec) -> Option<SubscriberHandle> {
+/// own picks. An endpoint without an events address has its sockets read
+/// from the engine's `/kv_event_sources` through `http`.
+fn subscribe(pool: &Pool, spec: &EndpointSpec, http: &reqwest::Client) -> Option<SubscriberHandle> {
     pool.wants_events().then(|| {
         spawn_subscriber(
-            SubscriberConfig::new(spec.clone(), pool.block_size),
+            SubscriberConfig::new(spec.clone(), pool.block_size).with_source(http),
             Arc::clone(&pool.index),
         )
     })
@@ -340,6 +345,7 @@ fn subscribe(pool: &Pool, spec: &EndpointSpec) -> Option<SubscriberHandle> {
 fn spawn_discovery(
     pool: Arc<Pool>,
     client: kube::Client,
+    http: reqwest::Client,
     d: crate::config::DiscoveryConfig,
     warmup: Arc<Warmup>,
     cancel: CancellationToken,
@@ -378,7 +384,7 @@ fn spawn_discovery(
                 r = rx.changed() => if r.is_err() { return },
             }
             let specs = rx.borrow_and_update().clone();
-            let changes = pool.set_endpoints(specs, |spec| subscribe(&pool, spec));
+            let changes = pool.set_endpoints(specs, |spec| subscribe(&pool, spec, &http));
             warmup.mark_known();
             if !changes.added.is_empty() || !changes.removed.is_empty() {
                 tracing::info!(pool = %pool.name, added = ?changes.added, removed = ?changes.removed, "endpoint set changed");

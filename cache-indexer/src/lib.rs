@@ -26,6 +26,7 @@ pub mod discovery;
 pub mod events;
 pub mod index;
 pub mod load;
+pub mod responses;
 pub mod scoring;
 mod service;
 pub mod tokenize;

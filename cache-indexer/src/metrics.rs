@@ -88,11 +88,55 @@ impl Counter {
     }
 }
 
+/// What a pick answered, as counted and labelled: a ranking's
+/// [`Decision`], or one of the answers to a pick bound to a stored
+/// response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PickDecision {
+    /// The ranking's decision.
+    Ranked(Decision),
+    /// The endpoint holding the named response.
+    Response,
+    /// No live endpoint is known to hold the named response.
+    UnknownResponse,
+}
+
+impl PickDecision {
+    /// Every decision, in metric label order.
+    pub const ALL: [PickDecision; 7] = [
+        PickDecision::Ranked(Decision::Prefix),
+        PickDecision::Ranked(Decision::Load),
+        PickDecision::Ranked(Decision::NoIndex),
+        PickDecision::Ranked(Decision::AllSaturated),
+        PickDecision::Ranked(Decision::NoEndpoints),
+        PickDecision::Response,
+        PickDecision::UnknownResponse,
+    ];
+
+    /// The lowercase word for logs, stats and `PickResponse.reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PickDecision::Ranked(d) => d.as_str(),
+            PickDecision::Response => "response",
+            PickDecision::UnknownResponse => "unknown_response",
+        }
+    }
+
+    /// Position in [`PickDecision::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            PickDecision::Ranked(d) => d.index(),
+            PickDecision::Response => Decision::ALL.len(),
+            PickDecision::UnknownResponse => Decision::ALL.len() + 1,
+        }
+    }
+}
+
 /// Hot-path metrics of one pool.
 #[derive(Debug, Default)]
 pub struct PoolMetrics {
-    /// Picks answered, by [`Decision::index`].
-    pub picks: [Counter; 5],
+    /// Picks answered, by [`PickDecision::index`].
+    pub picks: [Counter; PickDecision::ALL.len()],
     /// Picks refused as invalid (INVALID_ARGUMENT).
     pub pick_invalid: Counter,
     /// Pick latency inside the service (tokenize + match + score).
@@ -130,7 +174,7 @@ pub struct PoolMetrics {
 
 impl PoolMetrics {
     /// Counts a pick.
-    pub fn count_pick(&self, d: Decision) {
+    pub fn count_pick(&self, d: PickDecision) {
         self.picks[d.index()].inc();
     }
     /// Records a tokenization.
@@ -170,5 +214,17 @@ impl SessionMetrics {
     /// Streams open now.
     pub fn open(&self) -> u64 {
         self.opened.get().saturating_sub(self.closed.get())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pick_decisions_index_their_own_position() {
+        for (i, d) in PickDecision::ALL.iter().enumerate() {
+            assert_eq!(d.index(), i, "{d:?}");
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! One pool's state: its endpoints (each with its KV-event subscriber),
 //! prefix index, pick history, tokenizer, load tracker, failure tracking
-//! and counters. Picks are in [`crate::pick`], reports in
+//! and counters, and which endpoint holds each stored response
+//! ([`crate::responses`]). Picks are in [`crate::pick`], reports in
 //! [`crate::report`]; [`crate::pools::Pools`] finds a pool by name.
 //!
 //! Status codes: every malformed request, **unknown pool included**, is
@@ -25,6 +26,7 @@ use crate::history::{PickHistory, DEFAULT_PICK_HISTORY_BLOCKS};
 use crate::index::PoolIndex;
 use crate::load::{pool_saturation, LoadTracker};
 use crate::metrics::PoolMetrics;
+use crate::responses::{Affinity, AffinityConfig, ResponseStore};
 use crate::scoring::Weights;
 use crate::tokenize::{RequestTokenizer, TokenizeBudget};
 use crate::types::{EndpointId, EndpointSpec, IndexSource};
@@ -112,6 +114,8 @@ pub struct Pool {
     pub failures: Failures,
     /// Chain completions in progress (see `complete_chain_later`).
     pub(crate) completions: Arc<AtomicUsize>,
+    /// Which endpoint holds each stored Responses API response.
+    pub responses: Affinity,
 }
 
 impl std::fmt::Debug for Pool {
@@ -145,10 +149,11 @@ impl Pool {
         load: LoadTracker,
         weights: Weights,
     ) -> Self {
+        let name = name.into();
         let history = matches!(tokenizer, RequestTokenizer::Approx)
             .then(|| RwLock::new(PickHistory::new(DEFAULT_PICK_HISTORY_BLOCKS)));
         Pool {
-            name: name.into(),
+            name: name.clone(),
             model: model.into(),
             block_size,
             index: Arc::new(PoolIndex::new(block_size)),
@@ -162,6 +167,7 @@ impl Pool {
             tokenize_budget: TokenizeBudget::default(),
             failures: Failures::default(),
             completions: Arc::new(AtomicUsize::new(0)),
+            responses: Affinity::new(&name, AffinityConfig::default(), None),
         }
     }
 
@@ -184,6 +190,17 @@ impl Pool {
     /// Sets when an endpoint counts as failing.
     pub fn with_failures(mut self, cfg: FailureConfig) -> Self {
         self.failures = Failures::new(cfg);
+        self
+    }
+
+    /// Sets how stored responses are remembered: `cfg`, and the store the
+    /// replicas share (none: this process only).
+    pub fn with_responses(
+        mut self,
+        cfg: AffinityConfig,
+        shared: Option<Arc<dyn ResponseStore>>,
+    ) -> Self {
+        self.responses = Affinity::new(&self.name, cfg, shared);
         self
     }
 
@@ -274,6 +291,10 @@ impl Pool {
         for (address, e) in &old {
             if !keep.contains(*address) {
                 self.drop_endpoint_state(e.id);
+                // Only a removal: a changed spec at the same address (other
+                // event port) is the same engine, still holding its
+                // responses; a restart shows on its event stream.
+                self.responses.endpoint_left(e.id);
                 changes.removed.push((*address).to_string());
             }
         }
@@ -293,15 +314,19 @@ impl Pool {
 
     /// Whether every endpoint's event stream is in sync, and the addresses
     /// of those that are not. A pool whose index is its own picks has no
-    /// streams to wait for: always ready.
+    /// streams to wait for: always ready; nor has an endpoint whose engine
+    /// advertises no KV events ([`SyncState::NoSource`]): waiting for it
+    /// would keep the indexer unready for as long as that engine runs.
     pub fn readiness(&self) -> (bool, Vec<String>) {
         if !self.wants_events() {
             return (true, Vec::new());
         }
+        let waits =
+            |s: Option<SyncState>| !matches!(s, Some(SyncState::InSync | SyncState::NoSource));
         let not: Vec<String> = self
             .endpoints()
             .iter()
-            .filter(|e| e.subscriber.is_some() && e.sync_state() != Some(SyncState::InSync))
+            .filter(|e| e.subscriber.is_some() && waits(e.sync_state()))
             .map(|e| e.spec.address.clone())
             .collect();
         (not.is_empty(), not)
@@ -373,7 +398,9 @@ fn sync_to_pb(s: Option<SyncState>) -> pb::SyncState {
         Some(SyncState::InSync) => pb::SyncState::InSync,
         Some(SyncState::Replaying) => pb::SyncState::Replaying,
         Some(SyncState::Resyncing) => pb::SyncState::Resyncing,
-        Some(SyncState::Disconnected) => pb::SyncState::Disconnected,
+        // No source to subscribe to: the proto (additive only) has no
+        // value of its own for it, and "no stream" is what a reader needs.
+        Some(SyncState::Disconnected | SyncState::NoSource) => pb::SyncState::Disconnected,
     }
 }
 

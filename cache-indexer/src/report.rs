@@ -1,7 +1,8 @@
 //! A pool's reports: the filter says a request got its first token or is
 //! done. They release the pick's load, count outcomes for the failure
 //! tracking, and give the prediction accuracy (predicted against reported
-//! cached tokens).
+//! cached tokens). A report carrying a stored response's id records which
+//! endpoint holds it ([`crate::responses`]).
 
 use std::time::Instant;
 
@@ -10,6 +11,7 @@ use kvasir_proto::v1 as pb;
 use crate::health::Verdict;
 use crate::load::Phase;
 use crate::pool::{invalid, Pool, ServiceError};
+use crate::responses::check_id;
 use crate::types::EndpointId;
 
 impl Pool {
@@ -24,6 +26,9 @@ impl Pool {
                 pb::ReportPhase::Done | pb::ReportPhase::Unspecified => Phase::Done,
             };
         let m = self.load.report(&req.request_id, phase);
+        if !req.response_id.is_empty() {
+            self.record_response(req, m.endpoint);
+        }
         if m.matched {
             self.metrics.reports_matched.inc();
         } else {
@@ -53,6 +58,29 @@ impl Pool {
             }
         }
         Ok(pb::ReportResponse { matched: m.matched })
+    }
+
+    /// Records that the report's endpoint (or, when it names none, the
+    /// picked one) holds the response the report names. A malformed id is
+    /// skipped, not refused: the rest of the report still counts.
+    fn record_response(&self, req: &pb::ReportRequest, picked: Option<EndpointId>) {
+        if let Err(why) = check_id(&req.response_id) {
+            tracing::debug!(pool = %self.name, request_id = %req.request_id, %why, "report: response_id skipped");
+            return;
+        }
+        let endpoint = if req.endpoint.is_empty() {
+            let Some(id) = picked else {
+                tracing::debug!(pool = %self.name, request_id = %req.request_id, "report: response_id without an endpoint or a pick; skipped");
+                return;
+            };
+            match self.endpoints().iter().find(|e| e.id == id) {
+                Some(e) => e.spec.address.clone(),
+                None => return,
+            }
+        } else {
+            req.endpoint.clone()
+        };
+        self.responses.record(&req.response_id, &endpoint);
     }
 
     /// Counts a DONE report's outcome for the endpoint that served it (the

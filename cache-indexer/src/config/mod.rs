@@ -24,6 +24,7 @@
 //!   - name: llama
 //!     tokenizer: render
 //!     discovery: { namespace: serving, inferencePool: llama, eventsPort: 5557, replayPort: 5558 }
+//! responses: { store: redis, redisUrl: "redis://redis:6379" }  # see [`responses`]
 //! ```
 //!
 //! The parts: [`schema`] (the file's types and defaults), [`error`],
@@ -34,12 +35,14 @@ pub mod error;
 pub mod file;
 pub mod flags;
 pub mod pools_file;
+pub mod responses;
 pub mod schema;
 pub mod validate;
 
 pub use error::ConfigError;
 pub use file::{load_file, parse};
 pub use flags::{parse_endpoint_flag, Args};
+pub use responses::{ResponsesConfig, StoreKind};
 pub use schema::{
     Config, DiscoveryConfig, EndpointConfig, InFlightConfig, PoolConfig, ScrapeConfig,
     TokenizerSource, DEFAULT_BLOCK_SIZE, DEFAULT_SCRAPE_INTERVAL_MS, DEFAULT_SHUTDOWN_GRACE_MS,

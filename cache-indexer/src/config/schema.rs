@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::responses::ResponsesConfig;
 use crate::discovery::DiscoveryDefaults;
 use crate::health::FailureConfig;
 use crate::history::DEFAULT_PICK_HISTORY_BLOCKS;
@@ -51,6 +52,10 @@ pub struct Config {
     /// relative to this file's directory.
     #[serde(default, alias = "pools_file")]
     pub pools_file: Option<PathBuf>,
+    /// Which engine holds each stored Responses API response (see
+    /// [`super::responses`]).
+    #[serde(default)]
+    pub responses: ResponsesConfig,
 }
 
 pub(super) fn default_grpc_addr() -> SocketAddr {
@@ -76,6 +81,7 @@ impl Default for Config {
             grpc_token_file: None,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
             pools_file: None,
+            responses: ResponsesConfig::default(),
         }
     }
 }
@@ -233,8 +239,10 @@ impl PoolConfig {
 pub struct EndpointConfig {
     /// HTTP address `ip:port`.
     pub address: String,
-    /// KV-events PUB endpoint, `tcp://ip:port`; required when the pool's
-    /// index is `events`, unused with `picks`.
+    /// KV-events PUB endpoint, `tcp://ip:port`; unused with index `picks`.
+    /// Without it (index `events`) the subscriber reads the engine's own
+    /// `GET /kv_event_sources` (vLLM 0.34) for it, its replay and topic;
+    /// given, it wins and `replay`/`topic` are taken as written.
     #[serde(default, alias = "kvEvents", alias = "kv_events")]
     pub events: Option<String>,
     /// Replay ROUTER endpoint, `tcp://ip:port` (unused with index `picks`).
@@ -270,9 +278,16 @@ pub struct DiscoveryConfig {
     /// `InferencePool` name.
     #[serde(alias = "inference_pool")]
     pub inference_pool: String,
-    /// KV-events port when a pod has no `kvasir.io/kv-events-port` annotation.
-    #[serde(default = "default_events_port", alias = "events_port")]
-    pub events_port: u16,
+    /// Read each engine's KV-event sockets from the engine (vLLM 0.34's
+    /// `GET /kv_event_sources`) for pods without a
+    /// `kvasir.io/kv-events-port` annotation. Unset: on unless `eventsPort`
+    /// or `replayPort` is given (see [`DiscoveryConfig::reads_engine_sources`]).
+    #[serde(default, alias = "kv_event_sources")]
+    pub kv_event_sources: Option<bool>,
+    /// KV-events port when a pod has no `kvasir.io/kv-events-port`
+    /// annotation and the engines are not asked (default 5557, vLLM's).
+    #[serde(default, alias = "events_port")]
+    pub events_port: Option<u16>,
     /// Replay port when a pod has no annotation (none by default, as vLLM).
     #[serde(default, alias = "replay_port")]
     pub replay_port: Option<u16>,
@@ -281,15 +296,26 @@ pub struct DiscoveryConfig {
     pub topic: String,
 }
 
-fn default_events_port() -> u16 {
-    5557
-}
+/// vLLM's default KV-events port (`tcp://*:5557`).
+pub const DEFAULT_EVENTS_PORT: u16 = 5557;
 
 impl DiscoveryConfig {
+    /// Whether pods without an events-port annotation have their KV-event
+    /// sockets read from the engine. Unless set, yes when no port is
+    /// configured: an engine of vLLM 0.34 or later says where it publishes
+    /// (ports offset per data-parallel rank, a replay socket only if it runs
+    /// one), which a guessed pool-wide port can get wrong, while a port
+    /// someone wrote down is a statement about their engines to honour.
+    pub fn reads_engine_sources(&self) -> bool {
+        self.kv_event_sources
+            .unwrap_or(self.events_port.is_none() && self.replay_port.is_none())
+    }
+
     /// The per-pod defaults discovery applies.
     pub fn defaults(&self) -> DiscoveryDefaults {
         DiscoveryDefaults {
-            events_port: self.events_port,
+            kv_event_sources: self.reads_engine_sources(),
+            events_port: self.events_port.unwrap_or(DEFAULT_EVENTS_PORT),
             replay_port: self.replay_port,
             topic: self.topic.clone(),
         }

@@ -33,7 +33,7 @@ impl Config {
                 ));
             }
         }
-        Ok(())
+        self.responses.validate()
     }
 }
 
@@ -86,15 +86,24 @@ pub(crate) fn validate_pool(pool: &PoolConfig, at: &str) -> Result<(), ConfigErr
                 format!("duplicate address `{}`", ep.address),
             ));
         }
-        // With index `picks` nothing subscribes: events and replay may be
-        // left out (and are only checked for form when given).
+        // Without events the engine is asked for its sockets (index
+        // `events`) or nothing subscribes (`picks`); given, they are checked
+        // for form.
         match &ep.events {
             Some(e) => check_zmq(e, &format!("{eat}.events"))?,
             None if pool.index == IndexSource::Events => {
-                return Err(invalid(
-                    format!("{eat}.events"),
-                    "required when the pool's index is events (the engine's KV-events endpoint, tcp://ip:port); index: picks needs none",
-                ))
+                // Replay and topic come with the engine's answer: written
+                // here they would be silently ignored.
+                let ignored = [
+                    ("replay", ep.replay.is_some()),
+                    ("topic", !ep.topic.is_empty()),
+                ];
+                if let Some((key, _)) = ignored.iter().find(|(_, set)| *set) {
+                    return Err(invalid(
+                        format!("{eat}.{key}"),
+                        "needs events: without an events address the engine's own /kv_event_sources gives its events, replay and topic",
+                    ));
+                }
             }
             None => {}
         }
@@ -118,11 +127,26 @@ pub(crate) fn validate_pool(pool: &PoolConfig, at: &str) -> Result<(), ConfigErr
         if d.inference_pool.is_empty() {
             return Err(invalid(format!("{dat}.inferencePool"), "must not be empty"));
         }
-        if d.events_port == 0 {
+        if d.events_port == Some(0) {
             return Err(invalid(format!("{dat}.eventsPort"), "must be 1..=65535"));
         }
         if d.replay_port == Some(0) {
             return Err(invalid(format!("{dat}.replayPort"), "must be 1..=65535"));
+        }
+        if d.kv_event_sources == Some(true) {
+            // The engine's answer replaces the pool-wide defaults: a port or
+            // topic written next to it would never be used.
+            let unused = [
+                ("eventsPort", d.events_port.is_some()),
+                ("replayPort", d.replay_port.is_some()),
+                ("topic", !d.topic.is_empty()),
+            ];
+            if let Some((key, _)) = unused.iter().find(|(_, set)| *set) {
+                return Err(invalid(
+                    format!("{dat}.{key}"),
+                    "unused with kvEventSources: true (each engine advertises its own); drop it, or set kvEventSources: false",
+                ));
+            }
         }
     }
     let s = &pool.scrape;

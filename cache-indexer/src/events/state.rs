@@ -20,6 +20,10 @@ pub enum SyncState {
     Resyncing,
     /// No contact: TCP disconnect, probes failing, or marked unreachable.
     Disconnected,
+    /// Nothing to subscribe to: the endpoint has no events address and the
+    /// engine's `/kv_event_sources` is unreachable, malformed, or says it
+    /// publishes none (retried with backoff; picks use the endpoint by load).
+    NoSource,
 }
 
 impl SyncState {
@@ -29,6 +33,7 @@ impl SyncState {
             1 => SyncState::InSync,
             2 => SyncState::Replaying,
             3 => SyncState::Resyncing,
+            5 => SyncState::NoSource,
             _ => SyncState::Disconnected,
         }
     }
@@ -41,6 +46,7 @@ impl SyncState {
             SyncState::Replaying => "replaying",
             SyncState::Resyncing => "resyncing",
             SyncState::Disconnected => "disconnected",
+            SyncState::NoSource => "no_source",
         }
     }
 }
@@ -79,6 +85,10 @@ pub struct IngestStats {
     pub resyncs: AtomicU64,
     /// Engine restarts detected.
     pub restarts: AtomicU64,
+    /// Unix time in ms of the last engine restart detected (0 = none): what
+    /// the engine held in memory before it (stored Responses API responses)
+    /// is gone.
+    pub last_restart_unix_ms: AtomicU64,
     /// Idle probes sent.
     pub probes: AtomicU64,
     /// Replays or probes that failed (connect error, timeout, too long).
@@ -87,6 +97,15 @@ pub struct IngestStats {
     pub connects: AtomicU64,
     /// Live messages dropped because the replay-time buffer was full.
     pub buffer_overflows: AtomicU64,
+    /// Requests for the engine's `/kv_event_sources` (endpoints without an
+    /// events address).
+    pub source_lookups: AtomicU64,
+    /// Of those, the ones that gave nothing to subscribe to (unreachable,
+    /// malformed, events off, no such route).
+    pub source_failures: AtomicU64,
+    /// Times the engine advertised other sockets than the ones followed
+    /// and the subscriber moved to them.
+    pub source_changes: AtomicU64,
     /// Last applied sequence number (`u64::MAX` before the first).
     pub last_seq: AtomicU64,
     /// Unix time in ms of the last contact with the engine (0 = never).
@@ -110,10 +129,14 @@ impl Default for IngestStats {
             replayed_batches: AtomicU64::new(0),
             resyncs: AtomicU64::new(0),
             restarts: AtomicU64::new(0),
+            last_restart_unix_ms: AtomicU64::new(0),
             probes: AtomicU64::new(0),
             replay_failures: AtomicU64::new(0),
             connects: AtomicU64::new(0),
             buffer_overflows: AtomicU64::new(0),
+            source_lookups: AtomicU64::new(0),
+            source_failures: AtomicU64::new(0),
+            source_changes: AtomicU64::new(0),
             last_seq: AtomicU64::new(u64::MAX),
             last_contact_unix_ms: AtomicU64::new(0),
         }
@@ -142,6 +165,9 @@ pub struct IngestStatsSnapshot {
     pub replay_failures: u64,
     pub connects: u64,
     pub buffer_overflows: u64,
+    pub source_lookups: u64,
+    pub source_failures: u64,
+    pub source_changes: u64,
     /// `None` before the first applied batch.
     pub last_seq: Option<u64>,
     pub last_contact_unix_ms: u64,
@@ -171,9 +197,21 @@ impl IngestStats {
             replay_failures: l(&self.replay_failures),
             connects: l(&self.connects),
             buffer_overflows: l(&self.buffer_overflows),
+            source_lookups: l(&self.source_lookups),
+            source_failures: l(&self.source_failures),
+            source_changes: l(&self.source_changes),
             last_seq: (last != u64::MAX).then_some(last),
             last_contact_unix_ms: l(&self.last_contact_unix_ms),
         }
+    }
+}
+
+impl IngestStats {
+    /// Counts an engine restart and notes when it was seen.
+    pub(super) fn restarted(&self) {
+        inc(&self.restarts, 1);
+        self.last_restart_unix_ms
+            .store(unix_ms(), Ordering::Relaxed);
     }
 }
 
@@ -193,4 +231,7 @@ pub(super) struct Shared {
     pub(super) stats: IngestStats,
     pub(super) unreachable: AtomicBool,
     pub(super) wake: Notify,
+    /// The KV-events address followed (as configured, or as the engine
+    /// advertised it; empty while there is none).
+    pub(super) kv_events: parking_lot::Mutex<String>,
 }

@@ -15,6 +15,7 @@
 mod histograms;
 mod lifecycle;
 mod pools;
+mod responses;
 
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
@@ -45,6 +46,7 @@ impl Exposition {
             pools: Arc::clone(&pools),
             life,
         }));
+        registry.register_collector(Box::new(responses::ResponsesCollector(Arc::clone(&pools))));
         Exposition { registry, pools }
     }
 

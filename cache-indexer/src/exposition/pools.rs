@@ -14,10 +14,9 @@ use super::{family, flag};
 use crate::events::{IngestStatsSnapshot, SyncState};
 use crate::health::HealthView;
 use crate::load::{pool_saturation, LoadView};
-use crate::metrics::Counter as Count;
+use crate::metrics::{Counter as Count, PickDecision};
 use crate::pool::{Endpoint, Pool};
 use crate::pools::Pools;
-use crate::scoring::Decision;
 use crate::tokenize::TokenizeMode;
 use crate::types::IndexSource;
 
@@ -47,7 +46,7 @@ impl Row<'_> {
 }
 
 type Ingest = fn(&IngestStatsSnapshot) -> u64;
-const INGEST: [(&str, &str, Ingest); 15] = [
+const INGEST: [(&str, &str, Ingest); 18] = [
     (
         "kvasir_indexer_event_messages_total",
         "KV-event messages received on the live socket.",
@@ -123,6 +122,21 @@ const INGEST: [(&str, &str, Ingest); 15] = [
         "Engine restarts detected from the event stream.",
         |s| s.restarts,
     ),
+    (
+        "kvasir_indexer_kv_event_source_lookups_total",
+        "Requests for the engine's /kv_event_sources (endpoints without an events address of their own).",
+        |s| s.source_lookups,
+    ),
+    (
+        "kvasir_indexer_kv_event_source_failures_total",
+        "Requests for the engine's /kv_event_sources that gave nothing to subscribe to (unreachable, malformed, KV events off, no such route); the sync state is no_source until one does.",
+        |s| s.source_failures,
+    ),
+    (
+        "kvasir_indexer_kv_event_source_changes_total",
+        "Times the engine advertised other KV-event sockets than those followed (a new engine process) and the subscriber moved to them.",
+        |s| s.source_changes,
+    ),
 ];
 
 /// Integral or fractional: integers keep their exact text.
@@ -161,12 +175,13 @@ const POOL_COUNTERS: [(&str, &str, PoolStat); 6] = [
     ("kvasir_indexer_pick_invalid_total", "Picks refused with INVALID_ARGUMENT.", |p| &p.metrics.pick_invalid),
 ];
 
-const SYNC_STATES: [(SyncState, &str); 5] = [
+const SYNC_STATES: [(SyncState, &str); 6] = [
     (SyncState::Connecting, "connecting"),
     (SyncState::InSync, "in_sync"),
     (SyncState::Replaying, "replaying"),
     (SyncState::Resyncing, "resyncing"),
     (SyncState::Disconnected, "disconnected"),
+    (SyncState::NoSource, "no_source"),
 ];
 
 const OUTCOMES: [&str; 6] = [
@@ -310,10 +325,10 @@ fn pool_families(
         }
     }
     let name = "kvasir_indexer_picks_total";
-    let help = "Picks answered, by decision (prefix, load, no_index, all_saturated, no_endpoints).";
+    let help = "Picks answered, by decision (prefix, load, no_index, all_saturated, no_endpoints, response, unknown_response).";
     let mut m = family(enc, name, Counter, help)?;
     for p in pools {
-        for d in Decision::ALL {
+        for d in PickDecision::ALL {
             let labels = [("pool", p.name.as_str()), ("decision", d.as_str())];
             m.sample(&labels, p.metrics.picks[d.index()].get())?;
         }

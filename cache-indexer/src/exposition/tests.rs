@@ -98,7 +98,7 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 60] = [
+const FAMILIES: [(&str, &str); 70] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
@@ -135,6 +135,9 @@ const FAMILIES: [(&str, &str); 60] = [
     ),
     ("kvasir_indexer_index_source", "gauge"),
     ("kvasir_indexer_indexed_blocks", "gauge"),
+    ("kvasir_indexer_kv_event_source_changes_total", "counter"),
+    ("kvasir_indexer_kv_event_source_failures_total", "counter"),
+    ("kvasir_indexer_kv_event_source_lookups_total", "counter"),
     ("kvasir_indexer_pick_duration_seconds", "histogram"),
     ("kvasir_indexer_pick_history_blocks", "gauge"),
     ("kvasir_indexer_pick_invalid_total", "counter"),
@@ -148,6 +151,13 @@ const FAMILIES: [(&str, &str); 60] = [
     ("kvasir_indexer_replays_total", "counter"),
     ("kvasir_indexer_report_outcomes_total", "counter"),
     ("kvasir_indexer_reports_total", "counter"),
+    ("kvasir_indexer_response_lookups_total", "counter"),
+    ("kvasir_indexer_response_waits_total", "counter"),
+    ("kvasir_indexer_responses_dropped_total", "counter"),
+    ("kvasir_indexer_responses_entries", "gauge"),
+    ("kvasir_indexer_responses_recorded_total", "counter"),
+    ("kvasir_indexer_responses_store", "gauge"),
+    ("kvasir_indexer_responses_store_fallbacks_total", "counter"),
     ("kvasir_indexer_resyncs_total", "counter"),
     ("kvasir_indexer_scrape_age_seconds", "gauge"),
     ("kvasir_indexer_scrape_failures_total", "counter"),
@@ -208,6 +218,11 @@ async fn the_page_keeps_every_family_its_type_and_labels() {
     for line in [
         "kvasir_indexer_picks_total{pool=\"a\",decision=\"prefix\"} 0\n",
         "kvasir_indexer_picks_total{pool=\"a\",decision=\"load\"} 1\n",
+        "kvasir_indexer_picks_total{pool=\"a\",decision=\"unknown_response\"} 0\n",
+        "kvasir_indexer_response_lookups_total{pool=\"b\",result=\"endpoint_restarted\"} 0\n",
+        "kvasir_indexer_responses_dropped_total{pool=\"a\",reason=\"evicted\"} 0\n",
+        "kvasir_indexer_responses_store_fallbacks_total{pool=\"a\",op=\"get\"} 0\n",
+        "kvasir_indexer_responses_store{pool=\"a\",store=\"memory\"} 1\n",
         "kvasir_indexer_reports_total{pool=\"b\",matched=\"false\"} 0\n",
         "kvasir_indexer_report_outcomes_total{pool=\"a\",outcome=\"client_error\"} 0\n",
         "kvasir_indexer_cached_tokens_total{pool=\"a\",kind=\"predicted\"} 0\n",

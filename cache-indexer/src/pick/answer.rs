@@ -5,6 +5,7 @@ use kvasir_proto::v1 as pb;
 use super::prompt::Call;
 use super::rank::Ranked;
 use crate::load::pool_saturation;
+use crate::metrics::PickDecision;
 use crate::pool::Pool;
 use crate::scoring::Decision;
 use crate::tokenize::TokenizeMode;
@@ -73,12 +74,14 @@ fn decision_to_pb(d: Decision) -> pb::Decision {
 }
 
 /// The decision of a proto enum value (`Load` for one it does not know).
-pub(crate) fn decision_from_pb(d: i32) -> Decision {
+pub(crate) fn decision_from_pb(d: i32) -> PickDecision {
     match pb::Decision::try_from(d) {
-        Ok(pb::Decision::Prefix) => Decision::Prefix,
-        Ok(pb::Decision::NoIndex) => Decision::NoIndex,
-        Ok(pb::Decision::AllSaturated) => Decision::AllSaturated,
-        Ok(pb::Decision::NoEndpoints) => Decision::NoEndpoints,
-        _ => Decision::Load,
+        Ok(pb::Decision::Prefix) => PickDecision::Ranked(Decision::Prefix),
+        Ok(pb::Decision::NoIndex) => PickDecision::Ranked(Decision::NoIndex),
+        Ok(pb::Decision::AllSaturated) => PickDecision::Ranked(Decision::AllSaturated),
+        Ok(pb::Decision::NoEndpoints) => PickDecision::Ranked(Decision::NoEndpoints),
+        Ok(pb::Decision::Response) => PickDecision::Response,
+        Ok(pb::Decision::UnknownResponse) => PickDecision::UnknownResponse,
+        _ => PickDecision::Ranked(Decision::Load),
     }
 }

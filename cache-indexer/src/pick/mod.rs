@@ -2,8 +2,10 @@
 //! tokens ([`tokenize`]), what the prefix index holds of it ([`matching`]),
 //! the endpoints ranked ([`rank`]), the first one recorded ([`record`]) and
 //! the answer ([`answer`]). [`Pool::pick`] runs them in that order; each
-//! stage only reads what the ones before it produced.
+//! stage only reads what the ones before it produced. A pick bound to a
+//! stored response takes its own short path instead ([`affinity`]).
 
+mod affinity;
 mod answer;
 mod matching;
 mod prompt;
@@ -38,6 +40,9 @@ impl Pool {
         req: pb::PickRequest,
         started: Instant,
     ) -> Result<pb::PickResponse, ServiceError> {
+        if !req.response_id.is_empty() {
+            return self.pick_response(req, started).await;
+        }
         let (call, prompt) = prompt::from_request(req, started)?;
         let endpoints = self.endpoints();
         let mut hashes = tokenize::PrefixHashes::default();

@@ -1,0 +1,82 @@
+//! A pick bound to a stored response (`PickRequest.response_id`): no
+//! prompt stages, the answer is the one endpoint holding that response
+//! (decision RESPONSE) or none (UNKNOWN_RESPONSE), see [`crate::responses`].
+//! The request is accounted on that endpoint like any pick, with no prefill
+//! estimate (a GET or cancel has none; a follow-up's history is on that
+//! engine already).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvasir_proto::v1 as pb;
+
+use crate::load::pool_saturation;
+use crate::pool::{invalid, Endpoint, Pool, ServiceError};
+use crate::responses::{check_id, Lost};
+
+impl Pool {
+    /// Answers a pick whose `response_id` is set.
+    pub(crate) async fn pick_response(
+        &self,
+        req: pb::PickRequest,
+        started: Instant,
+    ) -> Result<pb::PickResponse, ServiceError> {
+        let id = req.response_id;
+        check_id(&id).map_err(|m| invalid("response_id", m))?;
+        let holder = self.responses.resolve(&id, || self.endpoints()).await;
+        tracing::debug!(
+            pool = %self.name,
+            tenant = %req.tenant,
+            request_id = %req.request_id,
+            response_id = %id,
+            holder = ?holder.as_ref().map(|e| e.spec.address.as_str()),
+            "response pick"
+        );
+        Ok(match holder {
+            Ok(e) => {
+                self.failures.picked(e.id, started);
+                self.load
+                    .record_pick(&req.request_id, e.id, 0, 0, None, started);
+                self.response_answer(Some(&e), started)
+            }
+            Err(why) => {
+                if why != Lost::NotRecorded {
+                    tracing::info!(pool = %self.name, response_id = %id, why = why.as_str(), "response pick: its engine no longer holds it");
+                }
+                self.response_answer(None, started)
+            }
+        })
+    }
+
+    fn response_answer(&self, holder: Option<&Arc<Endpoint>>, now: Instant) -> pb::PickResponse {
+        let endpoints = self.endpoints();
+        let views = self.load.views(endpoints.iter().map(|e| e.id), now);
+        let saturated = |e: &Endpoint| {
+            endpoints
+                .iter()
+                .zip(&views)
+                .find(|(x, _)| x.id == e.id)
+                .is_some_and(|(_, v)| v.saturated)
+        };
+        let (decision, reason) = match holder {
+            Some(_) => (pb::Decision::Response, "response"),
+            None => (pb::Decision::UnknownResponse, "unknown_response"),
+        };
+        pb::PickResponse {
+            endpoints: holder
+                .map(|e| pb::PickedEndpoint {
+                    address: e.spec.address.clone(),
+                    predicted_cached_tokens: 0,
+                    score: None,
+                    saturated: saturated(e),
+                })
+                .into_iter()
+                .collect(),
+            prompt_tokens: 0,
+            pool_saturation: pool_saturation(&views),
+            decision: decision as i32,
+            reason: reason.to_string(),
+            tokenize_mode: String::new(),
+        }
+    }
+}
