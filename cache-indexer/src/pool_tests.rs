@@ -21,13 +21,10 @@ fn pool_with(n: usize, tokenizer: RequestTokenizer) -> Pool {
     )
 }
 
-fn pool_indexed(
-    n: usize,
-    tokenizer: RequestTokenizer,
-    source: IndexSource,
-    history_blocks: usize,
-) -> Pool {
-    let pool = Pool::new(
+/// Pool `p` of model `m`, 4-token blocks, default load and weights, no
+/// endpoints.
+fn empty_pool(tokenizer: RequestTokenizer) -> Pool {
+    Pool::new(
         "p",
         "m",
         4,
@@ -35,7 +32,15 @@ fn pool_indexed(
         LoadTracker::new(LoadConfig::default()),
         Weights::default(),
     )
-    .with_index(source, history_blocks);
+}
+
+fn pool_indexed(
+    n: usize,
+    tokenizer: RequestTokenizer,
+    source: IndexSource,
+    history_blocks: usize,
+) -> Pool {
+    let pool = empty_pool(tokenizer).with_index(source, history_blocks);
     let specs = (0..n).map(EndpointSpec::loopback).collect();
     pool.set_endpoints(specs, |_| None);
     let now = Instant::now();
@@ -195,14 +200,7 @@ async fn render_failure_picks_by_load() {
         model: "m".into(),
         timeout: std::time::Duration::from_millis(200),
     };
-    let pool = Pool::new(
-        "p",
-        "m",
-        4,
-        tokenizer,
-        LoadTracker::new(LoadConfig::default()),
-        Weights::default(),
-    );
+    let pool = empty_pool(tokenizer);
     // Nothing listens on port 1: the render call is refused.
     let spec = EndpointSpec {
         address: "127.0.0.1:1".into(),
