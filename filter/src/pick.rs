@@ -386,6 +386,59 @@ mod tests {
         assert_eq!(pick_request(&r, &input()), None);
     }
 
+    #[test]
+    fn responses_picks_carry_the_response_id() {
+        let r = parse_body(
+            ApiKind::Responses,
+            br#"{"model":"m","instructions":"x-anthropic-billing-header: 1\nsys","input":"hi","previous_response_id":"resp_7"}"#,
+        )
+        .unwrap();
+        let p = PickRequest::decode(pick_request(&r, &input()).unwrap().as_slice()).unwrap();
+        assert_eq!(p.response_id, "resp_7");
+        let Some(pick_request::Prompt::Chat(c)) = p.prompt else {
+            panic!()
+        };
+        // The chat parser's system rule holds for every API.
+        assert_eq!(
+            (
+                c.messages[0].content.as_str(),
+                c.messages[1].content.as_str()
+            ),
+            ("sys", "hi")
+        );
+        // A GET or cancel: the id and no prompt.
+        let r = ParsedRequest::stored_response("resp_8".into());
+        let p = PickRequest::decode(pick_request(&r, &input()).unwrap().as_slice()).unwrap();
+        assert_eq!((p.response_id.as_str(), p.prompt), ("resp_8", None));
+        // Nothing to pick for: no prompt (an empty item list) and no id.
+        let r = parse_body(ApiKind::Responses, br#"{"model":"m","input":[]}"#).unwrap();
+        assert_eq!(pick_request(&r, &input()), None);
+        let r = parse_body(
+            ApiKind::Responses,
+            br#"{"model":"m","input":[],"previous_response_id":"r"}"#,
+        )
+        .unwrap();
+        let p = PickRequest::decode(pick_request(&r, &input()).unwrap().as_slice()).unwrap();
+        assert_eq!((p.response_id.as_str(), p.prompt), ("r", None));
+    }
+
+    #[test]
+    fn unknown_response_is_its_own_outcome() {
+        let o = pick_outcome(0, Some(&answer(&[], Decision::UnknownResponse, 0.0)));
+        assert_eq!(
+            (o.result, o.saturation),
+            (Err(NoPick::UnknownResponse), None)
+        );
+        // Whatever else the answer holds.
+        let o = pick_outcome(
+            0,
+            Some(&answer(&["10.0.0.1:1"], Decision::UnknownResponse, 0.0)),
+        );
+        assert_eq!(o.result, Err(NoPick::UnknownResponse));
+        let o = pick_outcome(0, Some(&answer(&["10.0.0.1:1"], Decision::Response, 0.1)));
+        assert_eq!(o.result.unwrap().header, "10.0.0.1:1");
+    }
+
     fn answer(addrs: &[&str], decision: Decision, sat: f64) -> Vec<u8> {
         PickResponse {
             endpoints: addrs

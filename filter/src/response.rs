@@ -462,6 +462,88 @@ mod tests {
     }
 
     #[test]
+    fn responses_json_usage_and_id() {
+        let body = br#"{"id":"resp_abc","object":"response","status":"completed","usage":{"input_tokens":40,"input_tokens_details":{"cached_tokens":32,"cache_write_tokens":null},"output_tokens":3,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":43}}"#;
+        let mut t = ResponseTracker::new(0, false, 1 << 20).with_response_id();
+        // The id is known as soon as its string is complete.
+        assert!(!t.feed(&body[..12], 1).response_id);
+        assert_eq!(t.response_id(), None);
+        assert!(t.feed(&body[12..20], 2).response_id);
+        assert_eq!(t.response_id(), Some("resp_abc"));
+        assert!(!t.feed(&body[20..], 3).response_id);
+        assert_eq!(
+            t.usage(),
+            Some(Usage {
+                prompt_tokens: 40,
+                cached_tokens: 32,
+                completion_tokens: 3
+            })
+        );
+        // `id` later in the object: read at the end.
+        let mut t = ResponseTracker::new(0, false, 1 << 20).with_response_id();
+        t.feed(br#"{"object":"response","id":"resp_z"}"#, 1);
+        assert_eq!(t.response_id(), None);
+        t.usage();
+        assert_eq!(t.response_id(), Some("resp_z"));
+        // Not asked for: never read.
+        let mut t = ResponseTracker::new(0, false, 1 << 20);
+        t.feed(body, 1);
+        assert_eq!(t.response_id(), None);
+    }
+
+    #[test]
+    fn responses_stream_id_and_usage() {
+        let stream = concat!(
+            "event: response.created\ndata: {\"response\":{\"id\":\"resp_s\",\"status\":\"in_progress\",\"usage\":null},\"sequence_number\":0,\"type\":\"response.created\"}\n\n",
+            "event: response.in_progress\ndata: {\"response\":{\"id\":\"resp_s\",\"usage\":null},\"sequence_number\":1,\"type\":\"response.in_progress\"}\n\n",
+            "event: response.output_text.delta\ndata: {\"delta\":\"hi\",\"type\":\"response.output_text.delta\"}\n\n",
+            "event: response.completed\ndata: {\"response\":{\"id\":\"resp_s\",\"usage\":{\"input_tokens\":20,\"input_tokens_details\":{\"cached_tokens\":16},\"output_tokens\":2}},\"sequence_number\":3,\"type\":\"response.completed\"}\n\n",
+        )
+        .as_bytes();
+        let mut t = ResponseTracker::new(0, true, 1 << 20).with_response_id();
+        let mut seen_at = None;
+        for (i, piece) in stream.chunks(25).enumerate() {
+            if t.feed(piece, i as u64).response_id {
+                assert_eq!(seen_at, None, "reported once");
+                seen_at = Some(i);
+            }
+        }
+        assert!(seen_at.is_some_and(|i| i * 25 < 200), "{seen_at:?}");
+        assert_eq!(t.response_id(), Some("resp_s"));
+        assert_eq!(
+            t.usage(),
+            Some(Usage {
+                prompt_tokens: 20,
+                cached_tokens: 16,
+                completion_tokens: 2
+            })
+        );
+    }
+
+    #[test]
+    fn vllm_anthropic_usage_with_cache_reads_in_both_events() {
+        // vLLM's message_delta repeats the whole usage, cache reads included.
+        let mut t = ResponseTracker::new(0, true, 1 << 20);
+        t.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4,\"output_tokens\":0,\"cache_read_input_tokens\":16}}}\n\n", 1);
+        t.feed(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":4,\"output_tokens\":9,\"cache_read_input_tokens\":16}}\n\n", 2);
+        assert_eq!(
+            t.usage(),
+            Some(Usage {
+                prompt_tokens: 20,
+                cached_tokens: 16,
+                completion_tokens: 9
+            })
+        );
+        // count_tokens' answer is no usage.
+        let mut t = ResponseTracker::new(0, false, 1 << 20);
+        t.feed(
+            br#"{"input_tokens":12,"context_management":{"original_input_tokens":12}}"#,
+            1,
+        );
+        assert_eq!(t.usage(), None);
+    }
+
+    #[test]
     fn oversized_bodies_are_dropped_not_kept() {
         let mut t = ResponseTracker::new(0, false, 8);
         t.feed(b"0123456789", 1);

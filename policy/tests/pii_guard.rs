@@ -5,6 +5,9 @@
 mod common;
 use common::*;
 use kvasir_policy::*;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use std::ops::ControlFlow;
 
 const PII: &str = "my card is 4111 1111 1111 1111";
@@ -232,96 +235,71 @@ fn scan_only_when_a_provider_could_win() {
     assert_eq!((out.policy_name(), visits), ("guard", 1));
 }
 
-/// A tiny deterministic generator (xorshift64*), so the property test
-/// needs no extra crate and always explores the same cases.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, pct: u64) -> bool {
-        self.next() % 100 < pct
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i + 1);
-            v.swap(i, j);
-        }
-    }
-}
-
 /// A random match: some scope conditions, some situational ones.
-fn random_match(r: &mut Rng) -> String {
+fn random_match(r: &mut StdRng) -> String {
     let mut parts = Vec::new();
-    if r.chance(40) {
+    if r.random_ratio(40, 100) {
         parts.push(
             [
                 "\"tenants\": [\"a\"]",
                 "\"tenants\": [\"b\", \"c\"]",
                 "\"tenantClasses\": [\"gold\"]",
                 "\"tenantClasses\": [\"free\"]",
-            ][r.below(4)]
+            ][r.random_range(0..4usize)]
             .to_owned(),
         );
     }
-    if r.chance(30) {
+    if r.random_ratio(30, 100) {
         parts.push(
             [
                 "\"models\": [\"m1\"]",
                 "\"models\": [\"m*\"]",
                 "\"models\": [\"m2\", \"x?\"]",
-            ][r.below(3)]
+            ][r.random_range(0..3usize)]
             .to_owned(),
         );
     }
-    if r.chance(20) {
+    if r.random_ratio(20, 100) {
         parts.push(
             [
                 "\"apis\": [\"chat\"]",
                 "\"apis\": [\"completions\", \"anthropicMessages\"]",
-            ][r.below(2)]
+            ][r.random_range(0..2usize)]
             .to_owned(),
         );
     }
-    if r.chance(25) {
-        parts.push(["\"pii\": true", "\"pii\": false"][r.below(2)].to_owned());
+    if r.random_ratio(25, 100) {
+        parts.push(["\"pii\": true", "\"pii\": false"][r.random_range(0..2usize)].to_owned());
     }
-    if r.chance(25) {
-        parts.push(["\"easy\": true", "\"easy\": false"][r.below(2)].to_owned());
+    if r.random_ratio(25, 100) {
+        parts.push(["\"easy\": true", "\"easy\": false"][r.random_range(0..2usize)].to_owned());
     }
-    if r.chance(25) {
+    if r.random_ratio(25, 100) {
         parts.push(
             [
                 "\"poolState\": {\"pool\": \"main\", \"saturationAbove\": 0.5}",
                 "\"poolState\": {\"pool\": \"alt\", \"saturationBelow\": 0.5}",
-            ][r.below(2)]
+            ][r.random_range(0..2usize)]
             .to_owned(),
         );
     }
-    if r.chance(20) {
+    if r.random_ratio(20, 100) {
         parts.push(
             [
                 "\"promptTokens\": {\"max\": 100}",
                 "\"promptTokens\": {\"min\": 50}",
-            ][r.below(2)]
+            ][r.random_range(0..2usize)]
             .to_owned(),
         );
     }
-    if r.chance(15) {
+    if r.random_ratio(15, 100) {
         parts.push("\"headers\": [{\"name\": \"x-burst\", \"present\": true}]".to_owned());
     }
     format!("{{{}}}", parts.join(", "))
 }
 
-fn random_action(r: &mut Rng, provider_pct: u64) -> String {
-    if r.chance(provider_pct) {
+fn random_action(r: &mut StdRng, provider_pct: u32) -> String {
+    if r.random_ratio(provider_pct, 100) {
         return r#"{"provider": {"provider": "ext"}}"#.to_owned();
     }
     [
@@ -329,7 +307,7 @@ fn random_action(r: &mut Rng, provider_pct: u64) -> String {
         r#"{"route": {"pool": "alt", "priority": 2}}"#,
         r#"{"reject": {"status": 403}}"#,
         r#"{"shed": {"retryAfterS": 2}}"#,
-    ][r.below(4)]
+    ][r.random_range(0..4usize)]
     .to_owned()
 }
 
@@ -361,7 +339,8 @@ fn first_match_reference(
 
 #[test]
 fn pii_in_a_guard_scope_never_goes_to_a_provider_in_any_order() {
-    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    // Seeded: every run explores the same cases.
+    let mut r = StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
     let texts = [
         PII,
         CLEAN,
@@ -381,10 +360,10 @@ fn pii_in_a_guard_scope_never_goes_to_a_provider_in_any_order() {
     let mut compiled = 0;
     for round in 0..300 {
         // 2-7 policies, at least one guard; providers are common.
-        let n = 2 + r.below(6);
+        let n = 2 + r.random_range(0..6usize);
         let mut policies: Vec<String> = (0..n)
             .map(|i| {
-                let guard = i == 0 || r.chance(20);
+                let guard = i == 0 || r.random_ratio(20, 100);
                 let action = if guard {
                     random_action(&mut r, 0)
                 } else {
@@ -399,7 +378,7 @@ fn pii_in_a_guard_scope_never_goes_to_a_provider_in_any_order() {
             .collect();
         let default = random_action(&mut r, 50);
         for _ordering in 0..4 {
-            r.shuffle(&mut policies);
+            policies.shuffle(&mut r);
             let set = base(&format!("[{}]", policies.join(",")), &default);
             // Random sets can be invalid (unreachable after a catch-all...):
             // the guarantee is about sets that compile.
@@ -407,21 +386,21 @@ fn pii_in_a_guard_scope_never_goes_to_a_provider_in_any_order() {
             compiled += 1;
             for _req in 0..12 {
                 let req = Req {
-                    tenant: tenants[r.below(tenants.len())],
-                    api: apis[r.below(apis.len())],
-                    model: models[r.below(models.len())],
-                    headers: if r.chance(30) {
+                    tenant: tenants[r.random_range(0..tenants.len())],
+                    api: apis[r.random_range(0..apis.len())],
+                    model: models[r.random_range(0..models.len())],
+                    headers: if r.random_ratio(30, 100) {
                         vec![("x-burst", "1")]
                     } else {
                         vec![]
                     },
-                    tokens: [10, 60, 200, 1000][r.below(4)],
-                    text: texts[r.below(texts.len())],
+                    tokens: [10, 60, 200, 1000][r.random_range(0..4usize)],
+                    text: texts[r.random_range(0..texts.len())],
                 };
                 let mut sat: Vec<(usize, f64)> = Vec::new();
                 for k in 0..2 {
-                    if r.chance(70) {
-                        sat.push((k, [0.1, 0.6, 0.99][r.below(3)]));
+                    if r.random_ratio(70, 100) {
+                        sat.push((k, [0.1, 0.6, 0.99][r.random_range(0..3usize)]));
                     }
                 }
                 let mut st = PoolStates::new(&c);

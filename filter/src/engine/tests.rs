@@ -185,7 +185,11 @@ impl Host for Fake {
         let Some(sessions) = self.sessions.clone() else {
             return self.call(cluster, pick::PICK, msg, timeout_ms);
         };
-        assert_eq!(self.cb, Cb::ReqBody, "picks start with the body");
+        // With the body, or at the headers for a request without one.
+        assert!(
+            matches!(self.cb, Cb::ReqBody | Cb::ReqHeaders),
+            "picks start in a request callback"
+        );
         // What the wasm host does with the session's steps.
         let waiter = self.waiter;
         let step =
@@ -1086,6 +1090,9 @@ mod body;
 
 #[path = "session_tests.rs"]
 mod session;
+
+#[path = "api_tests.rs"]
+mod api;
 
 /// A chat request picked (to 127.0.0.1:9001) whose response started with
 /// `status` and one body chunk, `stream` deciding SSE or JSON.

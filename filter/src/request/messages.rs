@@ -316,3 +316,7 @@ pub(super) fn count_tokens<'a>(
         text,
     ))
 }
+
+#[cfg(test)]
+#[path = "messages_tests.rs"]
+mod tests;

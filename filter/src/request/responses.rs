@@ -268,3 +268,7 @@ pub fn stored_response_request<'p>(
     };
     (!id.is_empty() && !id.contains('/')).then(|| (op, percent_decoded(id)))
 }
+
+#[cfg(test)]
+#[path = "responses_tests.rs"]
+mod tests;

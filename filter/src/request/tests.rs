@@ -14,6 +14,13 @@ fn paths() {
         api_for_path("/v1/messages"),
         Some(ApiKind::AnthropicMessages)
     );
+    assert_eq!(
+        api_for_path("/v1/messages/count_tokens"),
+        Some(ApiKind::AnthropicCountTokens)
+    );
+    assert_eq!(api_for_path("/v1/responses/"), Some(ApiKind::Responses));
+    assert_eq!(api_for_path("/v1/responses/resp_1"), None);
+    assert_eq!(api_for_path("/v1/messages/render"), None);
     assert_eq!(api_for_path("/v1/models"), None);
     assert_eq!(api_for_path("/v1/chat/completions/render"), None);
     assert_eq!(api_for_path(""), None);
