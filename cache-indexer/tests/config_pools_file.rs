@@ -80,7 +80,7 @@ fn the_indexer_loads_the_pools_kvasir_api_writes() {
     let d = main.discovery.as_ref().unwrap();
     assert_eq!(d.namespace, "serving");
     assert_eq!(d.inference_pool, "main-pool");
-    assert_eq!((d.events_port, d.replay_port), (5557, Some(5558)));
+    assert_eq!((d.events_port, d.replay_port), (Some(5557), Some(5558)));
     assert_eq!(d.topic, "");
 
     let small = &cfg.pools[1];
@@ -91,6 +91,6 @@ fn the_indexer_loads_the_pools_kvasir_api_writes() {
     let d = small.discovery.as_ref().unwrap();
     assert_eq!(d.namespace, "serving");
     assert_eq!(d.inference_pool, "small");
-    assert_eq!((d.events_port, d.replay_port), (6000, None));
+    assert_eq!((d.events_port, d.replay_port), (Some(6000), None));
     assert_eq!(d.topic, "kv");
 }

@@ -66,6 +66,15 @@ fn ep(address: &str, kv_events: &str, replay: Option<&str>, topic: &str) -> Endp
     }
 }
 
+/// The pool-wide port convention (events on 5557, no replay), the engines
+/// not asked: what most tests here check.
+fn port_convention() -> DiscoveryDefaults {
+    DiscoveryDefaults {
+        kv_event_sources: false,
+        ..DiscoveryDefaults::default()
+    }
+}
+
 fn skip(pod: &str, kind: SkipKind) -> SkipReason {
     SkipReason {
         pod: pod.to_string(),
@@ -76,7 +85,7 @@ fn skip(pod: &str, kind: SkipKind) -> SkipReason {
 #[test]
 fn ready_pods_become_endpoints_with_defaults() {
     let pods = [ready("a", "10.0.0.5"), ready("b", "10.0.0.6")];
-    let (eps, skipped) = endpoints_for(&default_pool(), &pods, &DiscoveryDefaults::default());
+    let (eps, skipped) = endpoints_for(&default_pool(), &pods, &port_convention());
     assert_eq!(
         eps,
         vec![
@@ -92,6 +101,7 @@ fn ready_pods_become_endpoints_with_defaults() {
 #[test]
 fn pool_defaults_apply_when_pods_say_nothing() {
     let defaults = DiscoveryDefaults {
+        kv_event_sources: false,
         events_port: 6000,
         replay_port: Some(6001),
         topic: "kv".to_string(),
@@ -134,7 +144,7 @@ fn unready_terminating_and_ipless_pods_are_skipped() {
         pod("empty-ip", "", |_| {}),
         pod("bad-ip", "not-an-ip", |_| {}),
     ];
-    let (eps, skipped) = endpoints_for(&default_pool(), &pods, &DiscoveryDefaults::default());
+    let (eps, skipped) = endpoints_for(&default_pool(), &pods, &port_convention());
     assert_eq!(
         eps,
         vec![ep("10.0.0.1:8000", "tcp://10.0.0.1:5557", None, "")]
@@ -169,7 +179,7 @@ fn each_target_port_is_an_endpoint_with_its_own_event_port() {
         "10.0.0.5",
         json!({ "kvasir.io/kv-events-port": "5557", "kvasir.io/kv-events-replay-port": "5600" }),
     )];
-    let (eps, skipped) = endpoints_for(&pool, &pods, &DiscoveryDefaults::default());
+    let (eps, skipped) = endpoints_for(&pool, &pods, &port_convention());
     // The duplicate 8000 (which the CRD forbids anyway) yields nothing twice.
     assert_eq!(
         eps,
@@ -194,6 +204,7 @@ fn each_target_port_is_an_endpoint_with_its_own_event_port() {
 #[test]
 fn annotations_override_defaults() {
     let defaults = DiscoveryDefaults {
+        kv_event_sources: false,
         events_port: 5557,
         replay_port: Some(5558),
         topic: "default-topic".to_string(),
@@ -267,7 +278,7 @@ fn bad_annotations_skip_only_that_pod() {
             json!({ "kvasir.io/kv-events-replay-port": "" }),
         ),
     ];
-    let (eps, skipped) = endpoints_for(&default_pool(), &pods, &DiscoveryDefaults::default());
+    let (eps, skipped) = endpoints_for(&default_pool(), &pods, &port_convention());
     assert_eq!(
         eps,
         vec![ep("10.0.0.1:8000", "tcp://10.0.0.1:5557", None, "")]
@@ -310,7 +321,7 @@ fn event_port_overflow_is_a_skip_not_a_panic() {
         "10.0.0.5",
         json!({ "kvasir.io/kv-events-port": "65535" }),
     )];
-    let (eps, skipped) = endpoints_for(&pool, &pods, &DiscoveryDefaults::default());
+    let (eps, skipped) = endpoints_for(&pool, &pods, &port_convention());
     assert!(eps.is_empty());
     assert_eq!(
         skipped,
@@ -349,7 +360,7 @@ fn selector_requires_every_match_label_and_the_namespace() {
             v["metadata"]["namespace"] = json!("prod");
         }),
     ];
-    let (eps, skipped) = endpoints_for(&pool, &pods, &DiscoveryDefaults::default());
+    let (eps, skipped) = endpoints_for(&pool, &pods, &port_convention());
     assert_eq!(
         eps,
         vec![ep("10.0.0.1:8000", "tcp://10.0.0.1:5557", None, "")]
@@ -359,7 +370,7 @@ fn selector_requires_every_match_label_and_the_namespace() {
 
     // An empty selector selects nothing, and is reported by validate().
     let empty = self::pool(json!({}), &[8000]);
-    let (eps, _) = endpoints_for(&empty, &pods, &DiscoveryDefaults::default());
+    let (eps, _) = endpoints_for(&empty, &pods, &port_convention());
     assert!(eps.is_empty());
     assert!(matches!(
         empty.validate(),
@@ -380,7 +391,7 @@ fn output_is_sorted_and_independent_of_pod_order() {
             v["status"]["conditions"][1]["status"] = json!("False");
         }),
     ];
-    let defaults = DiscoveryDefaults::default();
+    let defaults = port_convention();
     let first = endpoints_for(&default_pool(), &pods, &defaults);
     pods.reverse();
     let second = endpoints_for(&default_pool(), &pods, &defaults);
@@ -397,7 +408,7 @@ fn ipv6_pods_are_bracketed() {
     let (eps, _) = endpoints_for(
         &default_pool(),
         &[ready("a", "fd00:10:244::5")],
-        &DiscoveryDefaults::default(),
+        &port_convention(),
     );
     assert_eq!(
         eps,
@@ -414,7 +425,7 @@ fn ipv6_pods_are_bracketed() {
 fn two_pods_on_one_address_keep_the_first_by_name() {
     // Host-network pods on one node share the node IP.
     let pods = [ready("b", "172.18.0.2"), ready("a", "172.18.0.2")];
-    let (eps, skipped) = endpoints_for(&default_pool(), &pods, &DiscoveryDefaults::default());
+    let (eps, skipped) = endpoints_for(&default_pool(), &pods, &port_convention());
     assert_eq!(eps.len(), 1);
     assert_eq!(
         skipped,
@@ -460,7 +471,7 @@ fn pool_validation_reports_bad_selectors_and_ports() {
             "{ports:?}"
         );
         assert!(
-            endpoints_for(&p, &[ready("a", "10.0.0.1")], &DiscoveryDefaults::default())
+            endpoints_for(&p, &[ready("a", "10.0.0.1")], &port_convention())
                 .0
                 .is_empty()
         );
@@ -474,9 +485,65 @@ fn defaults_deserialize_from_config() {
     assert_eq!(
         d,
         DiscoveryDefaults {
+            kv_event_sources: true,
             events_port: 5557,
             replay_port: Some(5558),
             topic: String::new()
         }
     );
+}
+
+#[test]
+fn by_default_pods_without_a_port_annotation_ask_their_engine() {
+    let pods = [
+        ready("a", "10.0.0.5"),
+        // Replay and topic annotations alone do not make a pod explicit:
+        // its engine says where it publishes.
+        annotated(
+            "b",
+            "10.0.0.6",
+            json!({ "kvasir.io/kv-events-topic": "kv", "kvasir.io/kv-events-replay-port": "5558" }),
+        ),
+        // The events-port annotation wins over what the engine advertises.
+        annotated(
+            "c",
+            "10.0.0.7",
+            json!({ "kvasir.io/kv-events-port": "7000", "kvasir.io/kv-events-topic": "kv" }),
+        ),
+    ];
+    let defaults = DiscoveryDefaults::default();
+    assert!(defaults.kv_event_sources);
+    let (eps, skipped) = endpoints_for(&default_pool(), &pods, &defaults);
+    assert!(skipped.is_empty());
+    assert_eq!(
+        eps,
+        vec![
+            ep("10.0.0.5:8000", "", None, ""),
+            ep("10.0.0.6:8000", "", None, ""),
+            ep("10.0.0.7:8000", "tcp://10.0.0.7:7000", None, "kv"),
+        ]
+    );
+}
+
+#[test]
+fn each_target_port_asks_its_own_engine() {
+    let pool = pool(json!({ "app": "vllm" }), &[8000, 8001]);
+    let (eps, _) = endpoints_for(
+        &pool,
+        &[ready("a", "10.0.0.5")],
+        &DiscoveryDefaults::default(),
+    );
+    assert_eq!(
+        eps,
+        vec![
+            ep("10.0.0.5:8000", "", None, ""),
+            ep("10.0.0.5:8001", "", None, ""),
+        ]
+    );
+    // Still skipped for the usual reasons, and a bad annotation still is
+    // one.
+    let bad = annotated("b", "10.0.0.6", json!({ "kvasir.io/kv-events-port": "x" }));
+    let (eps, skipped) = endpoints_for(&pool, &[bad], &DiscoveryDefaults::default());
+    assert!(eps.is_empty());
+    assert_eq!(skipped.len(), 1);
 }

@@ -307,7 +307,12 @@ fn start(
     let client = kube::Client::new(service, NS);
     let server = ApiServer::start(handle, script);
     let (tx, rx) = watch::channel(Vec::new());
-    let defaults = DiscoveryDefaults::default();
+    // The pool-wide port convention: these tests check the sets discovery
+    // publishes, not what engines advertise (discovery_sources.rs does).
+    let defaults = DiscoveryDefaults {
+        kv_event_sources: false,
+        ..DiscoveryDefaults::default()
+    };
     let task = tokio::spawn(async move { watch_pool(client, NS, POOL, defaults, tx).await });
     (server, rx, task)
 }

@@ -6,7 +6,6 @@
 
 mod service_support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use kvasir_cache_indexer::config::Config;
@@ -156,7 +155,8 @@ async fn picks_mode_history_is_bounded_by_pick_history_blocks() {
 }
 
 /// The binary with `--index picks`: endpoints without `events=`, ready at
-/// once; without `--index picks` the same flags are a usage error.
+/// once; without `--index picks` the same flags ask each engine for its
+/// KV-event sockets (`/kv_event_sources`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_runs_with_index_picks_from_flags() {
     let sim = Sim::start(&[]).await;
@@ -186,14 +186,21 @@ async fn binary_runs_with_index_picks_from_flags() {
         .expect("ready in time");
     drop(bin);
 
-    let out = Command::new(indexer_bin())
-        .args(["--tokenizer", "approx", "--endpoint", &endpoint])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("events=tcp://IP:PORT is required") && err.contains("--index picks"),
-        "{err}"
-    );
+    let bin = IndexerBin::start(["--tokenizer", "approx", "--endpoint", &endpoint]).await;
+    let asked = format!("kvasir_indexer_kv_event_source_lookups_total{{pool=\"{POOL}\"");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = bin.metrics().await;
+        let n = metrics
+            .lines()
+            .find(|l| l.starts_with(&asked))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        if n > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -45,6 +45,10 @@ fn parses_yaml_with_defaults_and_aliases() {
     let d = cfg.pools[1].discovery.as_ref().unwrap();
     assert_eq!(d.defaults().events_port, 6000);
     assert_eq!(d.defaults().replay_port, None);
+    assert!(
+        !d.defaults().kv_event_sources,
+        "eventsPort given: not asked"
+    );
     let spec = cfg.pools[0].endpoints[0].to_spec();
     assert_eq!(spec.metrics_url(), "http://127.0.0.1:8001/metrics");
 }
@@ -118,7 +122,8 @@ fn validation_errors_name_the_place() {
     cfg.pools[0].discovery = cfg.pools[0].discovery.clone().or(Some(DiscoveryConfig {
         namespace: "n".into(),
         inference_pool: "p".into(),
-        events_port: 1,
+        kv_event_sources: None,
+        events_port: Some(1),
         replay_port: None,
         topic: String::new(),
     }));
@@ -164,14 +169,22 @@ fn index_source_and_pick_history_blocks() {
     assert_eq!(spec.kv_events, "");
     assert_eq!(spec.metrics_url(), "http://127.0.0.1:8001/metrics");
 
-    // Events are required with index events, and checked for form
-    // when given with picks.
-    let mut bad = cfg.clone();
-    bad.pools[1].endpoints[0].events = None;
+    // Without events (index events) the engine is asked; a replay or
+    // topic written next to no events would never be used. Events are
+    // checked for form when given with picks.
+    let mut asked = cfg.clone();
+    asked.pools[1].endpoints[0].events = None;
+    asked.pools[1].endpoints[0].replay = None;
+    asked.validate().unwrap();
+    let mut bad = asked.clone();
+    bad.pools[1].endpoints[0].replay = Some("tcp://127.0.0.1:1".into());
     assert_eq!(
-            err(&bad),
-            "pools[1].endpoints[0].events: required when the pool's index is events (the engine's KV-events endpoint, tcp://ip:port); index: picks needs none"
-        );
+        err(&bad),
+        "pools[1].endpoints[0].replay: needs events: without an events address the engine's own /kv_event_sources gives its events, replay and topic"
+    );
+    let mut bad = asked.clone();
+    bad.pools[1].endpoints[0].topic = "kv".into();
+    assert!(err(&bad).starts_with("pools[1].endpoints[0].topic: needs events"));
     let mut bad = cfg.clone();
     bad.pools[0].endpoints[0].events = Some("127.0.0.1:1".into());
     assert!(err(&bad).starts_with("pools[0].endpoints[0].events: not a tcp://"));
@@ -217,15 +230,14 @@ fn index_flags_apply_to_flag_pools() {
         Some("tcp://127.0.0.1:5559")
     );
 
+    // With index events, an endpoint without events asks its engine.
     let no_events = Args {
         index: None,
         ..args.clone()
     };
-    let e = Config::from_args(&no_events).unwrap_err().to_string();
-    assert_eq!(
-            e,
-            "--endpoint[0] `pool=p,address=127.0.0.1:8001`: events=tcp://IP:PORT is required (the pool's index is events; with --index picks it is not)"
-        );
+    let cfg = Config::from_args(&no_events).unwrap();
+    assert_eq!(cfg.pools[0].index, IndexSource::Events);
+    assert_eq!(cfg.pools[0].endpoints[0].to_spec().kv_events, "");
     let bad = Args {
         index: Some("kv".into()),
         ..args.clone()
@@ -254,15 +266,11 @@ fn index_flags_apply_to_flag_pools() {
         index: Some("events".into()),
         ..Default::default()
     };
-    let e = file.apply_args(&add).unwrap_err().to_string();
-    assert!(
-        e.starts_with(
-            "--endpoint[1] `pool=b,address=127.0.0.1:8010`: events=tcp://IP:PORT is required"
-        ),
-        "{e}"
-    );
+    file.apply_args(&add).unwrap();
     assert_eq!(file.pools[0].index, IndexSource::Picks);
     assert_eq!(file.pools[0].endpoints.len(), 3);
+    assert_eq!(file.pools[1].index, IndexSource::Events);
+    assert_eq!(file.pools[1].endpoints.last().unwrap().events, None);
 }
 
 #[test]
@@ -298,4 +306,52 @@ fn endpoint_flags_make_pools() {
     );
     let none = Config::from_args(&Args::default()).unwrap_err().to_string();
     assert!(none.starts_with("pools: no pools configured"), "{none}");
+}
+
+#[test]
+fn discovery_reads_engine_sources_unless_a_port_is_given() {
+    let pool = |d: &str| {
+        format!("pools:\n  - name: p\n    discovery: {{ namespace: n, inferencePool: p{d} }}\n")
+    };
+    let discovery = |text: &str| {
+        let cfg = parse_ok(text);
+        cfg.validate()
+            .map(|()| cfg.pools[0].discovery.clone().unwrap())
+    };
+    let d = discovery(&pool("")).unwrap();
+    assert!(d.reads_engine_sources(), "default: the engines say");
+    assert_eq!(
+        d.defaults().events_port,
+        5557,
+        "the fallback when not asked"
+    );
+    for given in [
+        ", eventsPort: 6000",
+        ", replayPort: 6001",
+        ", kvEventSources: false",
+    ] {
+        let d = discovery(&pool(given)).unwrap();
+        assert!(!d.reads_engine_sources(), "{given}");
+    }
+    let d = discovery(&pool(", kv_event_sources: false, eventsPort: 6000")).unwrap();
+    assert_eq!(d.defaults().events_port, 6000);
+    assert!(discovery(&pool(", kvEventSources: true"))
+        .unwrap()
+        .reads_engine_sources());
+    // Set both ways, the ports would never be used: refused by name.
+    for (given, key) in [
+        (", kvEventSources: true, eventsPort: 6000", "eventsPort"),
+        (", kvEventSources: true, replayPort: 6001", "replayPort"),
+        (", kvEventSources: true, topic: kv", "topic"),
+    ] {
+        let e = discovery(&pool(given)).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "pools[0].discovery.{key}: unused with kvEventSources: true"
+            )),
+            "{e}"
+        );
+    }
+    let e = discovery(&pool(", eventsPort: 0")).unwrap_err().to_string();
+    assert_eq!(e, "pools[0].discovery.eventsPort: must be 1..=65535");
 }

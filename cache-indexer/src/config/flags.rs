@@ -30,7 +30,8 @@ pub struct Args {
     pub http_addr: Option<SocketAddr>,
     /// A static endpoint, repeatable:
     /// `pool=NAME,address=IP:PORT[,events=tcp://IP:PORT][,replay=tcp://IP:PORT][,metrics=URL][,topic=T]`
-    /// (`events` is required unless the pool's index is `picks`).
+    /// (without `events`, the engine's own `/kv_event_sources` says where
+    /// it publishes).
     /// A pool not in the file is created with `--model`, `--block-size`,
     /// `--tokenizer`, `--index` and `--pick-history-blocks`.
     #[arg(long = "endpoint", value_name = "SPEC")]
@@ -69,8 +70,8 @@ pub struct Args {
     pub shutdown_grace_ms: Option<u64>,
 }
 
-/// Parses one `--endpoint` value into (pool name, endpoint). Whether
-/// `events` may be missing depends on the pool (see [`Config::apply_args`]).
+/// Parses one `--endpoint` value into (pool name, endpoint); without
+/// `events` the engine is asked for its KV-event sockets.
 pub fn parse_endpoint_flag(spec: &str) -> Result<(String, EndpointConfig), String> {
     let mut pool = None;
     let mut address = None;
@@ -186,12 +187,6 @@ impl Config {
                     self.pools.len() - 1
                 }
             };
-            if ep.events.is_none() && self.pools[idx].index == IndexSource::Events {
-                return Err(ConfigError::Flag {
-                    flag: flag(),
-                    message: "events=tcp://IP:PORT is required (the pool's index is events; with --index picks it is not)".into(),
-                });
-            }
             self.pools[idx].endpoints.push(ep);
         }
         Ok(())

@@ -82,11 +82,14 @@ fn pools_file_pools_are_added_after_the_inline_ones() {
     assert_eq!(cfg.pools[1].block_size, 32);
     assert_eq!(cfg.pools[1].tokenizer, TokenizerSource::Render);
     let d = cfg.pools[1].discovery.as_ref().unwrap();
-    assert_eq!((d.events_port, d.replay_port), (6000, Some(6001)));
+    assert_eq!((d.events_port, d.replay_port), (Some(6000), Some(6001)));
+    assert!(!d.reads_engine_sources(), "ports written down are honoured");
     assert_eq!(d.topic, "kv");
     let d = cfg.pools[2].discovery.as_ref().unwrap();
     assert_eq!(d.inference_pool, "small-pool");
-    assert_eq!((d.events_port, d.replay_port), (5557, None));
+    assert_eq!((d.events_port, d.replay_port), (None, None));
+    assert!(d.reads_engine_sources(), "no port given: the engines say");
+    assert_eq!(d.defaults().events_port, 5557);
     assert_eq!(cfg.pools[2].block_size, 16);
 }
 

@@ -20,6 +20,11 @@ pub const ANNOTATION_TOPIC: &str = "kvasir.io/kv-events-topic";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DiscoveryDefaults {
+    /// Ask each engine where it publishes (vLLM's `GET /kv_event_sources`)
+    /// instead of assuming the ports below: a pod without the
+    /// `kvasir.io/kv-events-port` annotation then yields an endpoint with no
+    /// events address, which its subscriber reads from the engine.
+    pub kv_event_sources: bool,
     /// KV-events PUB port (vLLM's default `tcp://*:5557`).
     pub events_port: u16,
     /// Replay ROUTER port; vLLM runs none unless `replay_endpoint` is set.
@@ -31,6 +36,7 @@ pub struct DiscoveryDefaults {
 impl Default for DiscoveryDefaults {
     fn default() -> Self {
         DiscoveryDefaults {
+            kv_event_sources: true,
             events_port: 5557,
             replay_port: None,
             topic: String::new(),
@@ -127,10 +133,16 @@ impl fmt::Display for SkipReason {
 /// unusable) it yields exactly one [`SkipReason`] and no endpoint, so a
 /// typo on one pod never takes the rest down.
 ///
-/// Ports: the HTTP address is `podIP:targetPort`. The KV-events port comes
-/// from the `kvasir.io/kv-events-port` annotation or `defaults`, the replay
-/// port from `kvasir.io/kv-events-replay-port` or `defaults` (none when
-/// neither says), the topic from `kvasir.io/kv-events-topic` or `defaults`.
+/// Ports: the HTTP address is `podIP:targetPort`. A pod with the
+/// `kvasir.io/kv-events-port` annotation gets its KV events there (it wins
+/// over what the engine advertises). Without it, and with
+/// `defaults.kv_event_sources`, the endpoint has no events address, replay
+/// or topic: its subscriber reads them from the engine's
+/// `/kv_event_sources`. Otherwise the port comes from `defaults`. The
+/// replay port comes from `kvasir.io/kv-events-replay-port` or `defaults`
+/// (none when neither says), the topic from `kvasir.io/kv-events-topic` or
+/// `defaults`; both only where the events port does not come from the
+/// engine.
 /// With several target ports, the i-th target port (spec order, 0-based)
 /// gets events port `base + i` (replay likewise): a pod serving several
 /// ports runs one engine per port, and two engines cannot share a PUB
@@ -216,6 +228,12 @@ fn pod_endpoints(
     let annotation = |key: &str| annotations.and_then(|a| a.get(key));
     let events_base = match annotation(ANNOTATION_EVENTS_PORT) {
         Some(v) => parse_port(ANNOTATION_EVENTS_PORT, v)?,
+        None if defaults.kv_event_sources => {
+            return Ok(target_ports
+                .iter()
+                .map(|&port| engine_advertised(SocketAddr::new(ip, port)))
+                .collect());
+        }
         None => defaults.events_port,
     };
     let replay_base = match annotation(ANNOTATION_REPLAY_PORT) {
@@ -245,6 +263,21 @@ fn pod_endpoints(
         ));
     }
     Ok(out)
+}
+
+/// An endpoint whose KV-event sockets the engine itself advertises: each
+/// target port is its own engine, so each is asked separately.
+fn engine_advertised(http: SocketAddr) -> (SocketAddr, EndpointSpec) {
+    (
+        http,
+        EndpointSpec {
+            address: http.to_string(),
+            kv_events: String::new(),
+            replay: None,
+            metrics_url: None,
+            topic: String::new(),
+        },
+    )
 }
 
 fn parse_port(key: &str, value: &str) -> Result<u16, SkipKind> {

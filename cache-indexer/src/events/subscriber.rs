@@ -40,6 +40,16 @@
 //!   [`PoolIndex::remove_endpoint`]; after `mark_unreachable`, the next
 //!   contact rebuilds the endpoint from scratch.
 //!
+//! * **Engine-advertised sockets**: an endpoint without an events address
+//!   (and a [`SubscriberConfig::source`]) first asks the engine's
+//!   `/kv_event_sources` (vLLM 0.34) where it publishes; until it gets an
+//!   answer it can follow the state is [`SyncState::NoSource`] and it asks
+//!   again with backoff. It asks again when the stream shows the engine
+//!   went away or restarted (a disconnect, [`SubscriberHandle::mark_unreachable`],
+//!   a restart seen in the sequence numbers): when the answer changed, the
+//!   endpoint is rebuilt from the new sockets; when the engine now says
+//!   it publishes nothing, the endpoint is cleared.
+//!
 //! Every wait is bounded (connect timeout, per-reply and overall replay
 //! deadlines, buffered-message and replayed-batch caps), and undecodable
 //! messages are counted and skipped: nothing an engine sends stops the task.
@@ -84,6 +94,12 @@ impl SubscriberHandle {
     /// Current sync state.
     pub fn state(&self) -> SyncState {
         SyncState::from_u8(self.shared.state.load(Ordering::Relaxed))
+    }
+
+    /// The KV-events address followed: the configured one, or the one the
+    /// engine advertised (empty while there is none).
+    pub fn kv_events(&self) -> String {
+        self.shared.kv_events.lock().clone()
     }
 
     /// Live counters.
@@ -160,6 +176,7 @@ pub fn spawn_subscriber(cfg: SubscriberConfig, index: Arc<PoolIndex>) -> Subscri
         stats: IngestStats::default(),
         unreachable: AtomicBool::new(false),
         wake: Notify::new(),
+        kv_events: parking_lot::Mutex::new(cfg.endpoint.kv_events.clone()),
     });
     let worker = Worker::new(cfg, index, shared.clone());
     let task = tokio::spawn(worker.run());

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::discovery::EngineSource;
 use crate::types::EndpointSpec;
 
 /// How to follow one endpoint's KV events. Build it with
@@ -33,12 +34,22 @@ pub struct SubscriberConfig {
     pub max_buffered: usize,
     /// Most batches one replay may deliver (vLLM buffers 10,000 by default).
     pub max_replay_batches: usize,
+    /// Where to read the sockets when `endpoint.kv_events` is empty: the
+    /// engine's `/kv_event_sources` (see [`SubscriberConfig::with_source`]).
+    /// `None` with an empty address: nothing to follow ([`SyncState::NoSource`](super::state::SyncState::NoSource)).
+    pub source: Option<EngineSource>,
+    /// First wait before asking the engine again after an answer that gave
+    /// nothing to follow (doubling up to `source_retry_max`).
+    pub source_retry_min: Duration,
+    /// Longest wait between two requests for the engine's sources.
+    pub source_retry_max: Duration,
 }
 
 impl SubscriberConfig {
     /// Defaults: reconnect 1 s, connect timeout 2 s, replay reply timeout 3 s,
     /// replay deadline 60 s, idle probe 5 s, stale after 15 s, 100,000
-    /// buffered messages, 1,000,000 replayed batches.
+    /// buffered messages, 1,000,000 replayed batches; no engine source,
+    /// asked again after 0.5 s doubling to 30 s when it has one.
     pub fn new(endpoint: EndpointSpec, block_size: u32) -> Self {
         SubscriberConfig {
             endpoint,
@@ -51,6 +62,19 @@ impl SubscriberConfig {
             stale_after: Duration::from_secs(15),
             max_buffered: 100_000,
             max_replay_batches: 1_000_000,
+            source: None,
+            source_retry_min: Duration::from_millis(500),
+            source_retry_max: Duration::from_secs(30),
         }
+    }
+
+    /// Reads the sockets from the engine (`client` GETs `/kv_event_sources`
+    /// at the endpoint's address) when the endpoint has no events address;
+    /// an address that is given wins, and the engine is not asked.
+    pub fn with_source(mut self, client: &reqwest::Client) -> Self {
+        if self.endpoint.kv_events.is_empty() {
+            self.source = Some(EngineSource::new(client.clone(), &self.endpoint.address));
+        }
+        self
     }
 }

@@ -18,6 +18,9 @@ use super::state::{inc, unix_ms, IngestStats, Shared, SyncState};
 use super::subscriber_config::SubscriberConfig;
 use crate::index::PoolIndex;
 use crate::types::EndpointId;
+use source::SourceFollow;
+
+mod source;
 
 /// Applied batches remembered (seq, payload hash) to tell a duplicate from
 /// an engine restart when a sequence number repeats.
@@ -98,6 +101,9 @@ pub(super) struct Worker {
     last_contact: Instant,
     probe_failing_since: Option<Instant>,
     decode_error_logs: u64,
+    /// The engine's `/kv_event_sources`, when the endpoint has no events
+    /// address of its own.
+    source: Option<SourceFollow>,
 }
 
 /// Parses `[topic, seq8, payload]`; `None` for a malformed message.
@@ -132,7 +138,13 @@ fn parse_reply(msg: ZmqMessage) -> Option<(u64, Bytes)> {
 impl Worker {
     /// A worker for `cfg.endpoint` that has applied nothing yet.
     pub(super) fn new(cfg: SubscriberConfig, index: Arc<PoolIndex>, shared: Arc<Shared>) -> Self {
+        let source = cfg
+            .source
+            .clone()
+            .filter(|_| cfg.endpoint.kv_events.is_empty())
+            .map(|e| SourceFollow::new(e, cfg.source_retry_min, cfg.source_retry_max));
         Worker {
+            source,
             endpoint: cfg.endpoint.id(),
             cfg,
             index,
@@ -178,9 +190,13 @@ impl Worker {
             endpoint = %self.endpoint,
             kv_events = %self.cfg.endpoint.kv_events,
             replay = ?self.cfg.endpoint.replay,
+            from_engine = self.has_engine_source(),
             "kv-event subscriber starting"
         );
         loop {
+            if !self.ensure_source().await {
+                continue;
+            }
             self.set_state(SyncState::Connecting);
             let mut opts = SocketOptions::default();
             opts.connect_timeout(self.cfg.connect_timeout);
@@ -196,12 +212,14 @@ impl Worker {
                 Ok(Err(e)) => {
                     tracing::debug!(endpoint = %self.endpoint, error = %e, "kv events: connect failed");
                     self.set_state(SyncState::Disconnected);
+                    self.recheck_source();
                     tokio::time::sleep(self.cfg.reconnect).await;
                     continue;
                 }
                 Err(_) => {
                     tracing::debug!(endpoint = %self.endpoint, "kv events: connect timed out");
                     self.set_state(SyncState::Disconnected);
+                    self.recheck_source();
                     tokio::time::sleep(self.cfg.reconnect).await;
                     continue;
                 }
@@ -212,7 +230,8 @@ impl Worker {
     }
 
     /// Follows one connected SUB socket (it reconnects by itself, so this
-    /// returns only if the socket is unusable).
+    /// returns only if the socket is unusable, or the engine now advertises
+    /// other sockets or none).
     async fn follow(
         &mut self,
         sub: &mut SubSocket,
@@ -232,12 +251,14 @@ impl Worker {
                 self.promote(SyncState::InSync);
             }
             let probe_at = tokio::time::Instant::from_std(self.last_contact + self.cfg.idle_probe);
+            let source_at = self.source_due();
             tokio::select! {
                 _ = self.shared.wake.notified() => {
                     if self.shared.unreachable.swap(false, Ordering::Relaxed) {
                         tracing::info!(endpoint = %self.endpoint, "kv events: marked unreachable");
                         self.need_full = true;
                         self.set_state(SyncState::Disconnected);
+                        self.recheck_source();
                     }
                 }
                 r = sub.recv() => match r {
@@ -261,6 +282,7 @@ impl Worker {
                     Some(SocketEvent::Disconnected(_)) => {
                         tracing::info!(endpoint = %self.endpoint, "kv events: engine disconnected");
                         self.set_state(SyncState::Disconnected);
+                        self.recheck_source();
                     }
                     Some(SocketEvent::Connected(..)) => {
                         if seen_connected {
@@ -282,6 +304,13 @@ impl Worker {
                 },
                 _ = tokio::time::sleep_until(probe_at), if self.has_replay() => {
                     self.probe(sub).await;
+                }
+                // The engine may have come back elsewhere: when it now
+                // advertises other sockets, reconnect to them.
+                _ = tokio::time::sleep_until(source_at.unwrap_or(probe_at)), if source_at.is_some() => {
+                    if self.source_due_now().await {
+                        return;
+                    }
                 }
             }
         }
@@ -385,7 +414,8 @@ impl Worker {
         {
             Ok(Outcome::Done) | Ok(Outcome::Resynced) => {}
             Ok(Outcome::Restarted) => {
-                inc(&self.stats().restarts, 1);
+                self.stats().restarted();
+                self.recheck_source();
                 tracing::info!(endpoint = %self.endpoint, "kv events: engine restarted (history changed)");
                 self.full_sync(sub, Rebuild::Resync).await;
             }
@@ -486,7 +516,8 @@ impl Worker {
             }
             // A sequence number we applied with other content, or one far
             // behind: a new engine process.
-            inc(&self.stats().restarts, 1);
+            self.stats().restarted();
+            self.recheck_source();
             tracing::info!(endpoint = %self.endpoint, seq = b.seq, last, "kv events: engine restarted (sequence went back)");
             self.full_sync(sub, Rebuild::Resync).await;
             // The replay normally covered this batch; if it did not, it is
