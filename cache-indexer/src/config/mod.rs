@@ -21,9 +21,12 @@
 //!       - address: 10.0.0.5:8000
 //!         events: tcp://10.0.0.5:5557
 //!         replay: tcp://10.0.0.5:5558
+//!       - address: 10.0.0.6:8000      # no events: read from its GET /kv_event_sources
 //!   - name: llama
 //!     tokenizer: render
-//!     discovery: { namespace: serving, inferencePool: llama, eventsPort: 5557, replayPort: 5558 }
+//!     discovery: { namespace: serving, inferencePool: llama }   # kvEventSources: true by default
+//!   - name: legacy
+//!     discovery: { namespace: serving, inferencePool: old, eventsPort: 5557, replayPort: 5558 }
 //! responses: { store: redis, redisUrl: "redis://redis:6379" }  # see [`responses`]
 //! ```
 //!
