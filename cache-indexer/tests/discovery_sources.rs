@@ -4,6 +4,7 @@
 //! followed by the real subscriber, and by InferencePool discovery over
 //! kube-rs' client against a scripted API server.
 
+mod service_support;
 mod testkit;
 
 use std::net::SocketAddr;
@@ -499,4 +500,32 @@ async fn discovered_pods_need_only_their_http_address() {
     for t in [api, api2] {
         t.abort();
     }
+}
+
+/// The real simulator (`target/release/vllm-sim`, or `$VLLM_SIM_BIN`)
+/// serves `/kv_event_sources` as vLLM does: an address-only endpoint gets
+/// its PUB and replay sockets from it, starts with a replay and indexes a
+/// chat's prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulator_advertises_its_sockets() {
+    let sim = service_support::Sim::start(&[]).await;
+    let spec = EndpointSpec {
+        address: sim.address(),
+        kv_events: String::new(),
+        replay: None,
+        metrics_url: None,
+        topic: String::new(),
+    };
+    let ep = spec.id();
+    let index = Arc::new(PoolIndex::new(BLOCK));
+    let h = spawn_subscriber(cfg(spec, &http()), index.clone());
+    state_is(&h, SyncState::InSync).await;
+    assert_eq!(h.kv_events(), format!("tcp://127.0.0.1:{}", sim.events));
+    assert!(
+        h.stats().snapshot().replays >= 1,
+        "the advertised replay socket was used"
+    );
+    let prompt = "word ".repeat(200);
+    sim.chat(&[("user", prompt)], 2).await;
+    until("the prompt's blocks", || index.blocks(ep) >= 8).await;
 }
