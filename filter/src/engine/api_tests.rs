@@ -494,3 +494,28 @@ fn policies_match_the_new_apis() {
     body_cb(&mut flow, &mut h);
     assert_eq!(reply_json(&h).0, 404);
 }
+
+#[test]
+fn the_id_is_reported_even_when_the_pick_failed_open_or_reports_are_off() {
+    for (settings, status) in [(json!({}), 14), (json!({"report": false}), 0)] {
+        let (shared, _) = config(api_key(), settings.clone());
+        let mut flow = Flow::new(shared);
+        let mut h = Fake::new(
+            "/v1/responses",
+            &[("authorization", "Bearer key-acme")],
+            &responses_body(json!({})),
+        );
+        headers(&mut flow, &mut h);
+        body_cb(&mut flow, &mut h);
+        let answer = (status == 0).then(|| pick_answer(&["127.0.0.1:9001"], 0.1));
+        grpc(&mut flow, &mut h, 7, status, answer);
+        respond(&mut flow, &mut h, 200, "text/event-stream", &STREAM);
+        let sent = reports(&h);
+        assert_eq!(sent.len(), 1, "{settings}: only the id report");
+        assert_eq!(
+            (sent[0].response_id.as_str(), sent[0].endpoint.as_str()),
+            ("resp_new", "127.0.0.1:9001"),
+            "{settings}"
+        );
+    }
+}

@@ -230,7 +230,17 @@ impl Flow {
     ) {
         let s = &self.shared.config.settings;
         let Some(r) = &self.routed else { return };
-        if !s.report || r.picked.is_none() || self.request_id.is_empty() {
+        let response_id = self
+            .tracker
+            .as_ref()
+            .and_then(ResponseTracker::response_id)
+            .unwrap_or_default();
+        let accounted = s.report && r.picked.is_some() && !self.request_id.is_empty();
+        // The report of a stored response's id goes even for a request
+        // that failed open or with reports off: without it every follow-up
+        // would be answered as an unknown id.
+        let tells_id = send == Dispatch::Now && !response_id.is_empty();
+        if !accounted && !tells_id {
             return;
         }
         let ttft = self.tracker.as_ref().and_then(ResponseTracker::ttft_ns);
@@ -248,11 +258,7 @@ impl Flow {
             },
             outcome,
             phase,
-            response_id: self
-                .tracker
-                .as_ref()
-                .and_then(ResponseTracker::response_id)
-                .unwrap_or_default(),
+            response_id,
         });
         let call = DeferredCall {
             cluster: r.indexer_cluster.clone(),
