@@ -147,7 +147,11 @@ impl Worker {
             return Asked::Failed;
         };
         s.warned = None;
-        if s.followed.as_ref() == Some(&r) {
+        // Only the sockets matter: ranks coming and going behind the same
+        // rank 0 (elastic scaling) need no rebuild.
+        let sockets = |f: &ResolvedSource| (f.kv_events.clone(), f.replay.clone(), f.topic.clone());
+        if s.followed.as_ref().map(sockets) == Some(sockets(&r)) {
+            s.followed = Some(r);
             return Asked::Same;
         }
         tracing::info!(%endpoint, url = s.engine.url(), kv_events = %r.kv_events, replay = ?r.replay, topic = %r.topic, rank = r.rank, "kv events: following the sockets the engine advertises");
@@ -197,6 +201,7 @@ impl Worker {
         self.index.clear_endpoint(self.endpoint);
         self.reset_history();
         self.need_full = true;
+        self.set_state(SyncState::NoSource);
         Asked::Withdrawn
     }
 }
