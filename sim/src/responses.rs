@@ -261,9 +261,14 @@ fn prepare(st: &AppState, headers: &HeaderMap, obj: &Map<String, Value>) -> Resu
         return Err(e);
     }
     st.check_model(&str_field(obj, "model"))?;
+    let asked_store = obj.get("store").and_then(Value::as_bool).unwrap_or(true);
+    let background = obj.get("background").and_then(Value::as_bool) == Some(true);
+    if asked_store && !st.apis.store.enabled() && background {
+        return Err(invalid("This vLLM engine does not support `store=True` and therefore does not support the background mode. To enable these features, set the environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server.", "background"));
+    }
     check_supported(obj)?;
-    let store =
-        obj.get("store").and_then(Value::as_bool).unwrap_or(true) && st.apis.store.enabled();
+    // vLLM silently drops store=true when its store is off.
+    let store = asked_store && st.apis.store.enabled();
     let messages = render_messages(st, obj)?;
     let input = obj.get("input").unwrap_or(&Value::Null);
     let prompt = encode(&st.tokenizer, &messages, continues_final_message(input))?;

@@ -214,6 +214,10 @@ def test_store_off_by_default_silently_ignores_store(sim_factory):
     assert sim.get(f"/v1/responses/{r['id']}").status == 404
     r2 = sim.post("/v1/responses", {"model": MODEL, "input": "more", "previous_response_id": r["id"]})
     assert r2.status == 404
+    r3 = sim.post("/v1/responses", {"model": MODEL, "input": "x", "background": True})
+    e = vp.error_response(r3.json(), 400)
+    assert (e["type"], e["param"]) == ("invalid_request_error", "background")
+    assert "VLLM_ENABLE_RESPONSES_API_STORE=1" in e["message"]
 
 
 def test_responses_stream_events(sim_factory):
