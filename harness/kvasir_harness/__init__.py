@@ -22,7 +22,7 @@ package needs only the standard library, so envoy/render.py (which wraps
 from __future__ import annotations
 
 from . import bootstrap, prom
-from .api import chat, sse_events
+from .api import chat, sse_events, sse_named_events
 from .build import cargo, compile_plugin, stale
 from .envoy import Envoy, Secrets, secrets_for, start_envoy, wait_envoy, wasm_failures
 from .indexer import Indexer, indexer_available, indexer_for
@@ -34,7 +34,7 @@ from .sim import Sim, launch_sim, start_sim, wait_sim
 
 __all__ = [
     "bootstrap", "prom",
-    "chat", "sse_events",
+    "chat", "sse_events", "sse_named_events",
     "cargo", "compile_plugin", "stale",
     "Envoy", "Secrets", "secrets_for", "start_envoy", "wait_envoy", "wasm_failures",
     "Indexer", "indexer_available", "indexer_for",

@@ -24,3 +24,20 @@ def sse_events(body: bytes) -> list[Any]:
             if p and p != "[DONE]":
                 out.append(json.loads(p))
     return out
+
+
+def sse_named_events(body: bytes) -> list[tuple[str | None, Any]]:
+    """(event name, JSON payload) of each event of an SSE body, for the
+    streams that name their events (Anthropic Messages, the Responses API);
+    the name is None where an event has no `event:` line."""
+    out: list[tuple[str | None, Any]] = []
+    for block in body.decode().replace("\r\n", "\n").split("\n\n"):
+        name, data = None, []
+        for line in block.splitlines():
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].strip())
+        if data and data != ["[DONE]"]:
+            out.append((name, json.loads("\n".join(data))))
+    return out

@@ -74,10 +74,11 @@ def launch_sim(logdir: Path, name: str, args: list[str], model: str = MODEL) -> 
 def start_sim(logdir: Path, name: str, model: str = MODEL, profile: str = "zero", time_scale: float = 0,
               extra: list[str] | None = None) -> Sim:
     """A vllm-sim as the local stack runs them: prompt-token details on, the
-    project's tokenizer; the default profile costs no time at all.
-    `extra`: more vllm-sim flags."""
+    Responses API's store on (vLLM's `VLLM_ENABLE_RESPONSES_API_STORE`, so
+    `previous_response_id` works), the project's tokenizer; the default
+    profile costs no time at all. `extra`: more vllm-sim flags."""
     args = ["--model", model, "--profile", profile, "--time-scale", str(time_scale), "--enable-prompt-tokens-details",
-            "--tokenizer", str(TOKENIZER), *(extra or [])]
+            "--enable-responses-api-store", "--tokenizer", str(TOKENIZER), *(extra or [])]
     return launch_sim(logdir, name, args, model)
 
 

@@ -202,7 +202,16 @@ def eep_wasm() -> dict[str, Any]:
 # What the manifests say (issue 18 on Envoy Gateway)
 # ---------------------------------------------------------------------------
 
-INFERENCE_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/messages"}
+INFERENCE_MATCHES = {
+    ("POST", "Exact", "/v1/chat/completions"),
+    ("POST", "Exact", "/v1/completions"),
+    ("POST", "Exact", "/v1/messages"),
+    ("POST", "Exact", "/v1/messages/count_tokens"),
+    ("POST", "Exact", "/v1/responses"),
+    ("GET", "RegularExpression", "^/v1/responses/[^/]+$"),
+    ("POST", "RegularExpression", "^/v1/responses/[^/]+/cancel$"),
+}
+INFERENCE_PATHS = {p for _, _, p in INFERENCE_MATCHES}
 
 
 def test_the_route_lets_only_the_inference_apis_through():
@@ -211,9 +220,15 @@ def test_the_route_lets_only_the_inference_apis_through():
     for rule in route["spec"]["rules"]:
         assert rule["matches"], "a rule without matches matches every path"
         for m in rule["matches"]:
-            assert m["path"]["type"] == "Exact", m
-            seen.add((m["method"], m["path"]["value"]))
-    assert seen == {("POST", p) for p in INFERENCE_PATHS} | {("GET", "/v1/models")}
+            seen.add((m["method"], m["path"]["type"], m["path"]["value"]))
+    assert seen == INFERENCE_MATCHES | {("GET", "Exact", "/v1/models")}
+    # The regular expressions are anchored and cannot reach another path.
+    for _, typ, value in INFERENCE_MATCHES:
+        if typ == "RegularExpression":
+            rx = re.compile(value)
+            assert rx.fullmatch("/v1/responses/resp_1") or rx.fullmatch("/v1/responses/resp_1/cancel"), value
+            for other in ("/v1/responses/a/b", "/v1/responses/", "/v1/responses/a/../../metrics", "/metrics"):
+                assert not rx.fullmatch(other), (value, other)
     # Each cluster the compiled configuration can name has a rule that
     # matches it in x-kvasir-cluster, for every inference path.
     cfg = eep_wasm()["config"]
