@@ -14,9 +14,16 @@
 //! | `kvasir.dev/models` (first name) | `model` | (required) |
 //! | `kvasir.dev/block-size` | `blockSize` | 16 |
 //! | `kvasir.dev/tokenizer` | `tokenizer` | `render` |
-//! | `kvasir.dev/kv-events-port` | `discovery.eventsPort` | 5557 |
-//! | `kvasir.dev/kv-replay-port` | `discovery.replayPort` | 5558 (`none`: no replay) |
-//! | `kvasir.dev/kv-events-topic` | `discovery.topic` | `""` |
+//! | `kvasir.dev/kv-events-port` | `discovery.eventsPort` | see below |
+//! | `kvasir.dev/kv-replay-port` | `discovery.replayPort` | see below (`none`: no replay) |
+//! | `kvasir.dev/kv-events-topic` | `discovery.topic` | see below |
+//!
+//! Without any of the three KV-event annotations the file names no port
+//! and no topic: the indexer then reads each engine's sockets from its own
+//! `GET /kv_event_sources` (vLLM 0.34), which knows its data-parallel
+//! offsets and whether replay runs. With any of them, the ports are fixed
+//! for every pod of the pool: the one given, else 5557 for events and 5558
+//! for replay, and the topic given (else empty).
 //!
 //! The keys and ranges are the indexer's own (`PoolConfig` and
 //! `DiscoveryConfig` in `cache-indexer/src/config.rs`): a file generated
@@ -96,12 +103,17 @@ pub struct IndexerDiscovery {
     pub namespace: String,
     /// The `InferencePool`'s `metadata.name`.
     pub inference_pool: String,
-    /// KV-events port of pods without their own annotation.
-    pub events_port: u16,
-    /// Replay port of pods without their own annotation; none: no replay.
+    /// KV-events port of pods without their own annotation; none: each
+    /// engine's `/kv_event_sources` tells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_port: Option<u16>,
+    /// Replay port of pods without their own annotation; none: no replay,
+    /// or, with no events port either, what the engine advertises.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_port: Option<u16>,
-    /// Event topic of pods without their own annotation.
+    /// Event topic of pods without their own annotation (empty: vLLM's
+    /// default, or the engine's own with no events port).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub topic: String,
 }
 
@@ -233,17 +245,28 @@ fn indexer_pool(
         }
         Some(t) => t.to_owned(),
     };
-    let events_port = number(
-        get(KV_EVENTS_PORT_ANNOTATION),
-        DEFAULT_EVENTS_PORT,
-        1,
-        65535,
-    )
-    .unwrap_or_else(|m| {
-        bad(KV_EVENTS_PORT_ANNOTATION, m);
-        DEFAULT_EVENTS_PORT
+    // No KV-event annotation: the engines advertise their own sockets.
+    let fixed = [
+        KV_EVENTS_PORT_ANNOTATION,
+        KV_REPLAY_PORT_ANNOTATION,
+        KV_EVENTS_TOPIC_ANNOTATION,
+    ]
+    .iter()
+    .any(|k| ann.contains_key(*k));
+    let events_port = fixed.then(|| {
+        number(
+            get(KV_EVENTS_PORT_ANNOTATION),
+            DEFAULT_EVENTS_PORT,
+            1,
+            65535,
+        )
+        .unwrap_or_else(|m| {
+            bad(KV_EVENTS_PORT_ANNOTATION, m);
+            DEFAULT_EVENTS_PORT
+        })
     });
     let replay_port = match ann.get(KV_REPLAY_PORT_ANNOTATION).map(|r| r.trim()) {
+        _ if !fixed => None,
         Some("none") => None,
         raw => Some(
             number(raw, DEFAULT_REPLAY_PORT, 1, 65535).unwrap_or_else(|m| {
@@ -342,8 +365,8 @@ mod tests {
                 discovery: IndexerDiscovery {
                     namespace: "serving".into(),
                     inference_pool: "main".into(),
-                    events_port: 5557,
-                    replay_port: Some(5558),
+                    events_port: None,
+                    replay_port: None,
                     topic: String::new(),
                 },
             }]
@@ -357,10 +380,21 @@ mod tests {
                tokenizer: render\n  \
                discovery:\n    \
                  namespace: serving\n    \
-                 inferencePool: main\n    \
-                 eventsPort: 5557\n    \
-                 replayPort: 5558\n    \
-                 topic: ''\n"
+                 inferencePool: main\n"
+        );
+    }
+
+    #[test]
+    fn any_kv_event_annotation_fixes_the_ports_with_their_defaults() {
+        let out = indexer_pools(&res(vec![InferencePool::annotated(
+            "p",
+            &[(MODELS_ANNOTATION, "m"), (KV_EVENTS_TOPIC_ANNOTATION, "kv")],
+        )]))
+        .unwrap();
+        let d = &out.pools[0].discovery;
+        assert_eq!(
+            (d.events_port, d.replay_port, d.topic.as_str()),
+            (Some(5557), Some(5558), "kv")
         );
     }
 
@@ -385,7 +419,7 @@ mod tests {
         assert_eq!(p.block_size, 32);
         assert_eq!(p.tokenizer, "/models/qwen3");
         assert_eq!(p.discovery.inference_pool, "qwen-pool");
-        assert_eq!(p.discovery.events_port, 6000);
+        assert_eq!(p.discovery.events_port, Some(6000));
         assert_eq!(p.discovery.replay_port, Some(6001));
         assert_eq!(p.discovery.topic, "kv");
 

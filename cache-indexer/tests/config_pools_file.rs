@@ -80,8 +80,11 @@ fn the_indexer_loads_the_pools_kvasir_api_writes() {
     let d = main.discovery.as_ref().unwrap();
     assert_eq!(d.namespace, "serving");
     assert_eq!(d.inference_pool, "main-pool");
-    assert_eq!((d.events_port, d.replay_port), (Some(5557), Some(5558)));
+    // No KV-event annotation: no ports written, the engines' own
+    // /kv_event_sources tells.
+    assert_eq!((d.events_port, d.replay_port), (None, None));
     assert_eq!(d.topic, "");
+    assert!(d.reads_engine_sources());
 
     let small = &cfg.pools[1];
     assert_eq!(small.name, "small");
@@ -93,4 +96,5 @@ fn the_indexer_loads_the_pools_kvasir_api_writes() {
     assert_eq!(d.inference_pool, "small");
     assert_eq!((d.events_port, d.replay_port), (Some(6000), None));
     assert_eq!(d.topic, "kv");
+    assert!(!d.reads_engine_sources());
 }

@@ -348,14 +348,17 @@ def pools_file_for_the_example_pools() -> str:
     for _, d in documents():
         if d["kind"] == "InferencePool":
             a = d["metadata"].get("annotations", {})
+            discovery = {"namespace": d["metadata"]["namespace"], "inferencePool": d["metadata"]["name"]}
+            if any(k in a for k in ("kvasir.dev/kv-events-port", "kvasir.dev/kv-replay-port", "kvasir.dev/kv-events-topic")):
+                discovery |= {"eventsPort": int(a.get("kvasir.dev/kv-events-port", 5557)),
+                              "replayPort": int(a.get("kvasir.dev/kv-replay-port", 5558)),
+                              "topic": a.get("kvasir.dev/kv-events-topic", "")}
+            # Else no ports: the indexer asks each engine's /kv_event_sources.
             pools.append({"name": a.get("kvasir.dev/indexer-pool", d["metadata"]["name"]),
                           "model": a["kvasir.dev/models"].split(",")[0].strip(),
                           "blockSize": int(a.get("kvasir.dev/block-size", 16)),
                           "tokenizer": a.get("kvasir.dev/tokenizer", "render"),
-                          "discovery": {"namespace": d["metadata"]["namespace"], "inferencePool": d["metadata"]["name"],
-                                        "eventsPort": int(a.get("kvasir.dev/kv-events-port", 5557)),
-                                        "replayPort": int(a.get("kvasir.dev/kv-replay-port", 5558)),
-                                        "topic": a.get("kvasir.dev/kv-events-topic", "")}})
+                          "discovery": discovery})
     return yaml.safe_dump({"pools": pools}, sort_keys=False)
 
 
