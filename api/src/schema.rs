@@ -82,7 +82,7 @@ fn match_value() -> Value {
             "tenants": list(label()),
             "tenantClasses": list(label()),
             "models": list(json!({"type": "string", "minLength": 1, "maxLength": 256})),
-            "apis": list(json!({"type": "string", "enum": ["chat", "completions", "anthropicMessages"]})),
+            "apis": list(json!({"type": "string", "enum": ["chat", "completions", "anthropicMessages", "anthropicCountTokens", "responses"]})),
             "headers": list(header),
             "promptTokens": {
                 "type": "object",
@@ -254,6 +254,26 @@ mod tests {
             sample_keys, schema_keys,
             "schema and sample list the same fields"
         );
+    }
+
+    #[test]
+    fn the_apis_enum_is_every_api_kind() {
+        use kvasir_policy::ApiKind;
+        let listed: Vec<ApiKind> =
+            serde_json::from_value(match_value()["properties"]["apis"]["items"]["enum"].clone())
+                .expect("every listed api is an ApiKind");
+        // A match on ApiKind: a new kind fails to compile here until the
+        // CRD's enum lists it too.
+        for k in &listed {
+            match k {
+                ApiKind::Chat
+                | ApiKind::Completions
+                | ApiKind::AnthropicMessages
+                | ApiKind::AnthropicCountTokens
+                | ApiKind::Responses => {}
+            }
+        }
+        assert_eq!(listed.len(), 5, "{listed:?}");
     }
 
     #[test]

@@ -109,6 +109,8 @@ enum Api {
     Chat,
     Completions,
     AnthropicMessages,
+    AnthropicCountTokens,
+    Responses,
 }
 
 /// The sample request of `explain`.
@@ -379,6 +381,8 @@ fn sample_of(r: RequestArgs) -> Result<Sample, Outcome> {
         Api::Chat => ApiKind::Chat,
         Api::Completions => ApiKind::Completions,
         Api::AnthropicMessages => ApiKind::AnthropicMessages,
+        Api::AnthropicCountTokens => ApiKind::AnthropicCountTokens,
+        Api::Responses => ApiKind::Responses,
     };
     Ok(Sample {
         tenant: r.tenant,

@@ -59,11 +59,15 @@ class Indexer:
         return prom.by_label(self.metrics_text(), name, label)
 
 
-def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100, extra: list[str] | None = None) -> Indexer:
+def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100, extra: list[str] | None = None,
+                events_from_engine: bool = False) -> Indexer:
     """An (unstarted) cache-indexer with one pool `main` over `sims`, on free
     ports, taking only calls with the token of `secrets_for(logdir)` (the one
     Envoys started there inject); `start()` runs it and waits for /readyz.
-    `extra`: more flags."""
+    `extra`: more flags. `events_from_engine`: give only each engine's HTTP
+    address, so the indexer reads its KV-event sockets from the engine's
+    `GET /kv_event_sources` (as with vLLM 0.34 and no ports configured);
+    otherwise the sockets are given explicitly."""
     grpc_port, http_port = free_port(), free_port()
     argv = [
         str(INDEXER_BIN), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
@@ -74,5 +78,6 @@ def indexer_for(sims: list[Sim], logdir: Path, scrape_interval_ms: int = 100, ex
     # from the same file) may call the indexer.
     argv += ["--grpc-token-file", str(secrets_for(logdir).token_file)]
     for s in sims:
-        argv += ["--endpoint", f"pool=main,address={s.address},events=tcp://127.0.0.1:{s.events},replay=tcp://127.0.0.1:{s.replay}"]
+        sockets = "" if events_from_engine else f",events=tcp://127.0.0.1:{s.events},replay=tcp://127.0.0.1:{s.replay}"
+        argv += ["--endpoint", f"pool=main,address={s.address}{sockets}"]
     return Indexer(None, grpc_port, http_port, argv, logdir)

@@ -75,7 +75,9 @@ def stack(artifacts, logdir) -> Stack:
         provider = start_sim(logdir, "provider", model=PROVIDER_MODEL)
         procs += [s.proc for s in sims] + [provider.proc]
         has_indexer = indexer_available()
-        indexer = indexer_for(sims, logdir)
+        # Only the engines' HTTP addresses: the indexer finds their
+        # KV-event sockets in their /kv_event_sources, as deployed.
+        indexer = indexer_for(sims, logdir, events_from_engine=True)
         plugin = compile_plugin(POLICY, SETTINGS)
         envoy = start_envoy(logdir, plugin, [s.address for s in sims], indexer.address, provider.address)
         procs.append(envoy.proc)

@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 from kvasir_harness import MODEL, request, sse_events, sse_named_events
+from kvasir_harness.prom import total as prom_total
 from conftest import Stack
 
 SERVED = "x-gateway-destination-endpoint-served"
@@ -237,3 +238,15 @@ def test_chat_completions_still_report_usage_as_before(stack: Stack):
                                                               "messages": [{"role": "user", "content": "hi"}]})
     assert status == 200, b
     assert [e["usage"] for e in sse_events(b) if e.get("usage")][-1]["completion_tokens"] == 3
+
+
+def test_the_indexer_found_each_engines_kv_event_sockets_on_the_engine(stack: Stack):
+    """The stack gives the indexer only the engines' HTTP addresses: every
+    endpoint's event stream came from its GET /kv_event_sources, and is in
+    sync (the routing tests above depend on it)."""
+    stack.need_indexer()
+    text = stack.indexer.metrics_text()
+    for address in stack.by_address():
+        assert prom_total(text, "kvasir_indexer_kv_event_source_lookups_total", endpoint=address) >= 1, address
+        assert prom_total(text, "kvasir_indexer_kv_event_source_failures_total", endpoint=address) == 0, address
+        assert prom_total(text, "kvasir_indexer_sync_state", endpoint=address, state="in_sync") == 1, address

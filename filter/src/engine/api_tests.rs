@@ -519,3 +519,28 @@ fn the_id_is_reported_even_when_the_pick_failed_open_or_reports_are_off() {
         );
     }
 }
+
+#[test]
+fn a_pick_bound_to_a_stored_response_waits_past_the_indexers_grace() {
+    // The pool's own deadline applies to every other pick.
+    let (shared, _) = config(api_key(), json!({}));
+    let pool_timeout = shared.config.policy.pools()[0].indexer_timeout_ms;
+    assert!(pool_timeout < RESPONSE_PICK_MIN_TIMEOUT_MS);
+    let timeout_of = |body: String| {
+        let mut flow = Flow::new(Rc::clone(&shared));
+        let mut h = Fake::new(
+            "/v1/responses",
+            &[("authorization", "Bearer key-acme")],
+            &body,
+        );
+        headers(&mut flow, &mut h);
+        assert_eq!(body_cb(&mut flow, &mut h), Verdict::Pause);
+        h.calls.pop().expect("a pick").3
+    };
+    assert_eq!(timeout_of(responses_body(json!({}))), pool_timeout);
+    assert_eq!(
+        timeout_of(responses_body(json!({"previous_response_id": "resp_old"}))),
+        RESPONSE_PICK_MIN_TIMEOUT_MS
+    );
+    assert_eq!(pick_timeout_ms(900, true), 900);
+}

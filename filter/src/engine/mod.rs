@@ -470,7 +470,8 @@ impl Flow {
             self.fail_open(FailOpen::Unsupported);
             return Verdict::Continue;
         };
-        match host.pick(&pool.indexer_cluster, &msg, pool.indexer_timeout_ms) {
+        let timeout_ms = pick_timeout_ms(pool.indexer_timeout_ms, self.response_id.is_some());
+        match host.pick(&pool.indexer_cluster, &msg, timeout_ms) {
             Some(token) => {
                 self.phase = Phase::Picking(token);
                 self.pick_started_ns = host.now_ns();
@@ -603,6 +604,25 @@ impl Flow {
         }
         self.phase = Phase::Forwarded;
         host.resume_request();
+    }
+}
+
+/// Least time a pick bound to a stored response may take. The report that
+/// records the response's engine and the client's follow-up travel on
+/// different streams (another Envoy worker, another indexer replica), so
+/// the indexer waits a grace for an id it has not seen yet (its
+/// `responses.graceMs`, 250 ms by default) before answering "unknown": a
+/// shorter deadline here would fail open first and send the follow-up to
+/// an engine that does not hold the response. Only that race ever uses it.
+pub const RESPONSE_PICK_MIN_TIMEOUT_MS: u32 = 500;
+
+/// The pick's deadline: the pool's, raised to
+/// [`RESPONSE_PICK_MIN_TIMEOUT_MS`] for a pick bound to a stored response.
+pub fn pick_timeout_ms(pool_timeout_ms: u32, response_bound: bool) -> u32 {
+    if response_bound {
+        pool_timeout_ms.max(RESPONSE_PICK_MIN_TIMEOUT_MS)
+    } else {
+        pool_timeout_ms
     }
 }
 
