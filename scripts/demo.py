@@ -6,8 +6,11 @@ time), one cache-indexer fed by their KV events, and a real Envoy 1.40 with
 the Kvasir wasm filter and envoy/policy.json (tenants `acme` and `beta` by
 API key). Then it sends a multi-tenant, multi-turn chat workload through
 Envoy, prints which engine served each turn and how many prompt tokens it
-found cached, and finally the per-tenant stats read from Envoy's admin
-/stats/prometheus. Every process is stopped on exit or Ctrl-C.
+found cached, then a streamed Anthropic Messages conversation and a
+streamed Responses API conversation chained by `previous_response_id` (each
+follow-up served by the engine that stored the previous response), and
+finally the per-tenant stats read from Envoy's admin /stats/prometheus.
+Every process is stopped on exit or Ctrl-C.
 
 The process plumbing (free ports, bounded waits, the bootstrap renderer) is
 the end-to-end test harness's, so the demo runs exactly what the tests run.
@@ -54,6 +57,56 @@ def progress(done: int, total: int, width: int = 30) -> str:
     return f"[{'#' * n}{'.' * (width - n)}] {done}/{total}"
 
 
+def stream_events(envoy, path: str, body: dict, tenant: str) -> tuple[str, list]:
+    """POSTs a streamed request; (engine that served, its named SSE events)."""
+    status, headers, raw = envoy.post(path, body, key=f"sk-{tenant}-demo")
+    if status != 200:
+        raise RuntimeError(f"{path}: HTTP {status}: {raw[:300]!r}")
+    return headers.get("x-gateway-destination-endpoint-served", "?"), h.sse_named_events(raw)
+
+
+def anthropic_conversation(envoy, names: dict[str, str]) -> None:
+    """Three streamed turns of Anthropic Messages (`POST /v1/messages`):
+    vLLM reports the prompt tokens read from its prefix cache as
+    `cache_read_input_tokens`."""
+    print("\nAnthropic Messages, streamed (POST /v1/messages), tenant acme:")
+    print(f"{'turn':4} {'served by':10} {'cache read / prompt tokens':>27}")
+    system = system_prompt("acme") + " Answer as Acme's assistant on the Messages API."
+    msgs: list[dict] = []
+    for turn, q in enumerate(QUESTIONS[:3]):
+        msgs.append({"role": "user", "content": f"[messages] {q}"})
+        body = {"model": h.MODEL, "system": system, "messages": msgs, "max_tokens": 24, "stream": True}
+        served, events = stream_events(envoy, "/v1/messages", body, "acme")
+        usage = [d["usage"] for n, d in events if n == "message_delta"][-1]
+        read = usage.get("cache_read_input_tokens", 0)
+        prompt = usage["input_tokens"] + read + usage.get("cache_creation_input_tokens", 0)
+        text = "".join(d["delta"].get("text", "") for n, d in events if n == "content_block_delta")
+        print(f"{turn + 1:4} {names.get(served, served):10} {read:>13} / {prompt:<11}")
+        msgs.append({"role": "assistant", "content": text})
+
+
+def responses_conversation(envoy, names: dict[str, str]) -> None:
+    """Three streamed turns of the Responses API chained by
+    `previous_response_id`: the engine keeps the stored response in its own
+    memory, so each follow-up must reach the engine that produced the
+    previous one (the indexer learned the id from the filter's report)."""
+    print("\nResponses API, streamed, chained by previous_response_id (POST /v1/responses), tenant beta:")
+    print(f"{'turn':4} {'response id':40} {'served by':10} {'cached / input tokens':>22}")
+    instructions = system_prompt("beta") + " Answer as Beta's assistant on the Responses API."
+    previous = None
+    for turn, q in enumerate(QUESTIONS[:3]):
+        body = {"model": h.MODEL, "instructions": instructions, "input": f"[responses] {q}",
+                "max_output_tokens": 24, "stream": True}
+        if previous:
+            body["previous_response_id"] = previous
+        served, events = stream_events(envoy, "/v1/responses", body, "beta")
+        done = events[-1][1]["response"]
+        u = done["usage"]
+        print(f"{turn + 1:4} {done['id']:40} {names.get(served, served):10} "
+              f"{u['input_tokens_details']['cached_tokens']:>8} / {u['input_tokens']:<11}")
+        previous = done["id"]
+
+
 def main() -> int:
     for p in (h.WASM, h.COMPILE, h.SIM_BIN, h.INDEXER_BIN, h.ENVOY_BIN):
         if not p.exists():
@@ -71,7 +124,9 @@ def main() -> int:
         provider = h.start_sim(logdir, "provider", model="provider-model", profile="h100-8b", time_scale=TIME_SCALE)
         for x in sims + [provider]:
             procs.add(x)
-        indexer = procs.add(h.indexer_for(sims, logdir))
+        # Only the engines' HTTP addresses: the indexer reads where each one
+        # publishes its KV events from its GET /kv_event_sources.
+        indexer = procs.add(h.indexer_for(sims, logdir, events_from_engine=True))
         grpc_port, http_port = indexer.grpc_port, indexer.http_port
         policy = json.loads((REPO / "envoy" / "policy.json").read_text())
         plugin = h.compile_plugin(policy, {"exposeServedEndpoint": True, "bodyLimitBytes": 1048575})
@@ -116,6 +171,9 @@ def main() -> int:
                       f"{cached:>11} / {u['prompt_tokens']:<11} {dt * 1000:6.0f} ms   {progress(done, total)}")
                 history[(tenant, c)] = msgs + [{"role": "assistant", "content": r["choices"][0]["message"]["content"]}]
 
+        anthropic_conversation(envoy, names)
+        responses_conversation(envoy, names)
+
         time.sleep(5.5)  # Envoy flushes histograms every 5 s
         print("\nper-tenant stats from Envoy admin /stats/prometheus:")
         for line in envoy.prometheus().splitlines():
@@ -124,7 +182,7 @@ def main() -> int:
             if "_bucket" in line:
                 continue
             print("  " + line)
-        print(f"\nrequests sent: {sent}; indexer picks: "
+        print(f"\nchat requests sent: {sent}, plus 3 Messages turns (acme) and 3 Responses turns (beta); indexer picks: "
               f"{indexer.metric('kvasir_indexer_picks_total'):.0f}; "
               "the filter's own numbers are above, per tenant and model.")
         return 0

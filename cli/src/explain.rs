@@ -81,6 +81,20 @@ impl Body<'_> {
         if let Some(p) = self.0.get("prompt") {
             content_texts(p, &mut out);
         }
+        // The Responses API: `instructions`, and `input` as a string or a
+        // list of items with their own content.
+        if let Some(i) = self.0.get("instructions") {
+            content_texts(i, &mut out);
+        }
+        match self.0.get("input") {
+            Some(Value::Array(items)) => {
+                for c in items.iter().filter_map(|it| it.get("content")) {
+                    content_texts(c, &mut out);
+                }
+            }
+            Some(i) => content_texts(i, &mut out),
+            None => {}
+        }
         out
     }
 

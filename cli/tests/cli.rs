@@ -260,3 +260,35 @@ fn explain_the_four_example_policies() {
     assert_eq!(v["decidedBy"], "tenant");
     assert_eq!(v["decision"]["status"], 401);
 }
+
+#[test]
+fn explain_reads_a_responses_body_prompt() {
+    // A Responses API body: its `instructions` and `input` items are the
+    // prompt, so a long one goes to the provider like a long chat does.
+    let long = "word ".repeat(1000);
+    let body = serde_json::json!({
+        "model": "llama-3.1-8b-instruct",
+        "instructions": long,
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "and a question"}]}],
+    });
+    let path =
+        std::env::temp_dir().join(format!("kvasirctl-responses-{}.json", std::process::id()));
+    std::fs::write(&path, body.to_string()).unwrap();
+    let v = explain(&[
+        "--api",
+        "responses",
+        "--tenant",
+        "acme",
+        "--body",
+        path.to_str().unwrap(),
+        "--saturation",
+        "main=0.9",
+    ]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(v["request"]["api"], "responses");
+    assert!(
+        v["request"]["estimatedPromptTokens"].as_u64().unwrap() > 900,
+        "{v}"
+    );
+    assert_eq!(v["decision"]["action"], "provider");
+}
