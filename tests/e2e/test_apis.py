@@ -16,7 +16,8 @@ import json
 import uuid
 from typing import Any
 
-from kvasir_harness import MODEL, request, sse_events, sse_named_events
+from kvasir_harness import (MODEL, POLICY, SETTINGS, Proc, Processes, Sim, compile_plugin, indexer_for, request,
+                            sse_events, sse_named_events, start_envoy, start_sim, wait_envoy, wait_sim, wait_until)
 from kvasir_harness.prom import total as prom_total
 from conftest import Stack
 
@@ -250,3 +251,65 @@ def test_the_indexer_found_each_engines_kv_event_sockets_on_the_engine(stack: St
         assert prom_total(text, "kvasir_indexer_kv_event_source_lookups_total", endpoint=address) >= 1, address
         assert prom_total(text, "kvasir_indexer_kv_event_source_failures_total", endpoint=address) == 0, address
         assert prom_total(text, "kvasir_indexer_sync_state", endpoint=address, state="in_sync") == 1, address
+
+
+def test_a_chain_whose_engine_died_is_refused_then_unknown_after_its_restart(artifacts, logdir):
+    """Its own small stack (two engines), since an engine is killed. While
+    the engine holding the response is down, the follow-up is refused (503,
+    or the other engine's own 404: the response lives only there); once the
+    engine restarted (its in-memory store, like vLLM's, is gone; the
+    indexer sees its new event sockets), the client gets the 404 vLLM gives
+    for an unknown id. Never another engine's answer made up without the
+    stored conversation."""
+    procs = Processes()
+    indexer = None
+    try:
+        sims = [start_sim(logdir, f"gone{i}") for i in range(2)]
+        for s in sims:
+            procs.add(s.proc)
+        indexer = indexer_for(sims, logdir, events_from_engine=True)
+        envoy = start_envoy(logdir, compile_plugin(POLICY, SETTINGS), [s.address for s in sims], indexer.address,
+                            sims[0].address, name="envoy-gone")
+        procs.add(envoy.proc)
+        for s in sims:
+            wait_sim(s)
+        indexer.start()
+        wait_envoy(envoy, [s.address for s in sims])
+        wait_until("indexer healthy in envoy", lambda: envoy.healthy("kvasir_indexer", [indexer.address]))
+
+        def follow_up(rid: str) -> tuple[int, dict, bytes]:
+            return envoy.post("/v1/responses", {"model": MODEL, "input": "and now?", "previous_response_id": rid,
+                                                "max_output_tokens": 4})
+
+        status, h, b = envoy.post("/v1/responses", {"model": MODEL, "input": "remember me", "max_output_tokens": 4})
+        assert status == 200, b
+        home, rid = h[SERVED], json.loads(b)["id"]
+        status, h, b = follow_up(rid)
+        assert status == 200 and h[SERVED] == home, b
+        dead = next(s for s in sims if s.address == home)
+        dead.proc.stop()
+        # Envoy tries the listed holder, then its fallback balancer: either
+        # no engine answered (503) or the other engine did, with vLLM's own
+        # 404 for an id it does not hold.
+        status, _, b = follow_up(rid)
+        assert status in (503, 404), b
+        if status == 404:
+            assert json.loads(b)["error"]["message"] == f"Response with id '{rid}' not found.", b
+
+        # The same address again, new KV-event sockets, an empty store.
+        argv = [a if a != "0" or prev != "--port" else str(dead.port) for prev, a in zip([""] + dead.proc.argv, dead.proc.argv)]
+        back = Sim(Proc("gone-restarted", argv, logdir, env={"RUST_LOG": "info"}), MODEL)
+        procs.add(back.proc)
+        wait_sim(back)
+        assert back.address == home
+        wait_until("the indexer follows the restarted engine's new sockets",
+                   lambda: indexer.metric("kvasir_indexer_kv_event_source_changes_total", endpoint=home) >= 1, timeout=40)
+        status, _, b = follow_up(rid)
+        assert status == 404, b
+        assert json.loads(b) == {"error": {"message": f"Response with id '{rid}' not found.",
+                                           "type": "invalid_request_error", "param": "response_id", "code": 404}}
+        assert indexer.metric("kvasir_indexer_response_lookups_total", result="endpoint_restarted") >= 1
+    finally:
+        if indexer is not None:
+            indexer.stop()
+        procs.stop_all()
