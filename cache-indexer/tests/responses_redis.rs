@@ -5,8 +5,8 @@
 //! each replica answers from its own records, counts the fallback and never
 //! hangs, and picks up Redis again once it is back.
 //!
-//! Skipped, with a message, only where `redis-server` is not installed
-//! (`scripts/setup.sh` installs it).
+//! Fails, naming the package, where `redis-server` is not installed
+//! (`make setup` installs it): never skipped.
 
 mod responses_support;
 mod service_support;
