@@ -29,6 +29,7 @@ pub mod load;
 pub mod responses;
 pub mod scoring;
 mod service;
+pub mod shared_load;
 pub mod tokenize;
 pub mod types;
 

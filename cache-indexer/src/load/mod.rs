@@ -24,6 +24,10 @@
 //!   **mean** over healthy endpoints (1 when none is healthy): the fraction of
 //!   the pool's headroom in use, which is what an admission policy wants; the
 //!   minimum would report a pool with one idle endpoint as empty.
+//! * **Other replicas.** With shared load ([`crate::shared_load`]) the
+//!   views' in-flight and queued-prefill terms also count the picks other
+//!   indexer replicas placed, as last read from the shared store
+//!   ([`peers`]), for at most the store's TTL after the read.
 //!
 //! The parts, lowest first: [`engine_metrics`] reads an engine's `/metrics`
 //! page, [`saturation`] says when an engine is too loaded, [`prefix`] hashes
@@ -31,12 +35,14 @@
 //! the per-pool state and [`scrape`] fetches the pages into it.
 
 pub mod engine_metrics;
+pub mod peers;
 pub mod prefix;
 pub mod saturation;
 pub mod scrape;
 pub mod tracker;
 
 pub use engine_metrics::{parse_sample, parse_vllm_metrics, EngineLoad, MetricsParseError, Sample};
+pub use peers::{PeerLoad, PeerStats};
 pub use prefix::{block_chain, common_prefix, extend_block_chain};
 pub use saturation::SaturationThresholds;
 pub use scrape::{scrape, scrape_all, ScrapeError};

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::engine_metrics::EngineLoad;
+use super::peers::{PeerLoad, PeerStats, Peers};
 use super::prefix::common_prefix;
 use super::saturation::SaturationThresholds;
 use crate::types::EndpointId;
@@ -60,10 +61,17 @@ pub struct LoadView {
     pub engine: EngineLoad,
     /// Whether the endpoint is healthy.
     pub healthy: bool,
-    /// In-flight picks.
+    /// In-flight picks: this replica's and, with shared load, the other
+    /// replicas' (`peer_in_flight` of them).
     pub in_flight: u32,
-    /// Queued prefill tokens of in-flight picks.
+    /// Queued prefill tokens of in-flight picks, the other replicas'
+    /// (`peer_queued_prefill_tokens` of them) included.
     pub queued_prefill_tokens: u64,
+    /// Of `in_flight`, the picks other replicas placed (see
+    /// [`LoadTracker::set_peer_loads`]).
+    pub peer_in_flight: u32,
+    /// Of `queued_prefill_tokens`, the other replicas'.
+    pub peer_queued_prefill_tokens: u64,
     /// Saturation 0..1 (1 when unhealthy).
     pub saturation: f64,
     /// Whether saturated.
@@ -143,6 +151,8 @@ struct Inner {
     in_flight: HashMap<String, InFlight>,
     next_seq: u64,
     bounds: BoundStats,
+    /// The other replicas' load, added to the views only.
+    peers: Peers,
 }
 
 /// What the bounds on unreported picks did (see [`LoadConfig`]).
@@ -339,6 +349,7 @@ impl LoadTracker {
             in_flight,
             next_seq,
             bounds,
+            ..
         } = &mut *g;
         if let Some(old) = in_flight.remove(request_id) {
             release(endpoints, &old, true);
@@ -451,7 +462,13 @@ impl LoadTracker {
         expired
     }
 
-    fn view_of(&self, e: &EndpointLoad, now: Instant, chain: Option<&[u64]>) -> LoadView {
+    fn view_of(
+        &self,
+        e: &EndpointLoad,
+        peer: PeerLoad,
+        now: Instant,
+        chain: Option<&[u64]>,
+    ) -> LoadView {
         let pending_matched_blocks = chain.map_or(0, |c| {
             e.pending
                 .iter()
@@ -467,8 +484,10 @@ impl LoadTracker {
         LoadView {
             engine: e.engine,
             healthy: e.healthy,
-            in_flight: e.in_flight,
-            queued_prefill_tokens: e.queued_prefill,
+            in_flight: e.in_flight.saturating_add(peer.in_flight),
+            queued_prefill_tokens: e.queued_prefill.saturating_add(peer.queued_prefill_tokens),
+            peer_in_flight: peer.in_flight,
+            peer_queued_prefill_tokens: peer.queued_prefill_tokens,
             saturation,
             saturated: e.healthy && saturation >= 1.0,
             left_out: e.healthy && self.cfg.saturation.leaves_out(&e.engine),
@@ -496,7 +515,7 @@ impl LoadTracker {
         let g = self.inner.lock();
         ids.into_iter()
             .map(|id| match g.endpoints.get(&id) {
-                Some(e) => self.view_of(e, now, chain),
+                Some(e) => self.view_of(e, g.peers.load(id, now), now, chain),
                 None => LoadView {
                     saturation: 1.0,
                     ..Default::default()
@@ -508,6 +527,51 @@ impl LoadTracker {
     /// Number of in-flight picks in the pool.
     pub fn in_flight_total(&self) -> usize {
         self.inner.lock().in_flight.len()
+    }
+
+    /// This replica's own load per endpoint (in-flight picks, queued
+    /// prefill), endpoints with none left out, sorted by id: what it
+    /// publishes for the other replicas.
+    pub fn own_loads(&self) -> Vec<(EndpointId, PeerLoad)> {
+        let g = self.inner.lock();
+        let mut out: Vec<(EndpointId, PeerLoad)> = g
+            .endpoints
+            .iter()
+            .map(|(id, e)| {
+                let l = PeerLoad {
+                    in_flight: e.in_flight,
+                    queued_prefill_tokens: e.queued_prefill,
+                };
+                (*id, l)
+            })
+            .filter(|(_, l)| !l.is_zero())
+            .collect();
+        out.sort_unstable_by_key(|(id, _)| id.0);
+        out
+    }
+
+    /// Takes the other replicas' load, summed over `peers` live replicas
+    /// (never this one's): the views add it until `now + ttl`, then fall
+    /// back to this replica's own counts unless a newer read replaces it.
+    pub fn set_peer_loads(
+        &self,
+        loads: HashMap<EndpointId, PeerLoad>,
+        peers: usize,
+        now: Instant,
+        ttl: Duration,
+    ) {
+        self.inner.lock().peers.set(loads, peers, now, ttl);
+    }
+
+    /// Counts a failed round with the shared store; the last read stays in
+    /// use until its TTL.
+    pub fn peer_round_failed(&self) {
+        self.inner.lock().peers.failed();
+    }
+
+    /// How the sharing of load with other replicas stands at `now`.
+    pub fn peer_stats(&self, now: Instant) -> PeerStats {
+        self.inner.lock().peers.stats(now)
     }
 }
 

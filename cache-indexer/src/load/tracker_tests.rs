@@ -127,3 +127,42 @@ fn pool_saturation_is_mean_of_healthy() {
         0.4
     );
 }
+
+#[test]
+fn peer_load_adds_to_the_views_not_to_what_is_published() {
+    use crate::load::PeerLoad;
+    use std::collections::HashMap;
+    let (t, a, b, now) = two_endpoints(LoadConfig::default());
+    t.record_pick("r1", a, 100, 0, None, now);
+    let peer = PeerLoad {
+        in_flight: 2,
+        queued_prefill_tokens: 500,
+    };
+    let ttl = Duration::from_secs(1);
+    t.set_peer_loads(HashMap::from([(b, peer)]), 1, now, ttl);
+    let v = t.views([a, b], now);
+    assert_eq!((v[0].in_flight, v[0].queued_prefill_tokens), (1, 100));
+    assert_eq!(
+        (v[0].peer_in_flight, v[0].peer_queued_prefill_tokens),
+        (0, 0)
+    );
+    assert_eq!((v[1].in_flight, v[1].queued_prefill_tokens), (2, 500));
+    assert_eq!(
+        (v[1].peer_in_flight, v[1].peer_queued_prefill_tokens),
+        (2, 500)
+    );
+    // Only this replica's own picks are published: a peer's never echo.
+    let own = PeerLoad {
+        in_flight: 1,
+        queued_prefill_tokens: 100,
+    };
+    assert_eq!(t.own_loads(), vec![(a, own)]);
+    // Past the TTL with no newer read: this replica's own counts only.
+    t.peer_round_failed();
+    let late = now + ttl;
+    assert_eq!(t.views([b], late)[0].in_flight, 0);
+    let s = t.peer_stats(late);
+    assert!(s.local_only && s.failures == 1 && s.peers == 0, "{s:?}");
+    t.report("r1", Phase::Done);
+    assert!(t.own_loads().is_empty());
+}
