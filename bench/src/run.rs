@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
@@ -29,18 +30,6 @@ pub struct EngineCounters {
     pub preemptions: f64,
 }
 
-/// Sums `name`'s samples in a Prometheus text exposition.
-pub fn prom_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (head, v) = l.rsplit_once(' ')?;
-            let metric = head.split('{').next()?;
-            (metric == name).then(|| v.parse::<f64>().ok()).flatten()
-        })
-        .sum()
-}
-
 /// Reads and sums the counters of every engine's `/metrics`.
 pub async fn scrape(client: &reqwest::Client, urls: &[String]) -> anyhow::Result<EngineCounters> {
     let mut c = EngineCounters::default();
@@ -53,11 +42,13 @@ pub async fn scrape(client: &reqwest::Client, urls: &[String]) -> anyhow::Result
             .error_for_status()?
             .text()
             .await?;
-        c.prefill_s += prom_sum(&text, "vllm_sim:prefill_seconds_total");
-        c.busy_s += prom_sum(&text, "vllm_sim:virtual_seconds_total");
-        c.cache_queries += prom_sum(&text, "vllm:prefix_cache_queries_total");
-        c.cache_hits += prom_sum(&text, "vllm:prefix_cache_hits_total");
-        c.preemptions += prom_sum(&text, "vllm:num_preemptions_total");
+        let sum =
+            |name| kvasir_promtext::sum(&text, name).with_context(|| format!("{name} in {u}"));
+        c.prefill_s += sum("vllm_sim:prefill_seconds_total")?;
+        c.busy_s += sum("vllm_sim:virtual_seconds_total")?;
+        c.cache_queries += sum("vllm:prefix_cache_queries_total")?;
+        c.cache_hits += sum("vllm:prefix_cache_hits_total")?;
+        c.preemptions += sum("vllm:num_preemptions_total")?;
     }
     Ok(c)
 }
@@ -341,14 +332,6 @@ pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prometheus_sums_ignore_other_metrics_and_comments() {
-        let t = "# HELP x\nvllm_sim:prefill_seconds_total{model_name=\"m\"} 1.5\n\
-                 vllm_sim:prefill_seconds_total_other 9\nvllm:x 3\nvllm_sim:prefill_seconds_total{a=\"b\"} 0.5\n";
-        assert_eq!(prom_sum(t, "vllm_sim:prefill_seconds_total"), 2.0);
-        assert_eq!(prom_sum(t, "missing"), 0.0);
-    }
 
     #[test]
     fn utilisation_is_per_engine_and_per_simulated_second() {

@@ -1,5 +1,9 @@
 //! An engine's own account of its load: the three vLLM gauges read from its
-//! Prometheus text page.
+//! Prometheus text page (parsed by `kvasir-promtext`).
+
+// Re-exported so `load::{parse_sample, Sample}` stay part of the indexer's
+// API now that the generic parser is its own crate.
+pub use kvasir_promtext::{parse_sample, Sample, SyntaxError};
 
 /// What one scrape said.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -15,92 +19,18 @@ pub struct EngineLoad {
 /// Why a metrics page could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MetricsParseError {
-    /// A line is not Prometheus text format.
+    /// A line of one of the metrics the indexer reads is not Prometheus
+    /// text format.
     #[error("line {line}: {reason}")]
     Syntax {
         /// 1-based line number.
         line: usize,
         /// What is wrong.
-        reason: String,
+        reason: SyntaxError,
     },
     /// A metric the indexer needs is not there.
     #[error("no {0} in the metrics (is this a vLLM /metrics URL?)")]
     Missing(&'static str),
-}
-
-/// One sample of a Prometheus text page.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample<'a> {
-    /// Metric name.
-    pub name: &'a str,
-    /// Labels, unescaped.
-    pub labels: Vec<(&'a str, String)>,
-    /// Value.
-    pub value: f64,
-}
-
-/// Parses one sample line (`name{a="b",...} value [timestamp]`).
-pub fn parse_sample(line: &str) -> Result<Sample<'_>, String> {
-    let line = line.trim();
-    let name_end = line
-        .find(|c: char| c == '{' || c.is_whitespace())
-        .ok_or("no value")?;
-    let name = &line[..name_end];
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-    {
-        return Err(format!("bad metric name `{name}`"));
-    }
-    let mut rest = &line[name_end..];
-    let mut labels = Vec::new();
-    if let Some(r) = rest.strip_prefix('{') {
-        rest = r;
-        loop {
-            rest = rest.trim_start();
-            if let Some(r) = rest.strip_prefix('}') {
-                rest = r;
-                break;
-            }
-            let eq = rest.find('=').ok_or("label without =")?;
-            let key = rest[..eq].trim();
-            rest = rest[eq + 1..].trim_start();
-            rest = rest.strip_prefix('"').ok_or("label value not quoted")?;
-            let mut value = String::new();
-            let mut chars = rest.char_indices();
-            let end = loop {
-                match chars.next() {
-                    None => return Err("unterminated label value".into()),
-                    Some((i, '"')) => break i,
-                    Some((_, '\\')) => match chars.next() {
-                        Some((_, 'n')) => value.push('\n'),
-                        Some((_, c)) => value.push(c),
-                        None => return Err("unterminated escape".into()),
-                    },
-                    Some((_, c)) => value.push(c),
-                }
-            };
-            labels.push((key, value));
-            rest = rest[end + 1..].trim_start();
-            if let Some(r) = rest.strip_prefix(',') {
-                rest = r;
-            }
-        }
-    }
-    let mut parts = rest.split_whitespace();
-    let v = parts.next().ok_or("no value")?;
-    let value = match v {
-        "NaN" => f64::NAN,
-        "+Inf" | "Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        v => v.parse::<f64>().map_err(|_| format!("bad value `{v}`"))?,
-    };
-    Ok(Sample {
-        name,
-        labels,
-        value,
-    })
 }
 
 /// Reads the three load metrics from a vLLM `/metrics` page. Comment
@@ -115,21 +45,10 @@ pub fn parse_vllm_metrics(text: &str) -> Result<EngineLoad, MetricsParseError> {
     const KV_OLD: &str = "vllm:gpu_cache_usage_perc";
     let (mut running, mut waiting) = (None::<f64>, None::<f64>);
     let (mut kv_sum, mut kv_n, mut old_sum, mut old_n) = (0.0, 0u32, 0.0, 0u32);
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim();
-        if t.is_empty() || t.starts_with('#') {
-            continue;
-        }
-        let ours = [RUNNING, WAITING, KV, KV_OLD].iter().any(|m| {
-            t.strip_prefix(m)
-                .is_some_and(|r| r.starts_with('{') || r.starts_with(char::is_whitespace))
-        });
-        if !ours {
-            continue;
-        }
-        let s = parse_sample(t).map_err(|reason| MetricsParseError::Syntax {
-            line: i + 1,
-            reason,
+    for s in kvasir_promtext::samples_of(text, &[RUNNING, WAITING, KV, KV_OLD]) {
+        let s = s.map_err(|e| MetricsParseError::Syntax {
+            line: e.line,
+            reason: e.reason,
         })?;
         if !s.value.is_finite() {
             continue;
@@ -186,21 +105,6 @@ vllm:cache_config_info{block_size="16",weird="a\"b,c}d"} 1 1700000000000
         assert_eq!(l.running, 5);
         assert_eq!(l.waiting, 1);
         assert!((l.kv_usage - 0.375).abs() < 1e-12);
-    }
-
-    #[test]
-    fn parses_samples_with_escapes_and_specials() {
-        let s = parse_sample(r#"m{a="x\"y",b="c\\d\n",} +Inf 123"#).unwrap();
-        assert_eq!(s.name, "m");
-        assert_eq!(
-            s.labels,
-            vec![("a", "x\"y".to_string()), ("b", "c\\d\n".to_string())]
-        );
-        assert!(s.value.is_infinite());
-        assert_eq!(parse_sample("up 1").unwrap().value, 1.0);
-        assert!(parse_sample("bad-name 1").is_err());
-        assert!(parse_sample(r#"m{a="x} 1"#).is_err());
-        assert!(parse_sample("m{a=\"x\"} notanumber").is_err());
     }
 
     #[test]
