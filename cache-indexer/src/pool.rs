@@ -24,7 +24,7 @@ use crate::events::{DecodedBatch, EngineEvent, EngineHash, SubscriberHandle, Syn
 use crate::health::{FailureConfig, Failures};
 use crate::history::{PickHistory, DEFAULT_PICK_HISTORY_BLOCKS};
 use crate::index::PoolIndex;
-use crate::load::{pool_saturation, LoadTracker};
+use crate::load::{pool_saturation, EngineLoad, LoadTracker};
 use crate::metrics::PoolMetrics;
 use crate::responses::{Affinity, AffinityConfig, ResponseStore};
 use crate::scoring::Weights;
@@ -301,6 +301,18 @@ impl Pool {
         next.sort_by(|a, b| a.spec.address.cmp(&b.spec.address));
         *guard = Arc::new(next);
         changes
+    }
+
+    /// Test and benchmark support: the endpoints become `n`
+    /// [`EndpointSpec::loopback`] ones without subscribers, each with one
+    /// idle scrape recorded, so they are healthy and picked straight away.
+    pub fn set_idle_loopback_endpoints(&self, n: usize) {
+        self.set_endpoints((0..n).map(EndpointSpec::loopback).collect(), |_| None);
+        let now = Instant::now();
+        for e in self.endpoints().iter() {
+            self.load
+                .record_scrape(e.id, Some(EngineLoad::default()), now);
+        }
     }
 
     fn drop_endpoint_state(&self, id: EndpointId) {

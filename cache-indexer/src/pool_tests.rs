@@ -41,13 +41,7 @@ fn pool_indexed(
     history_blocks: usize,
 ) -> Pool {
     let pool = empty_pool(tokenizer).with_index(source, history_blocks);
-    let specs = (0..n).map(EndpointSpec::loopback).collect();
-    pool.set_endpoints(specs, |_| None);
-    let now = Instant::now();
-    for e in pool.endpoints().iter() {
-        pool.load
-            .record_scrape(e.id, Some(EngineLoad::default()), now);
-    }
+    pool.set_idle_loopback_endpoints(n);
     pool
 }
 

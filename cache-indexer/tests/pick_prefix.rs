@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvasir_cache_indexer::events::EngineHash;
-use kvasir_cache_indexer::load::{EngineLoad, LoadConfig, LoadTracker};
+use kvasir_cache_indexer::load::{LoadConfig, LoadTracker};
 use kvasir_cache_indexer::scoring::Weights;
 use kvasir_cache_indexer::tokenize::RequestTokenizer;
-use kvasir_cache_indexer::types::{EndpointId, EndpointSpec};
+use kvasir_cache_indexer::types::EndpointId;
 use kvasir_cache_indexer::{stored_batch, Pool};
 use kvasir_proto::v1 as pb;
 use kvasir_tokenizer::{ChatMessage, ChatTokenizer};
@@ -38,13 +38,7 @@ fn pool(n: usize) -> (Pool, Arc<ChatTokenizer>) {
         LoadTracker::new(LoadConfig::default()),
         Weights::default(),
     );
-    let specs = (0..n).map(EndpointSpec::loopback).collect();
-    pool.set_endpoints(specs, |_| None);
-    let now = Instant::now();
-    for e in pool.endpoints().iter() {
-        pool.load
-            .record_scrape(e.id, Some(EngineLoad::default()), now);
-    }
+    pool.set_idle_loopback_endpoints(n);
     (pool, tok)
 }
 
