@@ -196,6 +196,7 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
     let pools = Arc::new(Pools::new(pool_list));
     let cancel = CancellationToken::new();
     let mut tasks = Vec::new();
+    let shared_load = cfg.shared_load.settings()?;
     let auth = match &cfg.grpc_token_file {
         Some(path) => Some(Arc::new(TokenAuth::load(path)?)),
         None => {
@@ -264,6 +265,10 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
     }
     if let Some(a) = &auth {
         tasks.push(tokio::spawn(Arc::clone(a).reload_loop(cancel.clone())));
+    }
+    if let Some(s) = shared_load {
+        let sync = crate::shared_load::run(Arc::clone(&pools), s, cancel.clone());
+        tasks.push(tokio::spawn(sync));
     }
 
     // gRPC: the Indexer service (behind the token check and the lifecycle

@@ -28,6 +28,7 @@
 //!   - name: legacy
 //!     discovery: { namespace: serving, inferencePool: old, eventsPort: 5557, replayPort: 5558 }
 //! responses: { store: redis, redisUrl: "redis://redis:6379" }  # see [`responses`]
+//! sharedLoad: { redisUrl: "redis://redis:6379" }  # replicas see each other's picks, see [`shared_load`]
 //! ```
 //!
 //! The parts: [`schema`] (the file's types and defaults), [`error`],
@@ -40,12 +41,14 @@ pub mod flags;
 pub mod pools_file;
 pub mod responses;
 pub mod schema;
+pub mod shared_load;
 pub mod validate;
 
 pub use error::ConfigError;
 pub use file::{load_file, parse};
 pub use flags::{parse_endpoint_flag, Args};
 pub use responses::{ResponsesConfig, StoreKind};
+pub use shared_load::SharedLoadConfig;
 pub use schema::{
     Config, DiscoveryConfig, EndpointConfig, InFlightConfig, PoolConfig, ScrapeConfig,
     TokenizerSource, DEFAULT_BLOCK_SIZE, DEFAULT_SCRAPE_INTERVAL_MS, DEFAULT_SHUTDOWN_GRACE_MS,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::responses::ResponsesConfig;
+use super::shared_load::SharedLoadConfig;
 use crate::discovery::DiscoveryDefaults;
 use crate::health::FailureConfig;
 use crate::history::DEFAULT_PICK_HISTORY_BLOCKS;
@@ -56,6 +57,10 @@ pub struct Config {
     /// [`super::responses`]).
     #[serde(default)]
     pub responses: ResponsesConfig,
+    /// Other replicas' in-flight picks and queued prefill, through Redis
+    /// (see [`super::shared_load`]); off by default.
+    #[serde(default, alias = "shared_load")]
+    pub shared_load: SharedLoadConfig,
 }
 
 pub(super) fn default_grpc_addr() -> SocketAddr {
@@ -82,6 +87,7 @@ impl Default for Config {
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
             pools_file: None,
             responses: ResponsesConfig::default(),
+            shared_load: SharedLoadConfig::default(),
         }
     }
 }

@@ -33,7 +33,8 @@ impl Config {
                 ));
             }
         }
-        self.responses.validate()
+        self.responses.validate()?;
+        self.shared_load.validate()
     }
 }
 

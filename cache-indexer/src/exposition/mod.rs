@@ -16,6 +16,7 @@ mod histograms;
 mod lifecycle;
 mod pools;
 mod responses;
+mod shared_load;
 
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
@@ -47,6 +48,9 @@ impl Exposition {
             life,
         }));
         registry.register_collector(Box::new(responses::ResponsesCollector(Arc::clone(&pools))));
+        registry.register_collector(Box::new(shared_load::SharedLoadCollector(Arc::clone(
+            &pools,
+        ))));
         Exposition { registry, pools }
     }
 

@@ -98,7 +98,7 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 70] = [
+const FAMILIES: [(&str, &str); 76] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
@@ -165,6 +165,12 @@ const FAMILIES: [(&str, &str); 70] = [
     ("kvasir_indexer_sessions_open", "gauge"),
     ("kvasir_indexer_sessions_shut_down_total", "counter"),
     ("kvasir_indexer_sessions_total", "counter"),
+    ("kvasir_indexer_shared_load_local_only", "gauge"),
+    ("kvasir_indexer_shared_load_peer_in_flight", "gauge"),
+    ("kvasir_indexer_shared_load_peer_queued_prefill_tokens", "gauge"),
+    ("kvasir_indexer_shared_load_peers", "gauge"),
+    ("kvasir_indexer_shared_load_read_age_seconds", "gauge"),
+    ("kvasir_indexer_shared_load_rounds_total", "counter"),
     ("kvasir_indexer_sync_state", "gauge"),
     ("kvasir_indexer_tokenize_duration_seconds", "histogram"),
     ("kvasir_indexer_tokenize_failures_total", "counter"),

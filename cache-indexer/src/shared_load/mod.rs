@@ -1,11 +1,70 @@
-//! Shared load: indexer replicas that act as one. Each replica counts the
-//! picks it placed (in flight, queued prefill) in its own tracker; behind a
-//! load balancer that spreads picks over several replicas, each would see
-//! only its share of what the engines are about to receive. With shared
-//! load every replica writes its own per-endpoint counts into a Redis hash
-//! per pool and reads the others' back, and its views add them to the load
-//! terms (see [`crate::load::peers`]).
+//! Shared load: indexer replicas that act as one.
+//!
+//! Each replica counts the picks it placed (in flight, queued prefill) in
+//! its pools' trackers; behind an Envoy that spreads picks over several
+//! replicas each would see only its share of what the engines are about to
+//! receive, and two replicas could pile work on the same engine between two
+//! scrapes. With a `sharedLoad` section every replica keeps, per pool, one
+//! field in a Redis hash (`<keyPrefix><pool>`, field = its replica id,
+//! value = its per-endpoint in-flight count and queued prefill tokens, see
+//! [`merge`]) and every `intervalMs` runs one pipelined round trip for all
+//! pools: `HSET` its field when its load changed or a heartbeat is due,
+//! `HGETALL` the hash. The other live replicas' load, summed, goes into the
+//! tracker ([`crate::load::peers`]), whose views add it to the in-flight
+//! and queued-prefill terms the scorer prices; a replica's own field is
+//! skipped, so its own picks count once.
+//!
+//! * **Staleness.** A pick on one replica reaches another's views after at
+//!   most two intervals plus two round trips (the writer's next round, the
+//!   reader's next round). Read load is used for at most `ttlMs` after its
+//!   read; then, without a newer read, the views hold this replica's own
+//!   counts only.
+//! * **Dead replicas.** Every write bumps a sequence number and a live
+//!   replica writes at least every `ttlMs / 3`; a reader counts a replica
+//!   whose number has not moved for `ttlMs` (its own clock: no clock is
+//!   shared) as dead, and deletes its field after ten TTLs. A replica that
+//!   stops gracefully deletes its fields at once.
+//! * **Cost.** Nothing on the pick path: a pick reads the tracker as
+//!   before (one map lookup per endpoint more). Per replica, one round trip
+//!   per interval carrying one small hash per pool out (when changed) and
+//!   back; Redis holds one hash per pool with one field per replica.
+//! * **Failures.** Every call is bounded by `timeoutMs`; after a failure
+//!   Redis is left alone for `retryMs`. Failed rounds are counted, the last
+//!   read serves until its TTL, then each replica steers by its own counts
+//!   (`kvasir_indexer_shared_load_local_only`): never a hang, never a slower
+//!   pick.
+//!
+//! Not shared: the prompts of other replicas' picks still in prefill (the
+//! tracker's pending prefixes); their blocks show up in the index when the
+//! engine's KV events say so.
 
 pub mod merge;
+mod store;
+mod sync;
+
+use std::time::Duration;
 
 pub use merge::{decode, encode, Entry, Merged, PeerTable};
+pub use store::StoreError;
+pub use sync::run;
+
+/// The running settings (from [`crate::config::SharedLoadConfig`]).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The Redis client (connects on first use).
+    pub client: redis::Client,
+    /// Its URL, for logs.
+    pub url: String,
+    /// Time between rounds.
+    pub interval: Duration,
+    /// Liveness bound of a replica's entry, and how long a read is used.
+    pub ttl: Duration,
+    /// Bound of one round trip, connect included.
+    pub timeout: Duration,
+    /// After a failure, Redis is left alone this long.
+    pub retry_after: Duration,
+    /// Key prefix (then the pool's name).
+    pub key_prefix: String,
+    /// This replica's field.
+    pub replica_id: String,
+}

@@ -1,0 +1,203 @@
+//! The sync task: every interval, one pipelined round trip to Redis that,
+//! for every pool, writes this replica's field (when its load changed or a
+//! heartbeat is due) and reads the whole hash back; the other replicas'
+//! load goes into each pool's tracker. Nothing here runs on a pick's path:
+//! a pick reads what the last round left in the tracker.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio_util::sync::CancellationToken;
+
+use super::merge::{encode, PeerTable, FORGET_AFTER_TTLS};
+use super::store::{Store, StoreError};
+use super::Settings;
+use crate::load::PeerLoad;
+use crate::pool::Pool;
+use crate::pools::Pools;
+use crate::types::EndpointId;
+
+/// A live replica publishes at least this often in TTLs, load changed or
+/// not, so readers can tell it from a dead one.
+const HEARTBEATS_PER_TTL: u32 = 3;
+
+type Loads = Vec<(EndpointId, PeerLoad)>;
+
+/// One pool's side of the sync.
+struct PoolSync {
+    pool: Arc<Pool>,
+    key: String,
+    table: PeerTable,
+    /// What was last written, and when (none: write at the next round).
+    published: Option<(Loads, Instant)>,
+    /// Dead replicas' fields to delete at the next round.
+    forget: Vec<String>,
+}
+
+/// The rounds of one replica.
+struct Sync {
+    s: Settings,
+    store: Store,
+    pools: Vec<PoolSync>,
+    /// Grows with every write; starts at the start time so a restarted
+    /// replica with the same id never repeats an old number.
+    seq: u64,
+    failing: bool,
+}
+
+/// Runs rounds until `cancel`, then deletes this replica's fields (bounded
+/// by the timeout) so the others stop counting its load at once.
+pub async fn run(pools: Arc<Pools>, s: Settings, cancel: CancellationToken) {
+    let mut sync = Sync::new(&pools, s);
+    tracing::info!(url = %sync.s.url, replica = %sync.s.replica_id, interval = ?sync.s.interval, ttl = ?sync.s.ttl, "shared load: on");
+    let mut tick = tokio::time::interval(sync.s.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        sync.round().await;
+    }
+    sync.withdraw().await;
+}
+
+impl Sync {
+    fn new(pools: &Pools, s: Settings) -> Self {
+        let store = Store::new(s.client.clone(), s.timeout, s.retry_after);
+        let pools = pools
+            .iter()
+            .map(|p| PoolSync {
+                pool: Arc::clone(p),
+                key: format!("{}{}", s.key_prefix, p.name),
+                table: PeerTable::default(),
+                published: None,
+                forget: Vec::new(),
+            })
+            .collect();
+        let seq = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        Sync {
+            s,
+            store,
+            pools,
+            seq,
+            failing: false,
+        }
+    }
+
+    /// One round trip; a failure leaves every pool on what it last read
+    /// (until that read's TTL) and is counted in each.
+    async fn round(&mut self) {
+        let now = Instant::now();
+        if self.store.resting(now) {
+            return;
+        }
+        let (pipe, writes) = self.pipeline(now);
+        let result = self
+            .store
+            .query::<Vec<HashMap<Vec<u8>, Vec<u8>>>>(&pipe)
+            .await;
+        match result {
+            Ok(reads) if reads.len() == self.pools.len() => self.apply(reads, writes),
+            Ok(reads) => self.fail(&StoreError::Failed(format!(
+                "{} replies for {} pools",
+                reads.len(),
+                self.pools.len()
+            ))),
+            Err(e) => self.fail(&e),
+        }
+    }
+
+    /// The round's commands, and per pool what it writes (if anything).
+    fn pipeline(&mut self, now: Instant) -> (redis::Pipeline, Vec<Option<Loads>>) {
+        let heartbeat = self.s.ttl / HEARTBEATS_PER_TTL;
+        let key_ttl_ms = millis(self.s.ttl.saturating_mul(FORGET_AFTER_TTLS));
+        let mut pipe = redis::pipe();
+        let mut writes = Vec::with_capacity(self.pools.len());
+        for p in &mut self.pools {
+            let own = p.pool.load.own_loads();
+            let due = p.published.as_ref().is_none_or(|(last, at)| {
+                *last != own || now.saturating_duration_since(*at) >= heartbeat
+            });
+            if due {
+                self.seq += 1;
+                pipe.cmd("HSET")
+                    .arg(&p.key)
+                    .arg(&self.s.replica_id)
+                    .arg(encode(self.seq, &own))
+                    .ignore();
+                pipe.cmd("PEXPIRE").arg(&p.key).arg(key_ttl_ms).ignore();
+            }
+            if !p.forget.is_empty() {
+                pipe.cmd("HDEL")
+                    .arg(&p.key)
+                    .arg(std::mem::take(&mut p.forget))
+                    .ignore();
+            }
+            pipe.cmd("HGETALL").arg(&p.key);
+            writes.push(due.then_some(own));
+        }
+        (pipe, writes)
+    }
+
+    fn apply(&mut self, reads: Vec<HashMap<Vec<u8>, Vec<u8>>>, writes: Vec<Option<Loads>>) {
+        let now = Instant::now();
+        if self.failing {
+            self.failing = false;
+            tracing::info!(url = %self.s.url, "shared load: redis reachable again; counting other replicas' load");
+        }
+        for ((p, read), wrote) in self.pools.iter_mut().zip(reads).zip(writes) {
+            if let Some(own) = wrote {
+                p.published = Some((own, now));
+            }
+            let fields = read.into_iter().map(|(k, v)| (text(k), text(v))).collect();
+            let merged = p.table.merge(&self.s.replica_id, fields, now, self.s.ttl);
+            if merged.malformed > 0 {
+                tracing::debug!(pool = %p.pool.name, fields = merged.malformed, "shared load: unreadable fields left out");
+            }
+            p.forget = merged.forget;
+            p.pool
+                .load
+                .set_peer_loads(merged.loads, merged.live, now, self.s.ttl);
+        }
+    }
+
+    fn fail(&mut self, e: &StoreError) {
+        if !self.failing {
+            self.failing = true;
+            tracing::warn!(url = %self.s.url, error = %e, retry_in = ?self.s.retry_after, "shared load: redis unavailable; each pool uses this replica's own counts once the last read is older than the TTL");
+        }
+        for p in &mut self.pools {
+            p.pool.load.peer_round_failed();
+            // Whether the write landed is unknown: write again next time.
+            p.published = None;
+        }
+    }
+
+    /// Deletes this replica's fields; best effort, bounded.
+    async fn withdraw(&mut self) {
+        let mut pipe = redis::pipe();
+        for p in &self.pools {
+            pipe.cmd("HDEL")
+                .arg(&p.key)
+                .arg(&self.s.replica_id)
+                .ignore();
+        }
+        if let Err(e) = self.store.query::<()>(&pipe).await {
+            tracing::debug!(error = %e, "shared load: fields not withdrawn; they expire by the TTL");
+        }
+    }
+}
+
+/// Field names and entries are ASCII when written by a replica; anything
+/// else becomes text that does not decode (counted as unreadable).
+fn text(b: Vec<u8>) -> String {
+    String::from_utf8(b).unwrap_or_default()
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
