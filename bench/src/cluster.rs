@@ -12,8 +12,10 @@
 //! (KV events arrive within milliseconds), prefixes of picks still in
 //! prefill as matched (`pending_matched_blocks`), its own picks' queued
 //! prefill at once, and the engines' running and waiting counts as of the
-//! last scrape. Decoding requests count as running for
-//! `output tokens x itl_ms` after their first token.
+//! last scrape, and the conversations each engine started recently (the
+//! `placement` term, with the trace's full hash ids as the block chain).
+//! Decoding requests count as running for `output tokens x itl_ms` after
+//! their first token.
 //!
 //! What it leaves out: prefills batched into shared steps and decode steps
 //! between them (the queues serve one prefill at a time), and KV pressure
@@ -29,6 +31,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use kvasir_scoring::placements::{Placements, DEFAULT_MAX_ENDS};
 use kvasir_scoring::{Candidate, Request, Weights};
 
 use crate::bound::{reusable_tokens, EngineModel, Lru};
@@ -174,6 +177,11 @@ impl Cluster {
         let (mut prompt_all, mut cached_all) = (0u64, 0u64);
         let mut ttft = Vec::with_capacity(trace.len());
         let mut per_engine = vec![0; n];
+        let half_life = match policy {
+            Policy::Scored(w) => w.placement_half_life_ms,
+            _ => 0.0,
+        };
+        let mut placements = Placements::new(half_life, DEFAULT_MAX_ENDS);
         for (i, r) in trace.iter().enumerate() {
             let t = (r.timestamp - t0) / speed.max(1e-9);
             let mut scraped = Vec::with_capacity(n);
@@ -189,7 +197,10 @@ impl Cluster {
                         .unwrap_or(0);
                     (best, 0)
                 }
-                Policy::Scored(w) => self.scored(&engines, &scraped, trace, i, t, w),
+                Policy::Scored(w) => {
+                    let at = Now { i, t };
+                    self.scored(&engines, &scraped, &mut placements, trace, at, w)
+                }
             };
             let e = &mut engines[pick];
             let start = e.free_at.max(t);
@@ -232,23 +243,29 @@ impl Cluster {
     /// scraped (running, waiting), and the prefill work it expects there.
     /// An engine's match is the longer of its cached prefix and the prefix
     /// it shares with a pick still in prefill there, as the indexer counts
-    /// it (`pending_matched_blocks`).
+    /// it (`pending_matched_blocks`). The pick is recorded in `placements`
+    /// as the indexer records it, the trace's full hash ids standing for the
+    /// prompt's block chain.
     fn scored(
         &self,
         engines: &[Engine],
         scraped: &[(u32, u32)],
+        placements: &mut Placements<usize>,
         trace: &[TraceRequest],
-        i: usize,
-        t: f64,
+        Now { i, t }: Now,
         w: &Weights,
     ) -> (usize, u64) {
         let r = &trace[i];
+        let full = (r.input_length / self.trace_block.max(1)).min(r.hash_ids.len());
+        let chain = &r.hash_ids[..full];
+        let starts = placements.starts_conversation(chain);
         let seed = i as u64;
         let block = self.engine_block.max(1);
         let candidates: Vec<Candidate<'_>> = engines
             .iter()
             .zip(scraped)
-            .map(|(e, &(running, waiting))| {
+            .enumerate()
+            .map(|(k, (e, &(running, waiting)))| {
                 let in_flight = e.ends.len() as u32;
                 // Picks within the horizon: their queued work, and the
                 // longest prefix one of them shares with this request.
@@ -279,6 +296,7 @@ impl Cluster {
                     saturated: waiting >= self.saturation_waiting,
                     left_out: false,
                     failing: false,
+                    recent_placements: placements.recent(k, t),
                 }
             })
             .collect();
@@ -288,13 +306,23 @@ impl Cluster {
             seed,
             max_endpoints: 1,
             indexed: true,
+            starts_conversation: starts,
         };
         let ranking = kvasir_scoring::rank(&req, &candidates, w);
-        ranking
+        let (pick, work) = ranking
             .order
             .first()
-            .map_or((0, 0), |f| (f.candidate, f.cost.prefill_work))
+            .map_or((0, 0), |f| (f.candidate, f.cost.prefill_work));
+        placements.record(pick, chain, starts, t);
+        (pick, work)
     }
+}
+
+/// Which request a scored pick is for, and when it arrives (ms).
+#[derive(Debug, Clone, Copy)]
+struct Now {
+    i: usize,
+    t: f64,
 }
 
 #[cfg(test)]

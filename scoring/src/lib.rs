@@ -18,6 +18,8 @@
 //!      + w_decode  * max(running + waiting, in_flight)
 //!      + w_queue   * waiting
 //!      + w_kv      * max(0, (kv_usage - kv_knee) / (1 - kv_knee))^2
+//!      + w_place   * (placed - least placed) / max(1, least placed)
+//!                      (only for a request that starts a conversation)
 //! ```
 //!
 //! * *prefill work*: the uncached prompt tokens plus attention's share,
@@ -42,6 +44,21 @@
 //! * *active requests*: the engine's own count (scraped, lagging by up to one
 //!   interval) or the indexer's in-flight count (immediate, but only this
 //!   replica's picks), whichever is larger.
+//! * *recent placements*: conversations started on the endpoint lately, a
+//!   count decaying with `placementHalfLifeMs` ([`placements`]: a request
+//!   starts a conversation when its prompt extends no earlier pick's
+//!   prompt). Where a conversation starts is where its later turns go (they
+//!   find their history there), so this is load the endpoint has committed
+//!   to that none of the other terms sees yet: with turns sent one at a
+//!   time to idle engines every load term is zero whenever a request
+//!   arrives. What counts is the excess over the least-placed ranked
+//!   endpoint, relative to that endpoint's count once it exceeds one: one
+//!   conversation more is a whole placement when engines hold one or two
+//!   each, and a small share of the load when they hold dozens (then the
+//!   other load terms see the conversations' turns, and a raw count
+//!   difference, which grows with the arrival rate, would override them).
+//!   Only a request that starts a conversation pays it: a later turn pays
+//!   nothing, so its stickiness is exactly what the other terms make it.
 //!
 //! # Default weights and why
 //!
@@ -76,13 +93,28 @@
 //!   batch slots or KV space; ours waits behind at least one more prefill
 //!   step (~30 ms fixed cost = ~1000 tokens). 16384 was worse on the whole
 //!   trace (measured: bench/results/scoring_weights.md).
+//! * `placement = 2048`, `placementHalfLifeMs = 60000`: a conversation
+//!   brings its later turns to the engine it starts on, each an active
+//!   request there (`decode`) for the others' turns; 2048 is 32 of those.
+//!   What it buys: a new conversation whose only cached part is a shared
+//!   system prompt or template (a real prefix hit, but one another engine
+//!   prefills once in tens of milliseconds and then holds too) goes to the
+//!   engine that has taken the fewest conversations, so tenants' and
+//!   conversations' prompts spread over idle engines instead of all
+//!   following the first one. A shared prefix much longer than that (a
+//!   document, a long few-shot set) stays with its holder until the holder
+//!   has taken several conversations more than the others, and then is
+//!   replicated once. Later turns are not charged, so it never moves a
+//!   conversation. The half-life is about a chat's length: the
+//!   conversations that still send turns. 0 turns the term off.
 //! * `kv = 8192`, `kvKnee = 0.7`: KV usage (blocks pinned by running
 //!   requests) above ~70% means new requests start evicting cached prefixes
 //!   and, near 100%, preemption (recomputation of whole sequences). The
 //!   quadratic penalty is negligible at the knee and equals a long prompt's
 //!   prefill at full usage.
 //!
-//! Ties (equal cost, e.g. an idle pool and a brand-new prompt) are broken by
+//! Ties (equal cost, e.g. an idle pool, equal placements and a brand-new
+//! prompt) are broken by
 //! a hash of the request's seed (its request id) and the endpoint address:
 //! stable across replicas, and spread across endpoints over requests.
 //!
@@ -104,7 +136,7 @@
 //!
 //! When every healthy endpoint is saturated the decision says so (the
 //! caller may shed instead) and the load terms (`decode`, `queue`,
-//! `queuedPrefill`) count `saturatedLoad = 0.25` of their weight: queues
+//! `queuedPrefill`, `placement`) count `saturatedLoad = 0.25` of their weight: queues
 //! exist everywhere then, their differences decide less about when a
 //! request is served than the prefill work a pick adds to the pool. At full
 //! weight they moved more requests off their prefix holders (lower hit
@@ -125,6 +157,8 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+pub mod placements;
 
 use serde::{Deserialize, Serialize};
 
@@ -152,8 +186,8 @@ pub struct Weights {
     /// adds delays everyone queued after it, too).
     #[serde(alias = "queued_prefill")]
     pub queued_prefill: f64,
-    /// Multiplier of the load terms (`decode`, `queue`, `queuedPrefill`)
-    /// when every healthy endpoint is saturated: queues then exist
+    /// Multiplier of the load terms (`decode`, `queue`, `queuedPrefill`,
+    /// `placement`) when every healthy endpoint is saturated: queues then exist
     /// everywhere, and what a pick still changes is how much prefill work
     /// the pool must do.
     #[serde(alias = "saturated_load")]
@@ -163,6 +197,15 @@ pub struct Weights {
     /// every endpoint within that margin; `None` (the default) is no cap.
     #[serde(alias = "max_queue_skew")]
     pub max_queue_skew: Option<f64>,
+    /// Cost per conversation started on an endpoint recently, beyond the
+    /// least-placed endpoint's count; charged only to requests that start
+    /// a conversation ([`Request::starts_conversation`]).
+    pub placement: f64,
+    /// Half-life of the recent-placement counts, ms (the caller that keeps
+    /// them, [`placements::Placements`], decays them; the scorer only reads
+    /// [`Candidate::recent_placements`]).
+    #[serde(alias = "placement_half_life_ms")]
+    pub placement_half_life_ms: f64,
 }
 
 impl Default for Weights {
@@ -177,6 +220,8 @@ impl Default for Weights {
             queued_prefill: 0.25,
             saturated_load: 0.25,
             max_queue_skew: None,
+            placement: 2048.0,
+            placement_half_life_ms: 60_000.0,
         }
     }
 }
@@ -193,10 +238,18 @@ impl Weights {
             ("queuedPrefill", self.queued_prefill),
             ("saturatedLoad", self.saturated_load),
             ("maxQueueSkew", self.max_queue_skew.unwrap_or(0.0)),
+            ("placement", self.placement),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err((name, format!("must be a finite number >= 0, got {v}")));
             }
+        }
+        let h = self.placement_half_life_ms;
+        if !h.is_finite() || h <= 0.0 {
+            return Err((
+                "placementHalfLifeMs",
+                format!("must be a finite number > 0, got {h}"),
+            ));
         }
         if !(0.0..1.0).contains(&self.kv_knee) {
             return Err(("kvKnee", format!("must be in [0, 1), got {}", self.kv_knee)));
@@ -232,6 +285,9 @@ pub struct Candidate<'a> {
     /// Whether its recent requests mostly failed (the cache-indexer's
     /// `health` module): ranked after every candidate that is not.
     pub failing: bool,
+    /// Conversations started on it recently (decayed count,
+    /// [`placements::Placements::recent`]).
+    pub recent_placements: f64,
 }
 
 /// The request's side of scoring.
@@ -247,6 +303,10 @@ pub struct Request {
     pub max_endpoints: usize,
     /// False when the request could not be matched against the index.
     pub indexed: bool,
+    /// Whether its prompt extends no earlier pick's prompt
+    /// ([`placements::Placements::starts_conversation`]): only such a
+    /// request pays the `placement` term. False when unknown.
+    pub starts_conversation: bool,
 }
 
 /// An endpoint's cost, by term.
@@ -262,6 +322,9 @@ pub struct Cost {
     pub queue: f64,
     /// KV-usage term.
     pub kv: f64,
+    /// Recent-placement term (0 for a request that continues a
+    /// conversation).
+    pub placement: f64,
     /// Matched prompt blocks.
     pub matched_blocks: u32,
     /// Prompt tokens to prefill here.
@@ -369,7 +432,8 @@ pub fn tie_key(seed: u64, address: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(address.as_bytes(), seed)
 }
 
-/// The cost of one candidate.
+/// The cost of one candidate, but for the `placement` term, which is
+/// relative to the other candidates ([`placement_cost`]; [`rank`] adds it).
 pub fn cost(req: &Request, c: &Candidate<'_>, w: &Weights) -> (Cost, u32) {
     let matched = if req.indexed { c.matched_blocks } else { 0 };
     let cached = predicted_cached_tokens(req.prompt_tokens, matched, req.block_size);
@@ -392,6 +456,7 @@ pub fn cost(req: &Request, c: &Candidate<'_>, w: &Weights) -> (Cost, u32) {
             decode,
             queue,
             kv,
+            placement: 0.0,
             matched_blocks: matched,
             uncached_tokens: uncached,
             queued_prefill_tokens: c.queued_prefill_tokens,
@@ -399,6 +464,33 @@ pub fn cost(req: &Request, c: &Candidate<'_>, w: &Weights) -> (Cost, u32) {
         },
         cached,
     )
+}
+
+/// The `placement` term of a candidate, for a request that starts a
+/// conversation (0 otherwise): its recent placements beyond the
+/// least-placed ranked candidate's (`least_placed`), relative to that
+/// count once it exceeds one.
+/// Relative, so it lives outside [`cost`], which sees one candidate.
+pub fn placement_cost(req: &Request, c: &Candidate<'_>, least_placed: f64, w: &Weights) -> f64 {
+    if !req.starts_conversation || !req.indexed {
+        return 0.0;
+    }
+    let least = if least_placed.is_finite() {
+        least_placed.max(0.0)
+    } else {
+        0.0
+    };
+    w.placement * (placements_of(c) - least).max(0.0) / least.max(1.0)
+}
+
+/// A candidate's recent placements, 0 when not a finite count >= 0.
+fn placements_of(c: &Candidate<'_>) -> f64 {
+    let n = c.recent_placements;
+    if n.is_finite() && n > 0.0 {
+        n
+    } else {
+        0.0
+    }
 }
 
 /// Prefill work of computing prompt tokens `cached..prompt`, in prefill
@@ -428,18 +520,27 @@ pub fn rank(req: &Request, candidates: &[Candidate<'_>], w: &Weights) -> Ranking
             decode: w.decode * w.saturated_load,
             queue: w.queue * w.saturated_load,
             queued_prefill: w.queued_prefill * w.saturated_load,
+            placement: w.placement * w.saturated_load,
             ..w.clone()
         };
         &overload
     } else {
         w
     };
+    let ranked = |c: &&Candidate<'_>| c.healthy && (all_left_out || !c.left_out);
+    let least_placed = candidates
+        .iter()
+        .filter(ranked)
+        .map(placements_of)
+        .fold(f64::INFINITY, f64::min);
     let mut scored: Vec<(Ranked, u64)> = candidates
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.healthy && (all_left_out || !c.left_out))
+        .filter(|(_, c)| ranked(c))
         .map(|(i, c)| {
-            let (cost, cached) = cost(req, c, w);
+            let (mut cost, cached) = cost(req, c, w);
+            cost.placement = placement_cost(req, c, least_placed, w);
+            cost.total += cost.placement;
             (
                 Ranked {
                     candidate: i,
@@ -502,5 +603,7 @@ pub fn rank(req: &Request, candidates: &[Candidate<'_>], w: &Weights) -> Ranking
     Ranking { order, decision }
 }
 
+#[cfg(test)]
+mod spread_tests;
 #[cfg(test)]
 mod tests;

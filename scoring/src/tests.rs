@@ -13,6 +13,7 @@ fn cand(address: &str) -> Candidate<'_> {
         saturated: false,
         left_out: false,
         failing: false,
+        recent_placements: 0.0,
     }
 }
 
@@ -23,6 +24,7 @@ fn req(prompt_tokens: u32, seed: u64) -> Request {
         seed,
         max_endpoints: 0,
         indexed: true,
+        starts_conversation: false,
     }
 }
 

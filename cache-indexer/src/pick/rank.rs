@@ -59,6 +59,7 @@ impl Pool {
             seed: scoring::seed_of(&call.request_id, &tokens.ids),
             max_endpoints: call.max_endpoints as usize,
             indexed: matched.indexed,
+            starts_conversation: false,
         };
         let ranking = scoring::rank(&request, &candidates, &self.weights);
         Ranked {
@@ -83,5 +84,6 @@ fn candidate<'a>(e: &'a Endpoint, v: &LoadView, matched: usize) -> Candidate<'a>
         saturated: v.saturated,
         left_out: v.left_out,
         failing: false,
+        recent_placements: 0.0,
     }
 }
