@@ -13,14 +13,15 @@
 //! them, such as Qwen3's, render the same prompt either way).
 
 use std::borrow::Cow;
-use std::fmt;
 
 use kvasir_policy::ApiKind;
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::content::{Content, Message, BILLING_HEADER};
-use super::{parse, require_model, BodyError, Count, Obj, ParsedRequest, RequestPrompt, Str};
+use super::{
+    parse, require_model, BodyError, Count, ListOf, Obj, ParsedRequest, RequestPrompt, Str,
+    TextOrList,
+};
 
 /// One content block (an object, as vLLM's `AnthropicContentBlock`).
 #[derive(Deserialize)]
@@ -43,67 +44,17 @@ struct ResultItem<'a> {
 }
 
 /// A `tool_result` block's content: a string or a list of objects.
-enum ToolResult<'a> {
-    Text(Cow<'a, str>),
-    Items(Vec<ResultItem<'a>>),
-}
+type ToolResult<'a> = TextOrList<'a, ResultItem<'a>>;
 
-impl<'de: 'a, 'a> Deserialize<'de> for ToolResult<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = ToolResult<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string or a list of objects")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(ToolResult::Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(ToolResult::Text(Cow::Owned(v.to_owned())))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut items = Vec::new();
-                while let Some(Obj(i)) = seq.next_element::<Obj<ResultItem<'a>>>()? {
-                    items.push(i);
-                }
-                Ok(ToolResult::Items(items))
-            }
-        }
-        d.deserialize_any(V(std::marker::PhantomData))
-    }
+impl ListOf for ResultItem<'_> {
+    const WHAT: &'static str = "objects";
 }
 
 /// A message's (or `system`'s) content: a string or a list of blocks.
-enum Blocks<'a> {
-    Text(Cow<'a, str>),
-    List(Vec<Block<'a>>),
-}
+type Blocks<'a> = TextOrList<'a, Block<'a>>;
 
-impl<'de: 'a, 'a> Deserialize<'de> for Blocks<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Blocks<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string or a list of content blocks")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Blocks::Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Blocks::Text(Cow::Owned(v.to_owned())))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut blocks = Vec::new();
-                while let Some(Obj(b)) = seq.next_element::<Obj<Block<'a>>>()? {
-                    blocks.push(b);
-                }
-                Ok(Blocks::List(blocks))
-            }
-        }
-        d.deserialize_any(V(std::marker::PhantomData))
-    }
+impl ListOf for Block<'_> {
+    const WHAT: &'static str = "content blocks";
 }
 
 #[derive(Deserialize)]
@@ -178,7 +129,7 @@ fn push_tool_result<'a>(content: Option<ToolResult<'a>>, out: &mut Vec<Message<'
     let (text, images) = match content {
         None => (Cow::Borrowed(""), false),
         Some(ToolResult::Text(t)) => (t, false),
-        Some(ToolResult::Items(items)) => {
+        Some(ToolResult::List(items)) => {
             let kind = |i: &ResultItem<'_>| i.kind.as_ref().map(|k| k.0.to_string());
             let images = items.iter().any(|i| kind(i).as_deref() == Some("image"));
             let texts: Vec<Cow<'a, str>> = items
@@ -205,7 +156,7 @@ fn assistant_tool_result(content: Option<ToolResult<'_>>) -> String {
         Some(ToolResult::Text(t)) => t.into_owned(),
         // vLLM writes Python's repr of the list here; the text items are
         // the closest the filter can render without Python.
-        Some(ToolResult::Items(items)) => items
+        Some(ToolResult::List(items)) => items
             .into_iter()
             .filter_map(|i| i.text.map(|t| t.0.into_owned()))
             .collect::<Vec<_>>()

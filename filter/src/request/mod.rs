@@ -20,7 +20,7 @@ use std::fmt;
 use std::ops::ControlFlow;
 
 use kvasir_policy::{ApiKind, PromptText, Unscannable};
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 pub mod content;
@@ -92,6 +92,47 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
             }
         }
         d.deserialize_map(V(std::marker::PhantomData)).map(Obj)
+    }
+}
+
+/// What a list element is called in [`TextOrList`]'s error message.
+trait ListOf {
+    /// E.g. "content blocks": "expected a string or a list of content blocks".
+    const WHAT: &'static str;
+}
+
+/// A string, or a list whose every element must be an object (Anthropic's
+/// content and tool results, the Responses API's `input`). A hand-written
+/// visitor rather than an untagged enum: that would buffer the value and
+/// lose the element's own error (and borrowed strings).
+enum TextOrList<'a, T> {
+    Text(Cow<'a, str>),
+    List(Vec<T>),
+}
+
+impl<'de: 'a, 'a, T: Deserialize<'de> + ListOf> Deserialize<'de> for TextOrList<'a, T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a, T>(std::marker::PhantomData<(&'a (), T)>);
+        impl<'de: 'a, 'a, T: Deserialize<'de> + ListOf> Visitor<'de> for V<'a, T> {
+            type Value = TextOrList<'a, T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "a string or a list of {}", T::WHAT)
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(TextOrList::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(TextOrList::Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut items = Vec::new();
+                while let Some(Obj(i)) = seq.next_element::<Obj<T>>()? {
+                    items.push(i);
+                }
+                Ok(TextOrList::List(items))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
     }
 }
 

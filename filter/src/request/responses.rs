@@ -13,14 +13,14 @@
 //! prompt.
 
 use std::borrow::Cow;
-use std::fmt;
 
 use kvasir_policy::ApiKind;
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::content::{Content, Message};
-use super::{parse, require_model, BodyError, Count, Obj, ParsedRequest, RequestPrompt, Str};
+use super::{
+    parse, require_model, BodyError, Count, ListOf, ParsedRequest, RequestPrompt, Str, TextOrList,
+};
 
 /// One input item (an object). Which fields count depends on its `type`.
 #[derive(Deserialize)]
@@ -37,35 +37,10 @@ struct Item<'a> {
 }
 
 /// `input`: a string or a list of items.
-enum Input<'a> {
-    Text(Cow<'a, str>),
-    Items(Vec<Item<'a>>),
-}
+type Input<'a> = TextOrList<'a, Item<'a>>;
 
-impl<'de: 'a, 'a> Deserialize<'de> for Input<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Input<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string or a list of input items")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Input::Text(Cow::Borrowed(v)))
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Input::Text(Cow::Owned(v.to_owned())))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut items = Vec::new();
-                while let Some(Obj(i)) = seq.next_element::<Obj<Item<'a>>>()? {
-                    items.push(i);
-                }
-                Ok(Input::Items(items))
-            }
-        }
-        d.deserialize_any(V(std::marker::PhantomData))
-    }
+impl ListOf for Item<'_> {
+    const WHAT: &'static str = "input items";
 }
 
 #[derive(Deserialize)]
@@ -170,7 +145,7 @@ fn chat_messages<'a>(instructions: Option<Cow<'a, str>>, input: Input<'a>) -> Ve
             Cow::Borrowed("user"),
             Some(Content { parts: vec![t] }),
         )),
-        Input::Items(items) => {
+        Input::List(items) => {
             for item in items {
                 add_item(item, &mut turns);
             }
