@@ -16,6 +16,9 @@ use super::family;
 use crate::load::PeerStats;
 use crate::pools::Pools;
 
+/// A gauge family: name, help, and its value from a pool's stats.
+type GaugeFamily = (&'static str, &'static str, fn(&PeerStats) -> f64);
+
 /// Reads each pool's tracker at each scrape.
 #[derive(Debug)]
 pub(super) struct SharedLoadCollector(pub(super) Arc<Pools>);
@@ -29,7 +32,7 @@ impl Collector for SharedLoadCollector {
             .map(|p| (p.name.clone(), p.load.peer_stats(now)))
             .collect();
         let enc = &mut enc;
-        let gauges: [(&str, &str, fn(&PeerStats) -> f64); 5] = [
+        let gauges: [GaugeFamily; 5] = [
             (
                 "kvasir_indexer_shared_load_peers",
                 "Other indexer replicas whose load entries are live, as of the last read.",
