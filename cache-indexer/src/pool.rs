@@ -116,6 +116,8 @@ pub struct Pool {
     pub(crate) completions: Arc<AtomicUsize>,
     /// Which endpoint holds each stored Responses API response.
     pub responses: Affinity,
+    /// Conversations started per endpoint lately (the `placement` term).
+    pub(crate) placements: crate::pick::Placed,
 }
 
 impl std::fmt::Debug for Pool {
@@ -161,6 +163,7 @@ impl Pool {
             history,
             tokenizer,
             load,
+            placements: crate::pick::Placed::new(weights.placement_half_life_ms),
             weights,
             metrics: PoolMetrics::default(),
             endpoints: RwLock::new(Arc::new(Vec::new())),
@@ -237,6 +240,7 @@ impl Pool {
         if let Some(h) = &self.history {
             h.write().clear_endpoint(endpoint);
         }
+        self.placements.forget(endpoint);
     }
 
     /// The current endpoints, sorted by address (a cheap snapshot).
@@ -322,6 +326,7 @@ impl Pool {
         }
         self.load.remove_endpoint(id);
         self.failures.remove_endpoint(id);
+        self.placements.forget(id);
     }
 
     /// Whether every endpoint's event stream is in sync, and the addresses

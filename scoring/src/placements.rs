@@ -78,13 +78,26 @@ impl<K: Eq + Hash + Copy> Placements<K> {
     }
 
     /// Records a pick of a prompt with this full-block chain to `key`:
-    /// its end is remembered, and when it `starts` a conversation the
-    /// endpoint's count grows by one.
+    /// [`Placements::place`] and [`Placements::remember_end`].
     pub fn record(&mut self, key: K, chain: &[u64], starts: bool, now_ms: f64) {
+        self.place(key, starts, now_ms);
+        self.remember_end(chain);
+    }
+
+    /// Counts a pick to `key`: one more conversation there when it
+    /// `starts` one, nothing otherwise.
+    pub fn place(&mut self, key: K, starts: bool, now_ms: f64) {
         if starts {
             let n = self.recent(key, now_ms) + 1.0;
             self.counts.insert(key, (n, now_ms));
         }
+    }
+
+    /// Remembers the end of a picked prompt's full-block chain, so that
+    /// prompts extending it continue its conversation. The whole prompt's
+    /// chain: the end of only its head would make every prompt sharing
+    /// that head look like a later turn.
+    pub fn remember_end(&mut self, chain: &[u64]) {
         if let Some(&end) = chain.last() {
             if self.ends.insert(end) {
                 self.order.push_back(end);

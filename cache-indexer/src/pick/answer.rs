@@ -23,6 +23,7 @@ impl Pool {
             views,
             ranking,
             prompt_tokens,
+            starts_conversation,
         } = ranked;
         tracing::debug!(
             pool = %self.name,
@@ -31,6 +32,7 @@ impl Pool {
             decision = ranking.decision.as_str(),
             first = ranking.order.first().map(|r| endpoints[r.candidate].spec.address.as_str()),
             prompt_tokens,
+            starts_conversation,
             "pick"
         );
         pb::PickResponse {

@@ -3,11 +3,13 @@
 //! the endpoints ranked ([`rank`]), the first one recorded ([`record`]) and
 //! the answer ([`answer`]). [`Pool::pick`] runs them in that order; each
 //! stage only reads what the ones before it produced. A pick bound to a
-//! stored response takes its own short path instead ([`affinity`]).
+//! stored response takes its own short path instead ([`affinity`]). Rank
+//! and record share the pool's recent placements ([`placed`]).
 
 mod affinity;
 mod answer;
 mod matching;
+mod placed;
 mod prompt;
 mod rank;
 mod record;
@@ -16,6 +18,8 @@ mod tokenize;
 use std::time::Instant;
 
 use kvasir_proto::v1 as pb;
+
+pub(crate) use placed::Placed;
 
 use crate::pool::{Pool, ServiceError};
 

@@ -20,6 +20,9 @@ pub(crate) struct Ranked {
     pub(crate) ranking: Ranking,
     /// The prompt's length (estimated when only its head was tokenized).
     pub(crate) prompt_tokens: u32,
+    /// Whether the prompt extends no earlier pick's prompt (see
+    /// `scoring::placements`); false when it was not looked up.
+    pub(crate) starts_conversation: bool,
 }
 
 impl Pool {
@@ -41,14 +44,19 @@ impl Pool {
         let failing = self
             .failures
             .ranked_last_all(endpoints.iter().map(|e| e.id), call.started);
+        let chain = matched.chain.as_deref().filter(|_| matched.indexed);
+        let (starts_conversation, placed) =
+            self.placements
+                .view(chain, endpoints.iter().map(|e| e.id), call.started);
         let candidates: Vec<Candidate<'_>> = endpoints
             .iter()
             .zip(&views)
-            .zip(failing)
-            .map(|((e, v), failing)| {
+            .zip(failing.into_iter().zip(placed))
+            .map(|((e, v), (failing, recent_placements))| {
                 let indexed_blocks = matched.overlap.as_ref().map_or(0, |o| o.blocks_for(e.id));
                 Candidate {
                     failing,
+                    recent_placements,
                     ..candidate(e, v, indexed_blocks.max(v.pending_matched_blocks))
                 }
             })
@@ -59,7 +67,7 @@ impl Pool {
             seed: scoring::seed_of(&call.request_id, &tokens.ids),
             max_endpoints: call.max_endpoints as usize,
             indexed: matched.indexed,
-            starts_conversation: false,
+            starts_conversation,
         };
         let ranking = scoring::rank(&request, &candidates, &self.weights);
         Ranked {
@@ -67,6 +75,7 @@ impl Pool {
             views,
             ranking,
             prompt_tokens,
+            starts_conversation,
         }
     }
 }

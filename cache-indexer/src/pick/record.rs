@@ -1,7 +1,8 @@
 //! Stage 5 of a pick, record: the first endpoint gets the request in the
 //! pool's books before the answer leaves, so the next pick sees its load,
-//! its prefix (pick history, picks in prefill) and, for a failing endpoint,
-//! that this pick is its probe.
+//! its prefix (pick history, picks in prefill), the conversation it starts
+//! or continues there and, for a failing endpoint, that this pick is its
+//! probe.
 
 use std::sync::Arc;
 
@@ -38,6 +39,14 @@ impl Pool {
         if let (Some(h), Some(c)) = (matched.history, &matched.chain) {
             h.write().record(e.id, c);
         }
+        // A chain stopped where no engine holds the prompt ends inside
+        // text other prompts may share: its completion remembers the end.
+        let whole = matched
+            .chain
+            .as_deref()
+            .filter(|_| matched.indexed && !tokens.complete_later);
+        self.placements
+            .record(e.id, ranked.starts_conversation, whole, call.started);
         // A stopped tokenization left the pick's chain short: finish it
         // off the pick's path, so that requests sharing this prompt's
         // fresh part while it is in prefill see it there.
@@ -51,7 +60,7 @@ impl Pool {
                 prompt,
                 (self.block_size, self.tokenize_budget.limits()),
                 call.request_id.clone(),
-                self.load.pending_chains(),
+                (self.load.pending_chains(), self.placements.clone()),
                 &self.completions,
             );
             if !started {

@@ -12,6 +12,7 @@ use std::time::Instant;
 use dynamo_kv_router::protocols::LocalBlockHash;
 use kvasir_tokenizer::{ChatTokenizer, EncodeLimits, PrefixIds};
 
+use super::placed::Placed;
 use super::prompt::{Call, OwnedPrompt};
 use crate::index::PoolIndex;
 use crate::load::{block_chain, extend_block_chain, PendingChains};
@@ -49,15 +50,15 @@ impl PrefixHashes {
 const MAX_COMPLETIONS: usize = 4;
 
 /// Tokenizes `prompt` as far as `limits` allow and hands its chain to the
-/// pick's pending entry, on the blocking pool; `running` counts the pool's
-/// completions in progress (at most [`MAX_COMPLETIONS`]). False when
-/// skipped.
+/// pick's pending entry and its end to the pool's recent placements, on
+/// the blocking pool; `running` counts the pool's completions in progress
+/// (at most [`MAX_COMPLETIONS`]). False when skipped.
 pub(crate) fn complete_chain_later(
     tok: Arc<ChatTokenizer>,
     prompt: OwnedPrompt,
     (block_size, limits): (u32, EncodeLimits),
     request_id: String,
-    pending: PendingChains,
+    (pending, placed): (PendingChains, Placed),
     running: &Arc<AtomicUsize>,
 ) -> bool {
     if running.fetch_add(1, Ordering::AcqRel) >= MAX_COMPLETIONS {
@@ -69,7 +70,9 @@ pub(crate) fn complete_chain_later(
         let block = block_size.max(1) as usize;
         // It tokenized up to here, so an error is the template's: nothing to add.
         if let Ok(p) = tokenize_local_prefix(&tok, prompt.input(), block, &mut |_| true, limits) {
-            pending.complete(&request_id, block_chain(&p.ids, block_size).into());
+            let chain = block_chain(&p.ids, block_size);
+            placed.remember_end(&chain);
+            pending.complete(&request_id, chain.into());
         }
         running.fetch_sub(1, Ordering::AcqRel);
     };
