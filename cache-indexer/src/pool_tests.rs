@@ -134,32 +134,34 @@ async fn bad_requests_are_invalid() {
 #[tokio::test]
 async fn approx_mode_remembers_its_own_picks() {
     let pool = pool_with(4, RequestTokenizer::Approx);
-    let chat = |extra: &str| pb::PickRequest {
-        pool: "p".into(),
-        request_id: format!("r-{extra}"),
-        prompt: Some(pb::pick_request::Prompt::Chat(pb::Chat {
-            messages: vec![
-                pb::ChatMessage {
-                    role: "system".into(),
-                    content: "x".repeat(400),
-                },
-                pb::ChatMessage {
-                    role: "user".into(),
-                    content: extra.into(),
-                },
-            ],
-        })),
-        ..Default::default()
-    };
-    let first = pool.pick(chat("one")).await.unwrap();
+    // The second is the first's next turn (a sibling conversation would
+    // be spread: the placement term).
+    let chat =
+        |turns: &[&str]| pb::PickRequest {
+            pool: "p".into(),
+            request_id: format!("r-{}", turns.len()),
+            prompt: Some(pb::pick_request::Prompt::Chat(pb::Chat {
+                messages: std::iter::once(("system", "x".repeat(400)))
+                    .chain(turns.iter().enumerate().map(|(i, t)| {
+                        (if i % 2 == 0 { "user" } else { "assistant" }, t.to_string())
+                    }))
+                    .map(|(role, content)| pb::ChatMessage {
+                        role: role.into(),
+                        content,
+                    })
+                    .collect(),
+            })),
+            ..Default::default()
+        };
+    let first = pool.pick(chat(&["one"])).await.unwrap();
     assert_eq!(first.tokenize_mode, "approx");
     pool.report(&pb::ReportRequest {
         pool: "p".into(),
-        request_id: "r-one".into(),
+        request_id: "r-1".into(),
         ..Default::default()
     })
     .unwrap();
-    let second = pool.pick(chat("two")).await.unwrap();
+    let second = pool.pick(chat(&["one", "sure", "two"])).await.unwrap();
     assert_eq!(second.endpoints[0].address, first.endpoints[0].address);
     assert_eq!(second.reason, "prefix");
     assert!(second.endpoints[0].predicted_cached_tokens >= 96);
