@@ -9,14 +9,14 @@
 //! rejected before vLLM's handler, in vLLM's OpenAI shape (see
 //! [`crate::validation`]).
 
-use crate::apis::{plan_ceiling, random_uuid, sse_event, Run};
+use crate::apis::{plan_ceiling, random_uuid, sse_event, sse_stream, EventStream, Run};
 use crate::engine::FinishReason;
 use crate::openai::ApiError;
 use crate::server::AppState;
 use crate::validation::{json_object, Ty, Validator};
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvasir_tokenizer::{ChatMessage, ChatTokenizer};
@@ -441,10 +441,20 @@ struct StreamState {
     ended: bool,
 }
 
+impl EventStream for StreamState {
+    fn ended(&self) -> bool {
+        self.ended
+    }
+
+    fn next_events(&mut self) -> impl std::future::Future<Output = String> + Send {
+        self.next_chunk()
+    }
+}
+
 impl StreamState {
     /// The events for what the engine delivers next (vLLM's
     /// `message_stream_converter` over the chat stream).
-    async fn next_events(&mut self) -> String {
+    async fn next_chunk(&mut self) -> String {
         let mut out = String::new();
         let details = self.st.prompt_tokens_details;
         match self.run.next_pieces().await {
@@ -533,23 +543,7 @@ fn stream(st: Arc<AppState>, run: Run, id: String) -> Response {
         block_open: false,
         ended: false,
     };
-    let body = futures::stream::unfold(state, |mut s| async move {
-        if s.ended {
-            return None;
-        }
-        let chunk = s.next_events().await;
-        Some((Ok::<_, std::convert::Infallible>(Bytes::from(chunk)), s))
-    });
-    sse_response(Body::from_stream(body))
-}
-
-/// A streaming answer with vLLM's headers.
-pub fn sse_response(body: Body) -> Response {
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
-        .body(body)
-        .unwrap_or_else(|_| ApiError::internal("response build failed").into_response())
+    sse_stream(state)
 }
 
 /// Why a render was refused: the body did not fit the request model

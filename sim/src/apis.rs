@@ -5,7 +5,10 @@ use crate::engine::{FinishReason, TokenOutput};
 use crate::openai::ApiError;
 use crate::response_store::ResponseStore;
 use crate::server::{AbortGuard, AppState};
-use axum::http::HeaderMap;
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::future::Future;
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -25,6 +28,30 @@ pub struct ApiState {
     pub server_load: AtomicI64,
     /// The body of `GET /kv_event_sources`.
     pub kv_event_sources: serde_json::Value,
+}
+
+/// A streamed answer: chunks of SSE events until its last one.
+pub trait EventStream: Send + 'static {
+    /// Whether the last chunk was sent.
+    fn ended(&self) -> bool;
+    /// The next chunk of events (waits for the engine's next tokens).
+    fn next_events(&mut self) -> impl Future<Output = String> + Send;
+}
+
+/// The streaming response of `events`, with vLLM's headers.
+pub fn sse_stream<S: EventStream>(events: S) -> Response {
+    let body = futures::stream::unfold(events, |mut s| async move {
+        if s.ended() {
+            return None;
+        }
+        let chunk = s.next_events().await;
+        Some((Ok::<_, std::convert::Infallible>(Bytes::from(chunk)), s))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| ApiError::internal("response build failed").into_response())
 }
 
 /// A random UUID4 in hex, as Python's `uuid.uuid4().hex` (vLLM's

@@ -6,15 +6,14 @@
 //! `store: true` is silently treated as false when it is off, as vLLM does.
 //! Errors use vLLM's OpenAI shape.
 
-use crate::anthropic::sse_response;
-use crate::apis::{plan_ceiling, random_uuid, sse_event, Run};
+use crate::apis::{plan_ceiling, random_uuid, sse_event, sse_stream, EventStream, Run};
 use crate::engine::FinishReason;
 use crate::openai::ApiError;
 use crate::response_store::Cancel;
 use crate::responses_input::{chat_messages, continues_final_message, encode, Previous};
 use crate::server::{now_secs, AppState};
 use crate::validation::{json_object, Ty, Validator};
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -410,6 +409,16 @@ struct StreamState {
     ended: bool,
 }
 
+impl EventStream for StreamState {
+    fn ended(&self) -> bool {
+        self.ended
+    }
+
+    fn next_events(&mut self) -> impl std::future::Future<Output = String> + Send {
+        self.next_chunk()
+    }
+}
+
 impl StreamState {
     fn emit(&mut self, out: &mut String, mut event: Value) {
         event["sequence_number"] = json!(self.seq);
@@ -460,7 +469,7 @@ impl StreamState {
 
     /// The events for what the engine delivers next (vLLM's
     /// `SimpleStreamingEventProcessor`, content only).
-    async fn next_events(&mut self) -> String {
+    async fn next_chunk(&mut self) -> String {
         let mut out = String::new();
         if self.seq == 0 {
             self.start(&mut out);
@@ -504,14 +513,7 @@ fn stream(st: Arc<AppState>, run: Run, job: Job) -> Response {
         opened: false,
         ended: false,
     };
-    let body = futures::stream::unfold(state, |mut s| async move {
-        if s.ended {
-            return None;
-        }
-        let chunk = s.next_events().await;
-        Some((Ok::<_, std::convert::Infallible>(Bytes::from(chunk)), s))
-    });
-    sse_response(Body::from_stream(body))
+    sse_stream(state)
 }
 
 /// `GET /v1/responses/{id}`: a stored response, else vLLM's 404.
