@@ -18,7 +18,7 @@
 //!      + w_decode  * max(running + waiting, in_flight)
 //!      + w_queue   * waiting
 //!      + w_kv      * max(0, (kv_usage - kv_knee) / (1 - kv_knee))^2
-//!      + w_place   * (placed - least placed) / max(1, least placed)
+//!      + w_place   * min(1, (placed - least placed) / max(1, least placed))
 //!                      (only for a request that starts a conversation)
 //! ```
 //!
@@ -57,6 +57,10 @@
 //!   each, and a small share of the load when they hold dozens (then the
 //!   other load terms see the conversations' turns, and a raw count
 //!   difference, which grows with the arrival rate, would override them).
+//!   It is capped at one placement: that is the most prefill spreading may
+//!   cost now for load that may come later, so a shared prefix longer than
+//!   `placement` (a document many one-shot requests ask about) stays with
+//!   its holder until load moves it, as before.
 //!   Only a request that starts a conversation pays it: a later turn pays
 //!   nothing, so its stickiness is exactly what the other terms make it.
 //!
@@ -101,11 +105,10 @@
 //!   prefills once in tens of milliseconds and then holds too) goes to the
 //!   engine that has taken the fewest conversations, so tenants' and
 //!   conversations' prompts spread over idle engines instead of all
-//!   following the first one. A shared prefix much longer than that (a
-//!   document, a long few-shot set) stays with its holder until the holder
-//!   has taken several conversations more than the others, and then is
-//!   replicated once. Later turns are not charged, so it never moves a
-//!   conversation. The half-life is about a chat's length: the
+//!   following the first one. A shared prefix longer than that (a
+//!   document, a long few-shot set) stays with its holder (the term is
+//!   capped at one placement). Later turns are not charged, so it never
+//!   moves a conversation. The half-life is about a chat's length: the
 //!   conversations that still send turns. 0 turns the term off.
 //! * `kv = 8192`, `kvKnee = 0.7`: KV usage (blocks pinned by running
 //!   requests) above ~70% means new requests start evicting cached prefixes
@@ -469,7 +472,7 @@ pub fn cost(req: &Request, c: &Candidate<'_>, w: &Weights) -> (Cost, u32) {
 /// The `placement` term of a candidate, for a request that starts a
 /// conversation (0 otherwise): its recent placements beyond the
 /// least-placed ranked candidate's (`least_placed`), relative to that
-/// count once it exceeds one.
+/// count once it exceeds one, and at most one placement.
 /// Relative, so it lives outside [`cost`], which sees one candidate.
 pub fn placement_cost(req: &Request, c: &Candidate<'_>, least_placed: f64, w: &Weights) -> f64 {
     if !req.starts_conversation || !req.indexed {
@@ -480,7 +483,8 @@ pub fn placement_cost(req: &Request, c: &Candidate<'_>, least_placed: f64, w: &W
     } else {
         0.0
     };
-    w.placement * (placements_of(c) - least).max(0.0) / least.max(1.0)
+    let excess = (placements_of(c) - least).max(0.0) / least.max(1.0);
+    w.placement * excess.min(1.0)
 }
 
 /// A candidate's recent placements, 0 when not a finite count >= 0.

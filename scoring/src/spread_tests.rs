@@ -70,7 +70,7 @@ fn only_the_excess_over_the_least_placed_counts_relative_to_it() {
     let r = rank(&starting(100, 1), &c, &w);
     let by = |i: usize| r.order.iter().find(|x| x.candidate == i).expect("ranked");
     assert_eq!(by(1).cost.placement, 0.0);
-    assert_eq!(by(0).cost.placement, 2.0 * w.placement);
+    assert_eq!(by(0).cost.placement, w.placement, "capped at one placement");
     assert_eq!(by(2).cost.placement, 0.5 * w.placement);
     assert_eq!(r.order[0].candidate, 1);
     // Many each: the same difference is a small share of an endpoint's
@@ -95,13 +95,14 @@ fn only_the_excess_over_the_least_placed_counts_relative_to_it() {
 }
 
 #[test]
-fn a_long_shared_prefix_stays_until_its_holder_is_far_ahead() {
-    // A 10k-token shared document: worth far more than one placement.
+fn a_shared_prefix_longer_than_a_placement_stays_with_its_holder() {
+    // A 4k-token shared document, however many conversations its holder
+    // started: spreading it is worth at most one placement.
     let w = Weights::default();
-    let c = [idle("a", 625, 2.0), idle("b", 0, 0.0)];
-    assert_eq!(rank(&starting(10_100, 9), &c, &w).order[0].candidate, 0);
-    let c = [idle("a", 625, 8.0), idle("b", 0, 0.0)];
-    assert_eq!(rank(&starting(10_100, 9), &c, &w).order[0].candidate, 1);
+    for placed in [1.0, 2.0, 8.0, 100.0] {
+        let c = [idle("a", 256, placed), idle("b", 0, 0.0)];
+        assert_eq!(rank(&starting(4_600, 9), &c, &w).order[0].candidate, 0);
+    }
 }
 
 #[test]
