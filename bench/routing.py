@@ -25,19 +25,35 @@ about 70%. The report (markdown, SVG plots, per-request CSV) goes to
 `bench/results/routing-short` for `short`); `kvasir-bench report` writes
 it.
 
+`--deployment deployed` runs every mode on a deployed-like shape instead
+(issue 22): clients spread over 2 Envoys, each Envoy's indexer cluster
+holding 2 indexer replicas that share their load through a redis-server
+the benchmark starts (`sharedLoad`), the indexers given only the engines'
+HTTP addresses (KV-event sockets read from `GET /kv_event_sources`),
+engine caches holding about half the workload's reused content (so they
+evict), one engine killed and restarted on its port partway through each
+run, and optionally a share of the traffic sent to the engines directly
+(`--direct-share`). Round-robin and least-request run on 2 Envoys without
+the filter. Results go to `bench/results/routing-deployed[-short]/`.
+
     .tools/venv/bin/python bench/routing.py --preset short   # make bench
     .tools/venv/bin/python bench/routing.py --preset full    # make bench-full
+    .tools/venv/bin/python bench/routing.py --preset short --deployment deployed
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import csv
 import json
+import math
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import kvasir_harness as h  # harness/kvasir_harness: processes, ports, bounded waits, the launchers
@@ -109,6 +125,122 @@ POLICY = {
 SETTINGS = {"exposeServedEndpoint": True, "bodyLimitBytes": 2 * 1024 * 1024 - 1}
 
 
+# The deployed-like shape (`--deployment deployed`, issue 22).
+PROXIES = 2
+REPLICAS = 2
+# The workload's reused content over what all engines' caches hold together.
+WORKING_SET_OVER_CACHE = 2.0
+# When one engine is killed and restarted: this share into the arrival
+# window (wall time from the load generator's launch; the note gives the
+# exact time on the records' axis). Early enough that the restarted engine
+# is back before the utilisation window (the second half) starts.
+RESTART_AT = 0.3
+RESTARTED = 1  # which engine (sim1), the same in every mode
+# How long it stays down (wall): a pod takes longer, but this is already
+# several of the indexer's scrapes and Envoy's health checks, so both see
+# it gone, and within what kvasir-bench's engine scrapes wait out.
+RESTART_DOWN_S = 1.0
+# The restart note's window: requests sent this many simulated seconds
+# after the restart, against those sent before it.
+AFTER_RESTART_S = 60.0
+# The chat's prompts stay below 16k tokens (4k system + 10 turns of at most
+# 950): a smaller max-model-len lets its caches shrink below the trace's
+# longest prompt.
+CHAT_MAX_MODEL_LEN = 32_768
+# The chat's reused content, estimated from CHAT_SHAPE's means: a turn adds
+# a question and an answer, every turn but a conversation's last is read
+# again by the next, and no turn starts after the arrival window, so a
+# conversation arriving at a gets min(turns, 1 + (duration - a) / cycle)
+# turns, a cycle being the think time plus about one answer.
+CHAT_MEAN = {"system": 3000, "tenants": 8, "turns": 7.0, "turn_tokens": 500 + 100, "cycle_s": 3.0 + 1.5}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a run's cluster looks like: the single-proxy benchmark, or the
+    deployed-like one with its engine cache size."""
+
+    deployed: bool = False
+    num_gpu_blocks: int = NUM_GPU_BLOCKS
+    max_model_len: int = MAX_MODEL_LEN
+    direct_share: float = 0.0
+
+    @property
+    def proxies(self) -> int:
+        return PROXIES if self.deployed else 1
+
+    @property
+    def replicas(self) -> int:
+        return REPLICAS if self.deployed else 1
+
+
+SINGLE = Shape()
+
+
+def trace_reused_tokens(trace: Path, from_s: float, window_s: float | None) -> tuple[int, int]:
+    """(tokens of the trace blocks more than one request of the window
+    reads: what the caches must hold for every hit the window offers, the
+    window's longest prompt)."""
+    to = math.inf if window_s is None else from_s + window_s
+    readers: collections.Counter = collections.Counter()
+    longest = 0
+    with trace.open() as f:
+        for line in f:
+            r = json.loads(line)
+            if from_s * 1e3 <= r["timestamp"] < to * 1e3:
+                readers.update(set(r["hash_ids"]))
+                longest = max(longest, r["input_length"])
+    return sum(1 for n in readers.values() if n > 1) * 512, longest
+
+
+def chat_reused_tokens(conversations_per_s: float, duration_s: float) -> int:
+    """The chat's reused content, estimated (CHAT_MEAN); the run's own
+    records measure it afterwards (`measured_chat_reused_tokens`)."""
+    m = CHAT_MEAN
+    steps = 100
+    turns = sum(min(m["turns"], 1 + (duration_s - (i + 0.5) * duration_s / steps) / m["cycle_s"])
+                for i in range(steps)) / steps
+    return int(conversations_per_s * duration_s * (turns - 1) * m["turn_tokens"] + m["system"] * m["tenants"])
+
+
+def deployed_blocks(reused_tokens: int, max_model_len: int) -> tuple[int, str]:
+    """Blocks per engine so all engines together hold 1 / WORKING_SET_OVER_CACHE
+    of the reused content, never more than the single-proxy runs' caches and
+    never less than one sequence of `max_model_len` (vllm-sim refuses
+    less); and a sentence saying which."""
+    want = math.ceil(reused_tokens / WORKING_SET_OVER_CACHE / ENGINES / BLOCK)
+    floor = math.ceil(max_model_len / BLOCK)
+    blocks = max(min(want, NUM_GPU_BLOCKS), floor)
+    ratio = reused_tokens / (blocks * BLOCK * ENGINES)
+    why = ("" if blocks == want else
+           " (held at the single-proxy runs' size: the reused content is already more than "
+           f"{WORKING_SET_OVER_CACHE:.0f}x that)" if blocks == NUM_GPU_BLOCKS else
+           f" (raised to hold one sequence of max-model-len {max_model_len}, as vllm-sim requires)")
+    return blocks, (f"{blocks} blocks per engine ({blocks * BLOCK * ENGINES / 1e6:.2f}M tokens in all) for "
+                    f"{reused_tokens / 1e6:.2f}M tokens of reused content: {ratio:.1f}x what the caches hold{why}")
+
+
+def measured_chat_reused_tokens(csv_path: Path) -> int:
+    """From a chat run's records: every conversation's prompt and answer up
+    to its last turn but one (what that last turn read again), plus one
+    system prompt per tenant (its first turn's prompt less the question, so
+    roughly)."""
+    by_conv: dict[str, list[dict]] = collections.defaultdict(list)
+    with csv_path.open() as f:
+        for r in csv.DictReader(f):
+            if r["outcome"] == "ok":
+                by_conv[r["conversation"]].append(r)
+    total, systems = 0, {}
+    for turns in by_conv.values():
+        turns.sort(key=lambda r: int(r["turn"]))
+        if len(turns) > 1:
+            prev = turns[-2]
+            total += int(prev["prompt_tokens"]) + int(prev["completion_tokens"])
+            total -= int(turns[0]["prompt_tokens"])  # the system prompt, counted once per tenant below
+        systems[turns[0]["tenant"]] = min(systems.get(turns[0]["tenant"], 1 << 30), int(turns[0]["prompt_tokens"]))
+    return total + sum(systems.values())
+
+
 # Scoring variants of the kvasir mode (`--variants`): mode name -> the
 # cache-indexer pool's settings to override (see cache-indexer/README.md):
 # `scoring` weights by bare key, other pool sections by dotted key
@@ -146,14 +278,23 @@ def log(msg: str) -> None:
 
 
 class Cluster:
-    """8 fresh sims plus one mode's proxy; stops everything on exit."""
+    """Fresh sims plus one mode's proxies (and indexers, and Redis in the
+    deployed shape); stops everything on exit."""
 
-    def __init__(self, mode: str, logdir: Path, time_scale: float):
-        self.mode, self.logdir, self.time_scale = mode, logdir, time_scale
+    def __init__(self, mode: str, logdir: Path, time_scale: float, shape: Shape = SINGLE):
+        self.mode, self.logdir, self.time_scale, self.shape = mode, logdir, time_scale, shape
         self.sims: list[h.Sim] = []
-        self.indexer: h.Indexer | None = None
-        self.envoy: h.Envoy | None = None
+        self.indexers: list[h.Indexer] = []
+        self.envoys: list[h.Envoy] = []
         self.procs = h.Processes()
+
+    @property
+    def envoy(self) -> h.Envoy:
+        return self.envoys[0]
+
+    @property
+    def indexer(self) -> h.Indexer | None:
+        return self.indexers[0] if self.indexers else None
 
     def __enter__(self) -> "Cluster":
         try:
@@ -164,7 +305,8 @@ class Cluster:
         return self
 
     def _start(self) -> None:
-        extra = ["--num-gpu-blocks", str(NUM_GPU_BLOCKS), "--max-model-len", str(MAX_MODEL_LEN)]
+        sh = self.shape
+        extra = ["--num-gpu-blocks", str(sh.num_gpu_blocks), "--max-model-len", str(sh.max_model_len)]
         self.sims = [self.procs.add(h.start_sim(self.logdir, f"sim{i}", profile=PROFILE, time_scale=self.time_scale,
                                                 extra=extra))
                      for i in range(ENGINES)]
@@ -173,25 +315,47 @@ class Cluster:
         pool = [s.address for s in self.sims]
         if self.mode in ("round-robin", "least-request"):
             lb = self.mode.replace("-", "_")
-            self.envoy = self.procs.add(h.start_envoy(self.logdir, "{}", pool, "127.0.0.1:9", "127.0.0.1:9",
-                                                      without_filter=True, pool_lb=lb, log_level="warning"))
+            self.envoys = [self.procs.add(h.start_envoy(self.logdir, "{}", pool, "127.0.0.1:9", "127.0.0.1:9",
+                                                        name=f"envoy{i}", without_filter=True, pool_lb=lb,
+                                                        log_level="warning"))
+                           for i in range(sh.proxies)]
         else:
-            extra_ix = ["--index", "picks"] if self.mode == "approx-prefix" else []
-            overrides = VARIANTS.get(self.mode)
-            if overrides:
-                # A scoring variant: the same pool, other settings, from a config file.
-                cfg = self.logdir / "indexer.json"
-                cfg.write_text(json.dumps({"pools": [{"name": "main", "model": h.MODEL, "tokenizer": str(h.TOKENIZER),
-                                                      **overrides}]}))
-                extra_ix += ["--config", str(cfg)]
-            self.indexer = self.procs.add(h.indexer_for(self.sims, self.logdir, scrape_interval_ms=100, extra=extra_ix))
-            self.indexer.start()
+            self._start_indexers()
             plugin = h.compile_plugin(POLICY, SETTINGS)
-            self.envoy = self.procs.add(h.start_envoy(self.logdir, plugin, pool, self.indexer.address, "127.0.0.1:9",
-                                                      log_level="warning"))
-        h.wait_envoy(self.envoy, pool)
-        if self.indexer:
-            h.wait_until("indexer cluster healthy in envoy", lambda: self.envoy.healthy("kvasir_indexer", [self.indexer.address]))
+            addrs = [ix.address for ix in self.indexers]
+            self.envoys = [self.procs.add(h.start_envoy(self.logdir, plugin, pool, addrs[0], "127.0.0.1:9",
+                                                        name=f"envoy{i}", indexers=addrs, log_level="warning"))
+                           for i in range(sh.proxies)]
+        for e in self.envoys:
+            h.wait_envoy(e, pool)
+            if self.indexers:
+                h.wait_until("indexer cluster healthy in envoy",
+                             lambda: e.healthy("kvasir_indexer", [ix.address for ix in self.indexers]))
+
+    def _start_indexers(self) -> None:
+        """The mode's indexer (or replicas sharing load through Redis)."""
+        sh = self.shape
+        extra_ix = ["--index", "picks"] if self.mode == "approx-prefix" else []
+        overrides = VARIANTS.get(self.mode)
+        redis = self.procs.add(h.start_redis(self.logdir)) if sh.replicas > 1 else None
+        for i in range(sh.replicas):
+            cfg: dict = {}
+            if overrides:
+                # A scoring variant: the same pool, other settings.
+                cfg["pools"] = [{"name": "main", "model": h.MODEL, "tokenizer": str(h.TOKENIZER), **overrides}]
+            if redis is not None:
+                cfg["sharedLoad"] = {"redisUrl": redis.url, "replicaId": f"indexer-{i}"}
+            args = list(extra_ix)
+            if cfg:
+                path = self.logdir / f"indexer{i}.json"
+                path.write_text(json.dumps(cfg))
+                args += ["--config", str(path)]
+            # Deployed: only the engines' HTTP addresses, so a restarted
+            # engine's new KV-event sockets are found as in a cluster.
+            ix = self.procs.add(h.indexer_for(self.sims, self.logdir, scrape_interval_ms=100, extra=args,
+                                              events_from_engine=sh.deployed))
+            ix.start()
+            self.indexers.append(ix)
 
     def __exit__(self, *exc) -> None:
         self.procs.stop_all()
@@ -199,21 +363,47 @@ class Cluster:
     def metrics_urls(self) -> list[str]:
         return [f"http://127.0.0.1:{s.port}/metrics" for s in self.sims]
 
+    def restart(self, i: int) -> float:
+        """Kills engine `i` and starts it again on its port (new KV-event
+        sockets, empty cache); returns when it was killed (Unix seconds)."""
+        at = time.time()
+        back = h.restart_sim(self.sims[i], self.logdir, f"sim{i}-restarted", down_s=RESTART_DOWN_S)
+        self.procs.add(back)
+        h.wait_sim(back)
+        self.sims[i] = back
+        return at
+
     def notes(self) -> dict:
-        """Proxy-side facts of the run: fail-opens and pick errors."""
+        """Proxy-side facts of the run: fail-opens and pick errors, summed
+        over the proxies and replicas; in the deployed shape, what each
+        proxy and replica did."""
         out: dict = {}
-        if self.envoy is None or self.indexer is None:
+        if not self.indexers:
             return out
-        stats = self.envoy.stats()
-        for k, v in stats.items():
-            if ".pool.main." in k and any(w in k for w in ("fail_open", "pick.")) and v:
-                out[k.split(".pool.main.", 1)[1]] = v
+        for e in self.envoys:
+            for k, v in e.stats().items():
+                if ".pool.main." in k and any(w in k for w in ("fail_open", "pick.")) and v:
+                    key = k.split(".pool.main.", 1)[1]
+                    out[key] = out.get(key, 0) + v
         # How the indexer decided: `all_saturated` picks ranked endpoints that
         # were all past the saturation thresholds.
-        for d, n in sorted(self.indexer.metric_by("kvasir_indexer_picks_total", "decision").items()):
+        decisions: dict[str, int] = {}
+        for i, ix in enumerate(self.indexers):
+            by = ix.metric_by("kvasir_indexer_picks_total", "decision")
+            for d, n in by.items():
+                decisions[d] = decisions.get(d, 0) + int(n)
+            if len(self.indexers) > 1:
+                out[f"picks by indexer{i}"] = int(sum(by.values()))
+                out[f"indexer{i} peers seen"] = int(ix.metric("kvasir_indexer_shared_load_peers"))
+        for d, n in sorted(decisions.items()):
             if n:
-                out[f"decision.{d}"] = int(n)
+                out[f"decision.{d}"] = n
         return out
+
+    def engine_source_changes(self) -> int:
+        """KV-event source changes the indexers saw (a restarted engine's
+        new sockets), summed."""
+        return int(sum(ix.metric("kvasir_indexer_kv_event_source_changes_total") for ix in self.indexers))
 
 
 def bench(args: list[str]) -> None:
@@ -221,15 +411,103 @@ def bench(args: list[str]) -> None:
     subprocess.run(cmd, check=True, timeout=3600)
 
 
+def bench_with_restart(args: list[str], c: Cluster, restart_after_s: float) -> float:
+    """Runs kvasir-bench while engine RESTARTED is killed and restarted
+    `restart_after_s` wall seconds after its launch; returns when it was
+    killed (Unix seconds). The load generator is stopped on any error."""
+    p = subprocess.Popen([str(BENCH_BIN), *args])
+    try:
+        deadline = time.monotonic() + restart_after_s
+        while time.monotonic() < deadline:
+            if p.poll() is not None:
+                raise SystemExit(f"kvasir-bench ended (status {p.returncode}) before the restart")
+            time.sleep(0.05)
+        at = c.restart(RESTARTED)
+        log(f"restarted sim{RESTARTED} on {c.sims[RESTARTED].address}")
+        rc = p.wait(timeout=3600)
+        if rc != 0:
+            raise subprocess.CalledProcessError(rc, p.args)
+        return at
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def percentile(v: list[float], q: float) -> float:
+    """Nearest-rank percentile; unanswered requests are passed as inf."""
+    if not v:
+        return math.nan
+    v = sorted(v)
+    return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
+
+
+def restart_notes(csv_path: Path, restarted: str, restart_s: float) -> dict:
+    """The restart as the records saw it: the requests the restarted engine
+    served before and after it, and TTFT (simulated ms, a request that
+    never answered counted as infinitely slow, as in the report) of the
+    requests sent in the AFTER_RESTART_S after it against those sent
+    before it (whose failures are mostly the requests the kill cut off)."""
+    before, after = [], []
+    with csv_path.open() as f:
+        for r in csv.DictReader(f):
+            t = float(r["sent_s"])
+            if t < restart_s:
+                before.append(r)
+            elif t < restart_s + AFTER_RESTART_S:
+                after.append(r)
+
+    def ttft(rs: list[dict]) -> list[float]:
+        return [float(r["ttft_ms"]) if r["outcome"] == "ok" and r["ttft_ms"] else math.inf for r in rs]
+
+    def to_restarted(rs: list[dict]) -> int:
+        return sum(1 for r in rs if r["endpoint"] == restarted)
+
+    def ms(v: float) -> float | None:
+        # JSON has no infinity: null is a percentile that never answered.
+        return None if math.isinf(v) or math.isnan(v) else round(v)
+
+    tb, ta = ttft(before), ttft(after)
+    w = f"{AFTER_RESTART_S:.0f}s after"
+    return {
+        "restart at s": round(restart_s, 1),
+        "requests before": len(before),
+        "of them to the restarted engine": to_restarted(before),
+        # Mostly those in flight on the engine when it was killed.
+        "failed before": sum(1 for r in before if r["outcome"] != "ok"),
+        f"requests {w}": len(after),
+        f"to the restarted engine {w}": to_restarted(after),
+        f"failed {w}": sum(1 for r in after if r["outcome"] != "ok"),
+        "TTFT p50 before ms": ms(percentile(tb, 0.5)),
+        "TTFT p90 before ms": ms(percentile(tb, 0.9)),
+        f"TTFT p50 {w} ms": ms(percentile(ta, 0.5)),
+        f"TTFT p90 {w} ms": ms(percentile(ta, 0.9)),
+    }
+
+
+def arrival_window_s(workload: str, rate: float, p: dict) -> float:
+    """Simulated seconds over which the run's requests arrive."""
+    if workload == "chat":
+        return p["chat_duration_s"]
+    window = p["trace_window_s"] or 1000.0  # the whole trace spans ~17 minutes
+    return window / rate
+
+
 def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Path, logroot: Path,
-            progress: bool) -> dict:
+            progress: bool, shape: Shape = SINGLE) -> dict:
     logdir = Path(tempfile.mkdtemp(prefix=f"{workload}-{mode}-", dir=logroot))
     ts = p[f"{workload}_time_scale"]
-    with Cluster(mode, logdir, ts) as c:
-        common = ["--url", f"http://127.0.0.1:{c.envoy.port}", "--time-scale", str(ts), "--mode", mode,
-                  "--load", str(load), "--out-dir", str(out)]
+    restart_unix = None
+    with Cluster(mode, logdir, ts, shape) as c:
+        common = ["--time-scale", str(ts), "--mode", mode, "--load", str(load), "--out-dir", str(out)]
+        for e in c.envoys:
+            common += ["--url", f"http://127.0.0.1:{e.port}"]
         for u in c.metrics_urls():
             common += ["--engine-metrics", u]
+        if shape.direct_share > 0:
+            common += ["--direct-share", str(shape.direct_share)]
+            for s in c.sims:
+                common += ["--direct-url", f"http://{s.address}"]
         if not progress:
             common.append("--no-progress")
         if workload == "trace":
@@ -241,11 +519,20 @@ def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Pa
             dur = p["chat_duration_s"]
             args = ["chat", *common, *CHAT_SHAPE, "--conversations-per-s", f"{rate:.4f}", "--duration-s", str(dur)]
         t0 = time.monotonic()
-        bench(args)
+        if shape.deployed:
+            restart_unix = bench_with_restart(args, c, RESTART_AT * arrival_window_s(workload, rate, p) * ts)
+            restarted = c.sims[RESTARTED].address
+        else:
+            bench(args)
         notes = c.notes()
+        if shape.deployed and c.indexers:
+            notes["KV-event source changes seen"] = c.engine_source_changes()
     name = f"{workload}-{load:.2f}-{mode}"
     meta_path = out / f"{name}.json"
     meta = json.loads(meta_path.read_text())
+    start_ms = meta["notes"].pop("start_unix_ms", None)
+    if restart_unix is not None and start_ms is not None:
+        notes.update(restart_notes(out / f"{name}.csv", restarted, (restart_unix - start_ms / 1e3) / ts))
     meta["notes"].update(notes)
     meta["notes"]["wall_s_incl_start"] = round(time.monotonic() - t0, 1)
     meta_path.write_text(json.dumps(meta, indent=2))
@@ -254,7 +541,8 @@ def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Pa
     return meta
 
 
-def calibrate(workload: str, guess: float, p: dict, scratch: Path, logroot: Path) -> tuple[float, float, list]:
+def calibrate(workload: str, guess: float, p: dict, scratch: Path, logroot: Path,
+              shape: Shape = SINGLE) -> tuple[float, float, list]:
     """The rate where round-robin's prefill utilisation is ~70% on the very
     requests the runs replay: a round-robin run at `guess`, the rate scaled
     by 0.7 / measured, and one more such step if the second run is more
@@ -265,7 +553,7 @@ def calibrate(workload: str, guess: float, p: dict, scratch: Path, logroot: Path
     steps = []
     rate = guess
     for i in range(3):
-        meta = run_one(workload, "round-robin", float(i), rate, p, scratch, logroot, progress=False)
+        meta = run_one(workload, "round-robin", float(i), rate, p, scratch, logroot, progress=False, shape=shape)
         u = meta["engines"]["prefill_utilisation"]
         if not isinstance(u, (int, float)) or not u > 0:
             raise SystemExit(f"calibration of {workload}: no prefill measured (is the sim too old?)")
@@ -287,6 +575,24 @@ def calibrate(workload: str, guess: float, p: dict, scratch: Path, logroot: Path
     return best[0], best[1], steps
 
 
+def deployed_shape(workload: str, p: dict, direct_share: float, setup: list[str]) -> Shape:
+    """The deployed shape for `workload`: caches sized against its reused
+    content (the chat's estimated at its load-1.0 cap or guess), stated in
+    `setup`."""
+    if workload == "trace":
+        reused, longest = trace_reused_tokens(TRACE, p["trace_from_s"], p["trace_window_s"])
+        if longest > MAX_MODEL_LEN:
+            raise SystemExit(f"the trace window's longest prompt ({longest} tokens) exceeds {MAX_MODEL_LEN}")
+        blocks, why = deployed_blocks(reused, MAX_MODEL_LEN)
+        setup.append(f"trace caches: {why}.")
+        return Shape(True, blocks, MAX_MODEL_LEN, direct_share)
+    rate = min(p["chat_guess"], CHAT_MAX_RATE_PER_SCALE) * p["chat_time_scale"]
+    blocks, why = deployed_blocks(chat_reused_tokens(rate, p["chat_duration_s"]), CHAT_MAX_MODEL_LEN)
+    setup.append(f"chat caches (max-model-len {CHAT_MAX_MODEL_LEN}): {why}, estimated at {rate:.1f} "
+                 "conversations/s from the chat's mean shape.")
+    return Shape(True, blocks, CHAT_MAX_MODEL_LEN, direct_share)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="short")
@@ -301,8 +607,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--variants", default="", help="extra kvasir modes with other pool settings: "
                     "`name:key=value[,section.key=value];...`, bare keys are scoring weights (e.g. "
                     "`qp05:queuedPrefill=0.5,saturation.leaveOutQueued=true`), run after the modes")
+    ap.add_argument("--deployment", choices=["single", "deployed"], default="single",
+                    help="single: one Envoy, one indexer (today's results, comparable run to run); deployed: "
+                         f"{PROXIES} Envoys x {REPLICAS} indexer replicas sharing load through Redis, caches under "
+                         "pressure, one engine restarted mid-run (issue 22)")
+    ap.add_argument("--direct-share", type=float, default=0.0,
+                    help="deployed only: share of trace requests / conversations sent to the engines directly, "
+                         "not through any router (default 0)")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
+    deployed = a.deployment == "deployed"
+    if a.direct_share and not deployed:
+        raise SystemExit("--direct-share needs --deployment deployed")
+    if not 0.0 <= a.direct_share < 1.0:
+        raise SystemExit("--direct-share must be within [0, 1)")
 
     p = dict(PRESETS[a.preset])
     loads = {w: [float(x) for x in a.loads.split(",")] if a.loads else p[f"{w}_loads"] for w in ("trace", "chat")}
@@ -317,7 +635,7 @@ def main(argv: list[str]) -> int:
         if not b.exists():
             raise SystemExit(f"{b} missing: run `make build` first")
 
-    default_dir = "routing" if a.preset == "full" else f"routing-{a.preset}"
+    default_dir = ("routing-deployed" if deployed else "routing") + ("" if a.preset == "full" else f"-{a.preset}")
     out = Path(a.out) if a.out else REPO / "bench" / "results" / default_dir
     if out.exists():
         shutil.rmtree(out)
@@ -327,9 +645,13 @@ def main(argv: list[str]) -> int:
     scratch.mkdir()
     t_start = time.monotonic()
     cmdline = "make bench" if a.preset == "short" else "make bench-full"
+    if deployed:
+        cmdline = f"bench/routing.py --preset {a.preset} --deployment deployed" + (
+            f" --direct-share {a.direct_share}" if a.direct_share else "")
     setup = [
         f"{ENGINES} vllm-sims, latency profile {PROFILE} (FACTS.md: ~30 ms + 0.03 ms per uncached token of prefill, "
-        f"~6 ms decode steps), {NUM_GPU_BLOCKS} KV blocks of {BLOCK} tokens each, max-num-seqs 256, "
+        f"~6 ms decode steps), {'KV blocks (sized per workload below)' if deployed else f'{NUM_GPU_BLOCKS} KV blocks'} "
+        f"of {BLOCK} tokens each, max-num-seqs 256, "
         f"token budget {BUDGET}; time scale {p['trace_time_scale']} for the trace, {p['chat_time_scale']} for the chat "
         "(wall seconds per simulated second).",
         "Envoy 1.40 (2 workers) in every mode; a fresh cluster (sims, indexer, Envoy) per run; the load generator "
@@ -338,15 +660,32 @@ def main(argv: list[str]) -> int:
         "+ cache-indexer with `--index picks` (prefix index learned from its own picks, per-endpoint LRU, the Inference "
         "Extension's approach) and the same load terms; kvasir = the filter + the indexer fed by KV events.",
     ]
+    shapes = {w: SINGLE for w in workloads}
+    if deployed:
+        setup.append(
+            f"Deployed-like shape: the load generator alternates trace requests (chat conversations as a whole) over "
+            f"{PROXIES} Envoys; with the filter, each Envoy's indexer cluster lists {REPLICAS} cache-indexer replicas "
+            "(Envoy's round robin spreads each worker's `Session` stream, so picks and their reports stay on one "
+            "replica) that share in-flight picks and queued prefill through a redis-server started for the run "
+            "(`sharedLoad`); each indexer has only the engines' HTTP addresses and reads their KV-event sockets from "
+            f"`GET /kv_event_sources`; round-robin and least-request run on {PROXIES} Envoys without the filter. "
+            f"Engine sim{RESTARTED} is killed (SIGKILL) {RESTART_AT:.0%} into each run's arrival window and started "
+            f"again {RESTART_DOWN_S:.0f} wall s later on its port (empty cache, new KV-event sockets, event sequence from 0); the per-run facts give "
+            f"when, what it served before and after, and the TTFT of the requests sent in the {AFTER_RESTART_S:.0f} "
+            "simulated seconds after it."
+            + (f" A share of {a.direct_share:.0%} of the trace requests / conversations (the same in every mode) goes "
+               "to the engines directly, not through any router." if a.direct_share else ""))
     rates = {}
     for w in workloads:
+        if deployed:
+            shapes[w] = deployed_shape(w, p, a.direct_share, setup)
         given = a.trace_rate if w == "trace" else a.chat_rate
         if given:
             rates[w] = given
             setup.append(f"{w}: load 1.0 given as {given}")
         else:
             guess = p["trace_guess"] if w == "trace" else p["chat_guess"] * p["chat_time_scale"]
-            rate, u, steps = calibrate(w, guess, p, scratch, logroot)
+            rate, u, steps = calibrate(w, guess, p, scratch, logroot, shape=shapes[w])
             rates[w] = rate
             unit = "x trace speed" if w == "trace" else "conversations/s"
             last_rate = steps[-1][0]
@@ -362,7 +701,7 @@ def main(argv: list[str]) -> int:
                          + ".")
     if "trace" in workloads:
         window = p["trace_window_s"]
-        bargs = ["bound", "--trace", str(TRACE), "--capacity-tokens", str(ENGINES * NUM_GPU_BLOCKS * BLOCK),
+        bargs = ["bound", "--trace", str(TRACE), "--capacity-tokens", str(ENGINES * shapes["trace"].num_gpu_blocks * BLOCK),
                  "--from-s", str(p["trace_from_s"]), "--out", str(out / "bound.json"), *ENGINE_ARGS]
         if window is not None:
             bargs += ["--duration-s", str(window)]
@@ -378,7 +717,13 @@ def main(argv: list[str]) -> int:
         for load in loads[w]:
             for m in modes:
                 log(f"{w} load {load} mode {m}")
-                run_one(w, m, load, rates[w] * load, p, out, logroot, progress=not a.no_progress)
+                run_one(w, m, load, rates[w] * load, p, out, logroot, progress=not a.no_progress, shape=shapes[w])
+    if deployed and "chat" in workloads:
+        rr = out / f"chat-{loads['chat'][0]:.2f}-round-robin.csv"
+        if rr.exists():
+            got = measured_chat_reused_tokens(rr)
+            setup.append(f"chat: reused content measured on {rr.name}'s records: about {got / 1e6:.2f}M tokens, "
+                         f"{got / (shapes['chat'].num_gpu_blocks * BLOCK * ENGINES):.1f}x what the caches hold.")
     setup.append(f"Total wall time {time.monotonic() - t_start:.0f} s.")
     (out / "setup.txt").write_text("\n".join(setup) + "\n")
     bench(["report", "--dir", str(out), "--command", cmdline, *ENGINE_ARGS])

@@ -32,6 +32,54 @@ pub struct Target {
     pub time_scale: f64,
 }
 
+/// Where each unit of a workload (a trace request, a whole conversation)
+/// is sent: spread over several proxies (replicas behind one Service), a
+/// share of units straight to the engines instead (traffic the router
+/// never sees). One proxy and no share is the plain single-proxy run.
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    /// Base URLs of the proxies, e.g. `http://127.0.0.1:10000`.
+    pub proxies: Vec<String>,
+    /// Base URLs of the engines for direct units.
+    pub direct: Vec<String>,
+    /// Share of units sent to `direct` (0..=1).
+    pub direct_share: f64,
+}
+
+/// A fixed mix of `unit` (SplitMix64's finaliser): which units go direct
+/// must not line up with the proxies' alternation nor change between modes.
+fn mix(unit: usize) -> u64 {
+    let mut z = (unit as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Routes {
+    /// The base URL `unit` goes to, and whether it bypasses the proxies:
+    /// the same for every mode, so all modes replay the same split.
+    pub fn pick(&self, unit: usize) -> (&str, bool) {
+        let h = mix(unit);
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+        if !self.direct.is_empty() && u < self.direct_share {
+            return (&self.direct[(h as usize) % self.direct.len()], true);
+        }
+        (&self.proxies[unit % self.proxies.len()], false)
+    }
+
+    /// Whether more than the one proxy is in use (the run then says where
+    /// its requests went).
+    pub fn spread(&self) -> bool {
+        self.proxies.len() > 1 || (self.direct_share > 0.0 && !self.direct.is_empty())
+    }
+}
+
+/// `host:port` of a base URL (what the served-endpoint header holds).
+pub fn host_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest)
+}
+
 /// What to send.
 #[derive(Debug, Clone)]
 pub enum Prompt {
@@ -253,6 +301,32 @@ mod tests {
         assert_eq!(r.feed(b":1}\n\ndata: [DONE]\n"), vec!["{\"a\":1}"]);
         assert_eq!(r.feed(b"\n"), vec!["[DONE]"]);
         assert_eq!(r.feed(b": comment\r\n\r\ndata:x\r\n\r\n"), vec!["x"]);
+    }
+
+    #[test]
+    fn units_spread_over_proxies_and_a_share_goes_direct() {
+        let r = Routes {
+            proxies: vec!["http://a".into(), "http://b".into()],
+            direct: vec!["http://e0".into(), "http://e1".into()],
+            direct_share: 0.25,
+        };
+        let picks: Vec<(&str, bool)> = (0..4000).map(|u| r.pick(u)).collect();
+        let direct = picks.iter().filter(|p| p.1).count();
+        assert!((900..1100).contains(&direct), "{direct}");
+        for name in ["http://a", "http://b", "http://e0", "http://e1"] {
+            assert!(picks.iter().any(|p| p.0 == name), "{name} never picked");
+        }
+        // Proxied units alternate by unit, so both proxies share them.
+        let a = picks.iter().filter(|p| p.0 == "http://a").count();
+        let b = picks.iter().filter(|p| p.0 == "http://b").count();
+        assert!(a.abs_diff(b) < 150, "{a} vs {b}");
+        assert_eq!(r.pick(17), r.pick(17));
+        let one = Routes {
+            proxies: vec!["http://a".into()],
+            ..Routes::default()
+        };
+        assert!(!one.spread() && (0..100).all(|u| one.pick(u) == ("http://a", false)));
+        assert_eq!(host_of("http://127.0.0.1:8000/x"), "127.0.0.1:8000");
     }
 
     #[test]

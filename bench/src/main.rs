@@ -18,7 +18,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use kvasir_bench::chat::{self, ChatConfig};
-use kvasir_bench::client::Target;
+use kvasir_bench::client::{host_of, Routes, Target};
 use kvasir_bench::cluster::{Cluster, Policy};
 use kvasir_bench::compare;
 use kvasir_bench::run::{self, RunOptions, RunResult};
@@ -56,9 +56,18 @@ enum Cmd {
 
 #[derive(Args, Clone)]
 struct Common {
-    /// Base URL of the proxy.
-    #[arg(long, default_value = "http://127.0.0.1:10000")]
-    url: String,
+    /// Base URL of the proxy; repeatable: trace requests, and chat
+    /// conversations as a whole, alternate over the proxies.
+    #[arg(long = "url", default_value = "http://127.0.0.1:10000")]
+    urls: Vec<String>,
+    /// Base URL of an engine that takes traffic directly, not through a
+    /// proxy (repeatable; used with `--direct-share`).
+    #[arg(long = "direct-url")]
+    direct_urls: Vec<String>,
+    /// Share of trace requests / conversations sent to the `--direct-url`
+    /// engines instead of the proxies (the same ones in every mode).
+    #[arg(long, default_value_t = 0.0)]
+    direct_share: f64,
     /// Model to ask for.
     #[arg(long, default_value = "Qwen/Qwen3-8B")]
     model: String,
@@ -477,11 +486,26 @@ fn options(c: &Common) -> anyhow::Result<RunOptions> {
         c.time_scale > 0.0 && c.time_scale.is_finite(),
         "--time-scale must be > 0"
     );
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&c.direct_share),
+        "--direct-share must be within 0..=1"
+    );
+    anyhow::ensure!(
+        c.direct_share == 0.0 || !c.direct_urls.is_empty(),
+        "--direct-share needs --direct-url"
+    );
+    let base = |u: &String| u.trim_end_matches('/').to_string();
+    let proxies: Vec<String> = c.urls.iter().map(base).collect();
     Ok(RunOptions {
         target: Target {
-            url: c.url.trim_end_matches('/').to_string(),
+            url: proxies[0].clone(),
             model: c.model.clone(),
             time_scale: c.time_scale,
+        },
+        routes: Routes {
+            proxies,
+            direct: c.direct_urls.iter().map(base).collect(),
+            direct_share: c.direct_share,
         },
         engine_metrics: c.engine_metrics.clone(),
         drain_s: c.drain_s,
@@ -489,7 +513,21 @@ fn options(c: &Common) -> anyhow::Result<RunOptions> {
     })
 }
 
-fn write_run(c: &Common, workload: &str, rate: f64, res: RunResult) -> anyhow::Result<()> {
+fn write_run(
+    c: &Common,
+    opts: &RunOptions,
+    workload: &str,
+    rate: f64,
+    res: RunResult,
+) -> anyhow::Result<()> {
+    let mut notes = serde_json::Map::new();
+    if opts.routes.spread() {
+        // Where the units went (a conversation counts all its planned turns).
+        for (url, n) in &res.sent {
+            notes.insert(format!("planned via {}", host_of(url)), (*n).into());
+        }
+        notes.insert("start_unix_ms".into(), res.start_unix_ms.into());
+    }
     let meta = RunMeta {
         workload: workload.into(),
         mode: c.mode.clone(),
@@ -500,7 +538,7 @@ fn write_run(c: &Common, workload: &str, rate: f64, res: RunResult) -> anyhow::R
         engines: res.engines,
         ttft_growth: ttft_growth(&res.records),
         summary: stats::summarize(&res.records),
-        notes: Default::default(),
+        notes,
     };
     results::write_run(&c.out_dir, &meta, &res.records)?;
     let s = &meta.summary;
@@ -548,7 +586,7 @@ async fn run_cmd(cmd: Cmd) -> anyhow::Result<()> {
             let t = Arc::new(load_trace(&a.slice)?);
             let opts = options(&a.common)?;
             let res = run::run_trace(t, a.speed, a.slice.block_tokens, &opts).await?;
-            write_run(&a.common, "trace", a.speed, res)
+            write_run(&a.common, &opts, "trace", a.speed, res)
         }
         Cmd::Chat(a) => {
             let (o0, o1) = a.output_tokens;
@@ -570,7 +608,7 @@ async fn run_cmd(cmd: Cmd) -> anyhow::Result<()> {
             let plan = Arc::new(chat::plan(&cfg)?);
             let opts = options(&a.common)?;
             let res = run::run_chat(plan, &opts).await?;
-            write_run(&a.common, "chat", a.conversations_per_s, res)
+            write_run(&a.common, &opts, "chat", a.conversations_per_s, res)
         }
         Cmd::Bound(a) => {
             let t = load_trace(&a.slice)?;

@@ -1,8 +1,9 @@
 //! Running a workload open-loop against a target, and reading the engines'
 //! counters around it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -11,7 +12,7 @@ use tokio::sync::Mutex;
 use tokio::time::{sleep_until, timeout_at};
 
 use crate::chat::{tenant_name, ChatPlan};
-use crate::client::{send, Prompt, Target};
+use crate::client::{host_of, send, Prompt, Routes, Target};
 use crate::record::{Outcome, Record};
 use crate::trace::{prompt_tokens, TraceRequest};
 
@@ -30,18 +31,42 @@ pub struct EngineCounters {
     pub preemptions: f64,
 }
 
+/// Tries of one engine's `/metrics` before a scrape fails, and the pause
+/// between them: an engine restarted mid-run (the deployed benchmark does
+/// that) is down for a moment, which must not end the run.
+const SCRAPE_TRIES: u32 = 25;
+const SCRAPE_RETRY: Duration = Duration::from_millis(200);
+
+async fn metrics_text(client: &reqwest::Client, url: &str) -> anyhow::Result<String> {
+    let mut tries = 0;
+    loop {
+        let got = async {
+            client
+                .get(url)
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await?
+                .error_for_status()?
+                .text()
+                .await
+        }
+        .await;
+        match got {
+            Ok(t) => return Ok(t),
+            Err(e) if tries + 1 >= SCRAPE_TRIES => {
+                return Err(e).with_context(|| format!("scraping {url}"))
+            }
+            Err(_) => tries += 1,
+        }
+        tokio::time::sleep(SCRAPE_RETRY).await;
+    }
+}
+
 /// Reads and sums the counters of every engine's `/metrics`.
 pub async fn scrape(client: &reqwest::Client, urls: &[String]) -> anyhow::Result<EngineCounters> {
     let mut c = EngineCounters::default();
     for u in urls {
-        let text = client
-            .get(u)
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await?
-            .error_for_status()?
-            .text()
-            .await?;
+        let text = metrics_text(client, u).await?;
         let sum =
             |name| kvasir_promtext::sum(&text, name).with_context(|| format!("{name} in {u}"));
         c.prefill_s += sum("vllm_sim:prefill_seconds_total")?;
@@ -110,8 +135,10 @@ fn window_use(
 /// Run-wide settings.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// Where to send.
+    /// What to send (model, time scale).
     pub target: Target,
+    /// Where each trace request or conversation goes.
+    pub routes: Routes,
     /// Engines' `/metrics` URLs (for utilisation).
     pub engine_metrics: Vec<String>,
     /// Give up on requests this long (simulated seconds) after the last
@@ -130,6 +157,44 @@ pub struct RunResult {
     pub engines: EngineUse,
     /// Wall seconds the run took.
     pub wall_s: f64,
+    /// When the run's clock started (simulated second 0), Unix ms: lets
+    /// the orchestrator place what it did meanwhile (an engine restart) on
+    /// the records' `sent_s` axis.
+    pub start_unix_ms: u64,
+    /// Requests sent per base URL (units go to proxies or engines).
+    pub sent: BTreeMap<String, usize>,
+}
+
+/// The target for `unit` under `routes`, whether it bypasses the proxies,
+/// and the count of requests sent there bumped by `requests`.
+fn route(
+    opts: &RunOptions,
+    unit: usize,
+    requests: usize,
+    sent: &mut BTreeMap<String, usize>,
+) -> (Target, bool) {
+    let (url, direct) = opts.routes.pick(unit);
+    *sent.entry(url.to_string()).or_default() += requests;
+    let mut t = opts.target.clone();
+    t.url = url.to_string();
+    (t, direct)
+}
+
+/// A direct request's record names the engine it was sent to (no proxy
+/// added the served-endpoint header).
+fn served_directly(mut rec: Record, target: &Target) -> Record {
+    if rec.endpoint.is_empty() {
+        rec.endpoint = host_of(&target.url).to_string();
+    }
+    rec
+}
+
+fn unix_ms(at: Instant) -> u64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let ahead = at.saturating_duration_since(Instant::now());
+    (now + ahead).as_millis() as u64
 }
 
 fn bar(total: usize, show: bool) -> ProgressBar {
@@ -189,18 +254,15 @@ pub async fn run_trace(
     });
     let deadline = clock.wall(last_s + opts.drain_s);
     let half = scrape_at(&http, &opts.engine_metrics, clock.wall(last_s / 2.0));
+    let start_unix_ms = unix_ms(clock.t0);
     let pb = bar(trace.len(), opts.progress);
     let mut tasks = Vec::with_capacity(trace.len());
+    let mut via = BTreeMap::new();
     for i in 0..trace.len() {
         let at = (trace[i].timestamp - start_ms) / 1e3 / speed;
         sleep_until(clock.wall(at).into()).await;
-        let (http, target, trace, pb, clock) = (
-            http.clone(),
-            opts.target.clone(),
-            trace.clone(),
-            pb.clone(),
-            clock.clone(),
-        );
+        let (target, direct) = route(opts, i, 1, &mut via);
+        let (http, trace, pb, clock) = (http.clone(), trace.clone(), pb.clone(), clock.clone());
         tasks.push(tokio::spawn(async move {
             let r = &trace[i];
             let sent_s = clock.sim_now();
@@ -209,6 +271,7 @@ pub async fn run_trace(
             let rec = Record::unanswered(i, "trace".into(), None, 0, sent_s);
             let sent = send(&http, &target, rec.clone(), &prompt, out);
             let rec = match timeout_at(deadline.into(), sent).await {
+                Ok((rec, _)) if direct => served_directly(rec, &target),
                 Ok((rec, _)) => rec,
                 Err(_) => rec.timed_out(),
             };
@@ -231,6 +294,8 @@ pub async fn run_trace(
         records,
         engines,
         wall_s: wall0.elapsed().as_secs_f64(),
+        start_unix_ms,
+        sent: via,
     })
 }
 
@@ -253,8 +318,11 @@ pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<
     let deadline = clock.wall(last_arrival + opts.drain_s);
     let arrivals_end = clock.wall(last_arrival);
     let half = scrape_at(&http, &opts.engine_metrics, clock.wall(last_arrival / 2.0));
+    let start_unix_ms = unix_ms(clock.t0);
     let pb = bar(plan.requests(), opts.progress);
     let records = Arc::new(Mutex::new(Vec::with_capacity(plan.requests())));
+    // Counted as planned (turns a conversation never reached included).
+    let mut via = BTreeMap::new();
     // Request ids: conversation-major, in plan order.
     let mut first_id = Vec::with_capacity(plan.conversations.len());
     let mut n = 0;
@@ -264,9 +332,10 @@ pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<
     }
     let mut tasks = Vec::new();
     for (ci, c) in plan.conversations.iter().enumerate() {
-        let (http, target, plan, pb, clock, records) = (
+        // A conversation stays with one proxy (a client's connection).
+        let (target, direct) = route(opts, ci, c.turns.len(), &mut via);
+        let (http, plan, pb, clock, records) = (
             http.clone(),
-            opts.target.clone(),
             plan.clone(),
             pb.clone(),
             clock.clone(),
@@ -287,6 +356,7 @@ pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<
                 let rec = Record::unanswered(id0 + k, tenant.clone(), Some(ci), k, sent_s);
                 let sent = send(&http, &target, rec.clone(), &prompt, turn.output_tokens);
                 let (rec, text) = match timeout_at(deadline.into(), sent).await {
+                    Ok((rec, text)) if direct => (served_directly(rec, &target), text),
                     Ok(answered) => answered,
                     Err(_) => (rec.timed_out(), String::new()),
                 };
@@ -326,6 +396,8 @@ pub async fn run_chat(plan: Arc<ChatPlan>, opts: &RunOptions) -> anyhow::Result<
         records,
         engines,
         wall_s: wall0.elapsed().as_secs_f64(),
+        start_unix_ms,
+        sent: via,
     })
 }
 

@@ -8,10 +8,11 @@ Modules:
     bootstrap  the Envoy bootstrap renderer (envoy/render.py wraps it)
     build      rebuilding stale artifacts, compile_plugin
     policy     the local stack's policy set and keys
-    sim        the vllm-sim launcher (Sim, launch_sim, start_sim, wait_sim)
+    sim        the vllm-sim launcher (Sim, launch_sim, start_sim, wait_sim, restart_sim)
     indexer    the cache-indexer launcher (Indexer, indexer_for)
     envoy      Envoy (start_envoy, wait_envoy), its secrets, wasm_failures
     prom       the Prometheus text parser
+    redis      a throwaway redis-server (Redis, start_redis, redis_available)
     api        OpenAI-shaped bodies and SSE events
 
 The common names are re-exported here (`import kvasir_harness as h`). The
@@ -29,8 +30,9 @@ from .indexer import Indexer, indexer_available, indexer_for
 from .paths import (COMPILE, ENVOY_BIN, INDEXER_BIN, MODEL, PROVIDER_MODEL, REPO, SIM_BIN, TARGET, TOKENIZER, WASM,
                     load_script)
 from .policy import KEYS, POLICY, PROVIDER_KEY, SETTINGS, sha256
+from .redis import Redis, redis_available, start_redis
 from .procs import HTTP_TIMEOUT_S, START_TIMEOUT_S, Exited, Proc, Processes, free_port, request, wait_until
-from .sim import Sim, launch_sim, start_sim, wait_sim
+from .sim import Sim, launch_sim, restart_sim, start_sim, wait_sim
 
 __all__ = [
     "bootstrap", "prom",
@@ -41,6 +43,7 @@ __all__ = [
     "COMPILE", "ENVOY_BIN", "INDEXER_BIN", "MODEL", "PROVIDER_MODEL", "REPO", "SIM_BIN", "TARGET", "TOKENIZER", "WASM",
     "load_script",
     "KEYS", "POLICY", "PROVIDER_KEY", "SETTINGS", "sha256",
+    "Redis", "redis_available", "start_redis",
     "HTTP_TIMEOUT_S", "START_TIMEOUT_S", "Exited", "Proc", "Processes", "free_port", "request", "wait_until",
-    "Sim", "launch_sim", "start_sim", "wait_sim",
+    "Sim", "launch_sim", "restart_sim", "start_sim", "wait_sim",
 ]

@@ -97,6 +97,20 @@ def _route_to_pool(body: str) -> str:
     return "".join(out)
 
 
+def _indexer_endpoints(t: str, indexers: list[str]) -> str:
+    """The `@indexer-endpoint` line repeated once per replica."""
+    rx = re.compile(r"^(?P<line>.*# @indexer-endpoint)$", re.M)
+    m = rx.search(t)
+    if not m or len(rx.findall(t)) != 1:
+        raise ValueError("marker @indexer-endpoint not found exactly once in the template")
+    pattern = r"socket_address: { address: [^,]+, port_value: \d+"
+    lines = []
+    for a in indexers:
+        h, p = _split(a)
+        lines.append(re.sub(pattern, f"socket_address: {{ address: {h}, port_value: {p}", m.group("line"), count=1))
+    return t[: m.start()] + "\n".join(lines) + t[m.end() :]
+
+
 def render(
     template: str,
     *,
@@ -114,6 +128,7 @@ def render(
     provider_sds: str | None = None,
     indexer_sds: str | None = None,
     request_timeout_s: float | None = None,
+    indexers: list[str] | None = None,
 ) -> str:
     """The bootstrap text with the given values substituted.
 
@@ -128,6 +143,9 @@ def render(
     `provider_sds` / `indexer_sds`: SDS files (see `sds_secret`) holding the
     provider's credential and the indexer token. `request_timeout_s`: the
     whole-request receive timeout (tests of slow clients shorten it).
+    `indexers`: several indexer replicas as the indexer cluster's endpoints
+    instead of `indexer` (the cluster's own load balancer spreads the
+    filter's calls and `Session` streams over them).
     """
     t = template
     if listen_port is not None:
@@ -139,6 +157,8 @@ def render(
         t = _sub_marker(
             t, "indexer-endpoint", r"socket_address: { address: [^,]+, port_value: \d+", f"socket_address: {{ address: {h}, port_value: {p}"
         )
+    if indexers:
+        t = _indexer_endpoints(t, indexers)
     if provider is not None:
         h, p = _split(provider)
         t = _sub_marker(
@@ -228,6 +248,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--admin-port", type=int)
     ap.add_argument("--pool-endpoint", action="append", dest="pool_endpoints")
     ap.add_argument("--indexer")
+    ap.add_argument("--indexer-replica", action="append", dest="indexers", help="an indexer replica, repeatable (instead of --indexer)")
     ap.add_argument("--provider")
     ap.add_argument("--wasm")
     ap.add_argument("--plugin-config", help="file with the plugin configuration JSON")
@@ -255,6 +276,7 @@ def main(argv: list[str]) -> int:
             pool_lb=a.pool_lb,
             provider_sds=a.provider_sds,
             indexer_sds=a.indexer_sds,
+            indexers=a.indexers,
         )
     )
     return 0

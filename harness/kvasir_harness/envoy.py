@@ -79,10 +79,12 @@ class Envoy:
 
 def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provider: str, name: str = "envoy",
                 pre_filters: str | None = None, without_filter: bool = False, concurrency: int = 2,
-                log_level: str = "info", pool_lb: str | None = None, request_timeout_s: float | None = None) -> Envoy:
+                log_level: str = "info", pool_lb: str | None = None, request_timeout_s: float | None = None,
+                indexers: list[str] | None = None) -> Envoy:
     """Envoy from the shipped bootstrap; `without_filter` renders the same
     bootstrap minus the Kvasir filter (the benchmark's baseline), `pool_lb`
-    swaps the pool's override-host policy for a plain load balancer."""
+    swaps the pool's override-host policy for a plain load balancer,
+    `indexers` lists several indexer replicas instead of `indexer`."""
     port, admin = free_port(), free_port()
     text = bootstrap.render(
         bootstrap.TEMPLATE.read_text(),
@@ -100,6 +102,7 @@ def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provid
         provider_sds=str(secrets_for(logdir).provider_sds),
         indexer_sds=str(secrets_for(logdir).indexer_sds),
         request_timeout_s=request_timeout_s,
+        indexers=indexers,
     )
     cfg = logdir / f"{name}.yaml"
     cfg.write_text(text)

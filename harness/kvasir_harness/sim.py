@@ -5,6 +5,8 @@ launcher of tests/e2e, tests/sim, the benchmarks and the demo."""
 from __future__ import annotations
 
 import re
+import signal
+import time
 from pathlib import Path
 
 from . import prom
@@ -91,3 +93,18 @@ def wait_sim(s: Sim, timeout: float = START_TIMEOUT_S) -> None:
         return request("GET", s.port, "/health", timeout=2)[0] == 200
 
     wait_until(f"{s.proc.name} /health", healthy, timeout=timeout)
+
+
+def restart_sim(s: Sim, logdir: Path, name: str, down_s: float = 0.0) -> Sim:
+    """Kills `s` (SIGKILL, as a crash: nothing flushed, no goodbye) and,
+    `down_s` later, starts the same argv again on the same HTTP port, its
+    KV-event sockets on new ports and its cache, event sequence and stores
+    empty, as a restarted vLLM pod behind the same address. Returns the new
+    handle (ports read from its ready line); wait for it with `wait_sim`."""
+    port = s.port
+    s.proc.stop(signal.SIGKILL)
+    time.sleep(down_s)
+    argv = list(s.proc.argv)
+    i = argv.index("--port")
+    argv[i + 1] = str(port)
+    return Sim(Proc(name, argv, logdir, env={"RUST_LOG": "info"}), s.model)
