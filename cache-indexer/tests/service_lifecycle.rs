@@ -67,6 +67,15 @@ async fn killed_simulator_is_dropped_and_recovers() {
         p.endpoints.iter().any(|e| e.address == b_addr),
         "back in the picks: {p:?}"
     );
+    // Never for the prefix it lost: the restarted engine is credited with
+    // none of it (its blocks went with the process).
+    let p = ix.pick(chat_pick("", &chat)).await;
+    let b = p.endpoints.iter().find(|e| e.address == b_addr);
+    assert!(
+        b.is_some_and(|e| e.predicted_cached_tokens == 0
+            && e.score.as_ref().is_some_and(|s| s.matched_blocks == 0)),
+        "the lost prefix is not credited to the restarted engine: {p:?}"
+    );
 
     // Its cache starts empty; new traffic is indexed again.
     sims[1].chat(&chat, 4).await;

@@ -48,12 +48,12 @@ pub use error::ConfigError;
 pub use file::{load_file, parse};
 pub use flags::{parse_endpoint_flag, Args};
 pub use responses::{ResponsesConfig, StoreKind};
-pub use shared_load::SharedLoadConfig;
 pub use schema::{
     Config, DiscoveryConfig, EndpointConfig, InFlightConfig, PoolConfig, ScrapeConfig,
     TokenizerSource, DEFAULT_BLOCK_SIZE, DEFAULT_SCRAPE_INTERVAL_MS, DEFAULT_SHUTDOWN_GRACE_MS,
     MAX_SCRAPE_INTERVAL_MS, MIN_SCRAPE_INTERVAL_MS,
 };
+pub use shared_load::SharedLoadConfig;
 
 #[cfg(test)]
 #[path = "config_tests.rs"]

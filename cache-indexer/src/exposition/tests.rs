@@ -167,7 +167,10 @@ const FAMILIES: [(&str, &str); 76] = [
     ("kvasir_indexer_sessions_total", "counter"),
     ("kvasir_indexer_shared_load_local_only", "gauge"),
     ("kvasir_indexer_shared_load_peer_in_flight", "gauge"),
-    ("kvasir_indexer_shared_load_peer_queued_prefill_tokens", "gauge"),
+    (
+        "kvasir_indexer_shared_load_peer_queued_prefill_tokens",
+        "gauge",
+    ),
     ("kvasir_indexer_shared_load_peers", "gauge"),
     ("kvasir_indexer_shared_load_read_age_seconds", "gauge"),
     ("kvasir_indexer_shared_load_rounds_total", "counter"),
