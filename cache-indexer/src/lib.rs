@@ -35,6 +35,7 @@ pub mod types;
 
 mod app;
 mod auth;
+mod endpoint;
 mod exposition;
 mod health;
 mod history;

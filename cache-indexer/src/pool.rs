@@ -20,6 +20,7 @@ use std::time::Instant;
 use kvasir_proto::v1 as pb;
 use parking_lot::RwLock;
 
+pub use crate::endpoint::Endpoint;
 use crate::events::{DecodedBatch, EngineEvent, EngineHash, SubscriberHandle, SyncState};
 use crate::health::{FailureConfig, Failures};
 use crate::history::{PickHistory, DEFAULT_PICK_HISTORY_BLOCKS};
@@ -52,32 +53,6 @@ pub(crate) fn invalid(field: &'static str, message: impl Into<String>) -> Servic
     ServiceError::Invalid {
         field,
         message: message.into(),
-    }
-}
-
-/// One endpoint of a pool, with its event subscriber.
-pub struct Endpoint {
-    /// What it is.
-    pub spec: EndpointSpec,
-    /// Its id (`spec.id()`).
-    pub id: EndpointId,
-    /// Its KV-event subscriber (none in tests that feed the index directly).
-    pub subscriber: Option<SubscriberHandle>,
-}
-
-impl std::fmt::Debug for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint")
-            .field("address", &self.spec.address)
-            .field("id", &self.id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Endpoint {
-    /// Sync state of its event stream (`None` without a subscriber).
-    pub fn sync_state(&self) -> Option<SyncState> {
-        self.subscriber.as_ref().map(SubscriberHandle::state)
     }
 }
 
@@ -117,7 +92,7 @@ pub struct Pool {
     /// Which endpoint holds each stored Responses API response.
     pub responses: Affinity,
     /// Conversations started per endpoint lately (the `placement` term).
-    pub(crate) placements: crate::pick::Placed,
+    pub(crate) placements: crate::load::Placed,
 }
 
 impl std::fmt::Debug for Pool {
@@ -163,7 +138,7 @@ impl Pool {
             history,
             tokenizer,
             load,
-            placements: crate::pick::Placed::new(weights.placement_half_life_ms),
+            placements: crate::load::Placed::new(weights.placement_half_life_ms),
             weights,
             metrics: PoolMetrics::default(),
             endpoints: RwLock::new(Arc::new(Vec::new())),

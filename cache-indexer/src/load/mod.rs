@@ -36,6 +36,7 @@
 
 pub mod engine_metrics;
 pub mod peers;
+mod placed;
 pub mod prefix;
 pub mod saturation;
 pub mod scrape;
@@ -43,6 +44,7 @@ pub mod tracker;
 
 pub use engine_metrics::{parse_sample, parse_vllm_metrics, EngineLoad, MetricsParseError, Sample};
 pub use peers::{PeerLoad, PeerStats};
+pub(crate) use placed::Placed;
 pub use prefix::{block_chain, common_prefix, extend_block_chain};
 pub use saturation::SaturationThresholds;
 pub use scrape::{scrape, scrape_all, ScrapeError};

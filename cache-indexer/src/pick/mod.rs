@@ -9,7 +9,6 @@
 mod affinity;
 mod answer;
 mod matching;
-mod placed;
 mod prompt;
 mod rank;
 mod record;
@@ -18,8 +17,6 @@ mod tokenize;
 use std::time::Instant;
 
 use kvasir_proto::v1 as pb;
-
-pub(crate) use placed::Placed;
 
 use crate::pool::{Pool, ServiceError};
 

@@ -12,10 +12,9 @@ use std::time::Instant;
 use dynamo_kv_router::protocols::LocalBlockHash;
 use kvasir_tokenizer::{ChatTokenizer, EncodeLimits, PrefixIds};
 
-use super::placed::Placed;
 use super::prompt::{Call, OwnedPrompt};
 use crate::index::PoolIndex;
-use crate::load::{block_chain, extend_block_chain, PendingChains};
+use crate::load::{block_chain, extend_block_chain, PendingChains, Placed};
 use crate::pool::{invalid, Endpoint, Pool, ServiceError};
 use crate::scoring;
 use crate::tokenize::{

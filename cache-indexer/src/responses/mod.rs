@@ -32,8 +32,8 @@ use parking_lot::Mutex;
 pub use self::redis::RedisStore;
 pub use store::{Held, MemoryStore, Pushed, Record, ResponseStore, StoreError};
 
+use crate::endpoint::Endpoint;
 use crate::metrics::Counter;
-use crate::pool::Endpoint;
 use crate::types::EndpointId;
 
 /// Default of [`AffinityConfig::ttl`]: an hour, a long pause in a
