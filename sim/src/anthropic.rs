@@ -12,7 +12,7 @@
 use crate::apis::{plan_ceiling, random_uuid, sse_event, sse_stream, EventStream, Run};
 use crate::engine::FinishReason;
 use crate::openai::ApiError;
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::validation::{json_object, Ty, Validator};
 use axum::body::Bytes;
 use axum::extract::State;

@@ -1,34 +1,16 @@
-//! What the Anthropic Messages and OpenAI Responses endpoints share: their
-//! settings, one request's run on the engine, and vLLM's usage figures.
+//! What the Anthropic Messages and OpenAI Responses endpoints share: one
+//! request's run on the engine, the SSE stream, and vLLM's usage figures
+//! (their settings are `state::ApiState`).
 
 use crate::engine::{FinishReason, TokenOutput};
 use crate::openai::ApiError;
-use crate::response_store::ResponseStore;
-use crate::server::{AbortGuard, AppState};
+use crate::state::{AbortGuard, AppState};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::future::Future;
-use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
-
-/// Settings and state of the Messages, Responses and instrumentation
-/// endpoints.
-#[derive(Debug)]
-pub struct ApiState {
-    /// Whether inline system messages of `/v1/messages` are merged into the
-    /// leading system prompt (vLLM probes the chat template for this).
-    pub merge_inline_system: bool,
-    /// The Responses API's in-memory store.
-    pub store: ResponseStore,
-    /// vLLM's `--enable-server-load-tracking`.
-    pub load_tracking: bool,
-    /// Requests in flight on the load-aware routes.
-    pub server_load: AtomicI64,
-    /// The body of `GET /kv_event_sources`.
-    pub kv_event_sources: serde_json::Value,
-}
 
 /// A streamed answer: chunks of SSE events until its last one.
 pub trait EventStream: Send + 'static {

@@ -337,7 +337,7 @@ impl Args {
             return Err("kv-events buffer_steps must be positive".into());
         }
         let rank = self.data_parallel_rank;
-        let offset = |e: &str| crate::instrumentator::offset_endpoint_port(e, rank);
+        let offset = |e: &str| offset_endpoint_port(e, rank);
         s.endpoint = offset(&s.endpoint);
         s.advertised_endpoint = offset(&s.advertised_endpoint);
         s.replay_endpoint = s.replay_endpoint.as_deref().map(offset);
@@ -346,9 +346,38 @@ impl Args {
     }
 }
 
+/// An endpoint as vLLM's publisher advertises it: its configured form,
+/// the port moved by the data-parallel rank (`offset_endpoint_port`).
+pub fn offset_endpoint_port(endpoint: &str, dp_rank: u32) -> String {
+    if dp_rank == 0 {
+        return endpoint.to_string();
+    }
+    if endpoint.contains("inproc") {
+        return format!("{endpoint}_dp{dp_rank}");
+    }
+    match endpoint.rsplit_once(':') {
+        Some((base, port)) => match port.parse::<u64>() {
+            Ok(0) | Err(_) => endpoint.to_string(),
+            Ok(p) => format!("{base}:{}", p + u64::from(dp_rank)),
+        },
+        None => endpoint.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ports_move_with_the_rank_as_in_vllm() {
+        assert_eq!(offset_endpoint_port("tcp://*:5557", 0), "tcp://*:5557");
+        assert_eq!(offset_endpoint_port("tcp://*:5557", 2), "tcp://*:5559");
+        assert_eq!(offset_endpoint_port("tcp://*:0", 2), "tcp://*:0");
+        assert_eq!(
+            offset_endpoint_port("inproc://cache", 1),
+            "inproc://cache_dp1"
+        );
+    }
 
     fn args(extra: &[&str]) -> Args {
         let mut v = vec!["vllm-sim"];

@@ -3,7 +3,7 @@
 
 use crate::config::KvEventsSettings;
 use crate::publisher::BoundEndpoints;
-use crate::server::AppState;
+use crate::state::AppState;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -50,24 +50,6 @@ pub async fn track_load(State(st): State<Arc<AppState>>, req: Request, next: Nex
     Response::from_parts(parts, Body::from_stream(body))
 }
 
-/// An endpoint as vLLM's publisher advertises it: its configured form,
-/// the port moved by the data-parallel rank (`offset_endpoint_port`).
-pub fn offset_endpoint_port(endpoint: &str, dp_rank: u32) -> String {
-    if dp_rank == 0 {
-        return endpoint.to_string();
-    }
-    if endpoint.contains("inproc") {
-        return format!("{endpoint}_dp{dp_rank}");
-    }
-    match endpoint.rsplit_once(':') {
-        Some((base, port)) => match port.parse::<u64>() {
-            Ok(0) | Err(_) => endpoint.to_string(),
-            Ok(p) => format!("{base}:{}", p + u64::from(dp_rank)),
-        },
-        None => endpoint.to_string(),
-    }
-}
-
 /// The configured endpoint with the port the socket got when it asked
 /// for port 0 (vLLM would advertise port 0, which no consumer can use).
 fn advertised(configured: &str, bound: &str) -> String {
@@ -105,17 +87,6 @@ pub async fn kv_event_sources_handler(State(st): State<Arc<AppState>>) -> Json<V
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ports_move_with_the_rank_as_in_vllm() {
-        assert_eq!(offset_endpoint_port("tcp://*:5557", 0), "tcp://*:5557");
-        assert_eq!(offset_endpoint_port("tcp://*:5557", 2), "tcp://*:5559");
-        assert_eq!(offset_endpoint_port("tcp://*:0", 2), "tcp://*:0");
-        assert_eq!(
-            offset_endpoint_port("inproc://cache", 1),
-            "inproc://cache_dp1"
-        );
-    }
 
     #[test]
     fn sources_carry_the_publisher_config() {

@@ -25,6 +25,7 @@ pub mod responses;
 pub mod responses_input;
 pub mod runner;
 pub mod server;
+pub mod state;
 pub mod validation;
 
 use anyhow::Context;
@@ -179,7 +180,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         next_id: std::sync::atomic::AtomicU64::new(0),
         failed: std::sync::atomic::AtomicU64::new(0),
         started,
-        apis: apis::ApiState {
+        apis: state::ApiState {
             merge_inline_system,
             store: response_store::ResponseStore::new(args.enable_responses_api_store),
             load_tracking: args.enable_server_load_tracking,

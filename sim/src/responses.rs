@@ -11,7 +11,7 @@ use crate::engine::FinishReason;
 use crate::openai::ApiError;
 use crate::response_store::Cancel;
 use crate::responses_input::{chat_messages, continues_final_message, encode, Previous};
-use crate::server::{now_secs, AppState};
+use crate::state::{now_secs, AppState};
 use crate::validation::{json_object, Ty, Validator};
 use axum::body::Bytes;
 use axum::extract::{Path, State};

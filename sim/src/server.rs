@@ -3,65 +3,31 @@
 
 use crate::engine::{FinishReason, NewRequest, TokenOutput};
 use crate::exposition::{render, CONTENT_TYPE};
-use crate::faults::{FaultSettings, Faults};
-use crate::metrics::StaticInfo;
+use crate::faults::FaultSettings;
 use crate::openai::{
     content_text, parse_prompt, type_name, ApiError, ChatRequest, CompletionRequest, Prompt,
     StreamOptions,
 };
-use crate::publisher::{BoundEndpoints, PublisherCmd};
-use crate::runner::{Command, EngineHandle};
+use crate::publisher::PublisherCmd;
+use crate::runner::Command;
+pub use crate::state::AppState;
+use crate::state::{now_secs, AbortGuard};
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use kvasir_tokenizer::{ChatMessage, ChatTokenizer};
+use kvasir_tokenizer::ChatMessage;
 use serde_json::{json, Value};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use std::time::Instant;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 /// Request header that sets how many tokens a request generates before it
 /// stops naturally (for benchmarks replaying traces). Capped by max_tokens.
 pub const OUTPUT_TOKENS_HEADER: &str = "x-sim-output-tokens";
-
-/// Everything the handlers share.
-pub struct AppState {
-    /// Served model name.
-    pub model: String,
-    /// Longest prompt + completion.
-    pub max_model_len: usize,
-    /// The model's tokenizer and chat template.
-    pub tokenizer: Arc<ChatTokenizer>,
-    /// The engine thread.
-    pub engine: EngineHandle,
-    /// Fault switches.
-    pub faults: Arc<Faults>,
-    /// Facts for `/metrics` and `/sim/info`.
-    pub info: StaticInfo,
-    /// Where the KV-event sockets are.
-    pub endpoints: BoundEndpoints,
-    /// To restart the event sequence.
-    pub publisher: UnboundedSender<PublisherCmd>,
-    /// Text of each synthetic output token.
-    pub piece_text: HashMap<u32, String>,
-    /// Completion length when neither max_tokens nor the hint is given.
-    pub default_output_tokens: u32,
-    /// vLLM's `--enable-prompt-tokens-details`.
-    pub prompt_tokens_details: bool,
-    /// Request ids.
-    pub next_id: AtomicU64,
-    /// Requests failed by fault injection.
-    pub failed: AtomicU64,
-    /// Process start, for `created` fields.
-    pub started: u64,
-    /// What the Messages and Responses APIs need beyond chat's.
-    pub apis: crate::apis::ApiState,
-}
 
 /// Builds the router.
 pub fn router(state: Arc<AppState>) -> Router {
@@ -105,12 +71,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/sim/restart-events", post(restart_events))
         .layer(DefaultBodyLimit::max(64 << 20))
         .with_state(state)
-}
-
-pub(crate) fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
@@ -262,21 +222,6 @@ impl AppState {
             return Err(ApiError::unavailable("engine is not running"));
         }
         Ok((id, rx))
-    }
-}
-
-/// Sends an abort when a request's handler or stream goes away early.
-pub(crate) struct AbortGuard {
-    pub(crate) engine: EngineHandle,
-    pub(crate) id: u64,
-    pub(crate) done: bool,
-}
-
-impl Drop for AbortGuard {
-    fn drop(&mut self) {
-        if !self.done {
-            self.engine.send(Command::Abort(self.id));
-        }
     }
 }
 
