@@ -221,24 +221,26 @@ def deployed_blocks(reused_tokens: int, max_model_len: int) -> tuple[int, str]:
 
 
 def measured_chat_reused_tokens(csv_path: Path) -> int:
-    """From a chat run's records: every conversation's prompt and answer up
-    to its last turn but one (what that last turn read again), plus one
-    system prompt per tenant (its first turn's prompt less the question, so
-    roughly)."""
+    """From a chat run's records, roughly: every conversation's prompt and
+    answer up to its last turn but one (what that last turn read again)
+    less its tenant's system prompt, plus each system prompt once. A
+    tenant's system prompt is taken as its shortest first-turn prompt less
+    the shortest question (CHAT_SHAPE's 200 words)."""
     by_conv: dict[str, list[dict]] = collections.defaultdict(list)
     with csv_path.open() as f:
         for r in csv.DictReader(f):
             if r["outcome"] == "ok":
                 by_conv[r["conversation"]].append(r)
-    total, systems = 0, {}
+    systems: dict[str, int] = {}
     for turns in by_conv.values():
-        turns.sort(key=lambda r: int(r["turn"]))
+        first = min(turns, key=lambda r: int(r["turn"]))
+        systems[first["tenant"]] = min(systems.get(first["tenant"], 1 << 30), max(0, int(first["prompt_tokens"]) - 200))
+    total = sum(systems.values())
+    for turns in by_conv.values():
         if len(turns) > 1:
-            prev = turns[-2]
-            total += int(prev["prompt_tokens"]) + int(prev["completion_tokens"])
-            total -= int(turns[0]["prompt_tokens"])  # the system prompt, counted once per tenant below
-        systems[turns[0]["tenant"]] = min(systems.get(turns[0]["tenant"], 1 << 30), int(turns[0]["prompt_tokens"]))
-    return total + sum(systems.values())
+            prev = sorted(turns, key=lambda r: int(r["turn"]))[-2]
+            total += int(prev["prompt_tokens"]) + int(prev["completion_tokens"]) - systems[prev["tenant"]]
+    return total
 
 
 # Scoring variants of the kvasir mode (`--variants`): mode name -> the
