@@ -13,10 +13,11 @@ pub struct FlowControlConfig {
     /// Off by default: picks are placed at once, as before flow control.
     pub enabled: bool,
     /// Pool saturation (0..1, the indexer's saturation of the least
-    /// saturated ready endpoint) at or above which a pick waits. 1.0 waits
-    /// only when every endpoint is saturated; lower values hold picks back
-    /// earlier, which is late binding below saturation; 0 sends every pick
-    /// through the queue.
+    /// saturated ready endpoint) at or above which a pick waits, and below
+    /// which a waiting pick is released ([`has_room`]). 1.0 waits only when
+    /// every endpoint is saturated; lower values hold picks back earlier,
+    /// which is late binding below saturation. Above 0: at 0 no endpoint
+    /// would ever have room.
     pub threshold: f64,
     /// Picks waiting in the pool at most; one more is shed.
     pub max_queued: usize,
@@ -58,10 +59,10 @@ pub struct ConfigError {
 impl FlowControlConfig {
     /// Checks ranges.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(self.threshold.is_finite() && self.threshold >= 0.0) {
+        if !(self.threshold.is_finite() && self.threshold > 0.0) {
             return Err(ConfigError {
                 field: "threshold",
-                message: format!("must be a number >= 0, got {}", self.threshold),
+                message: format!("must be a number > 0, got {}", self.threshold),
             });
         }
         if self.max_queued_per_tenant > self.max_queued {
@@ -111,7 +112,18 @@ impl Default for Limits {
 /// A saturation that is not a number (no load known) does not make a pick
 /// wait: without a load view the indexer fails open, as it does elsewhere.
 pub fn should_queue(saturation: f64, threshold: f64, queue_nonempty: bool) -> bool {
-    queue_nonempty || saturation >= threshold
+    queue_nonempty || !has_room(saturation, threshold)
+}
+
+/// Whether the pool has room for one more placement: its saturation is
+/// below `threshold`. The release side's test, the mirror of
+/// [`should_queue`]'s, so a pick held at a saturation is released at the
+/// saturation just below it. The saturation must count this replica's own
+/// placements that have not reached their first token, so one freed slot
+/// releases one pick rather than the whole queue. Unknown load (not a
+/// number) has room: fail open.
+pub fn has_room(saturation: f64, threshold: f64) -> bool {
+    saturation.is_nan() || saturation < threshold
 }
 
 #[cfg(test)]
@@ -133,7 +145,7 @@ mod tests {
     #[test]
     fn config_ranges() {
         let bad = FlowControlConfig {
-            threshold: -0.1,
+            threshold: 0.0,
             ..FlowControlConfig::default()
         };
         assert_eq!(bad.validate().unwrap_err().field, "threshold");

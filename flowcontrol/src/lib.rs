@@ -10,9 +10,10 @@
 //! * [`FlowQueue::push`] queues it or refuses it ([`Refusal`]: the pool or
 //!   the tenant is at its maximum, or no time is left); refused picks are
 //!   shed with 429.
-//! * [`FlowQueue::pop_next`] releases the next pick when the caller has room;
-//!   the caller chooses its endpoint then (late binding), with the index and
-//!   load as they are at release.
+//! * [`FlowQueue::pop_next`] releases the next pick when the caller has room
+//!   ([`has_room`]: an endpoint below the threshold); the caller chooses its
+//!   endpoint then (late binding), with the index and load as they are at
+//!   release.
 //! * [`FlowQueue::expire`] takes out picks past their deadline (the queue's
 //!   maximum wait, or the pick's own if earlier); the caller sheds them (429,
 //!   or 503 when no endpoint is ready). [`FlowQueue::next_deadline`] says
@@ -68,7 +69,7 @@ mod band;
 mod config;
 mod queue;
 
-pub use config::{should_queue, ConfigError, FlowControlConfig, Limits};
+pub use config::{has_room, should_queue, ConfigError, FlowControlConfig, Limits};
 pub use queue::{FlowQueue, Refusal, Refused, Released, Ticket, Waiting};
 
 #[cfg(test)]
