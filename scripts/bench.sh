@@ -22,5 +22,8 @@ echo "== Envoy data path: latency the filter + pick adds over the same route wit
 echo "== routing: the Mooncake trace and a multi-tenant chat through Envoy, four routing modes (short version)"
 .tools/venv/bin/python bench/routing.py --preset "${ROUTING_PRESET:-short}" --no-progress
 
+echo "== routing as deployed: 2 Envoys x 2 indexer replicas sharing load through Redis, caches under pressure, an engine restarted (short version)"
+.tools/venv/bin/python bench/routing.py --preset "${ROUTING_PRESET:-short}" --deployment deployed --no-progress
+
 python3 scripts/bench_report.py
 echo "== results: bench/results/ (summary in README.md)"

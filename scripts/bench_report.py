@@ -178,13 +178,13 @@ def main():
         table = filter_table(json.loads(flt.read_text()))
         (RESULTS / "filter.md").write_text(table + "\n")
         readme = put(readme, "filter", table)
-    rt = RESULTS / "routing" / "summary.json"
-    if rt.exists():
-        # The report writes Infinity for requests that never answered.
-        readme = put(readme, "routing", routing_table(json.loads(rt.read_text())))
-    short = RESULTS / "routing-short" / "summary.json"
-    if short.exists():
-        readme = put(readme, "routing-short", routing_table(json.loads(short.read_text()), "routing-short"))
+    # The single-proxy runs and the deployed-like ones (issue 22), each
+    # preset; a README without a run's markers is left as it is. The report
+    # writes Infinity for requests that never answered.
+    for run in ("routing", "routing-short", "routing-deployed", "routing-deployed-short"):
+        summary = RESULTS / run / "summary.json"
+        if summary.exists():
+            readme = put(readme, run, routing_table(json.loads(summary.read_text()), run))
     readme_path.write_text(readme)
 
 
