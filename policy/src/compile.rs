@@ -53,6 +53,7 @@ pub fn compile(set: &PolicySet) -> Result<FilterConfig, Vec<ValidationError>> {
                 .map(|t| TenantConfig {
                     name: t.name.clone(),
                     class: t.class.clone(),
+                    budget: crate::budget::compile(set, t),
                 })
                 .collect();
             t.sort_by(|a, b| a.name.cmp(&b.name));

@@ -25,10 +25,10 @@ use serde::Deserialize;
 
 pub(crate) use doc::Doc;
 pub use doc::{
-    ActionConfig, ApiKeyEntry, ClassificationConfig, ConfigError, MatchConfig, ModelsConfig,
-    PolicyConfig, PoolConfig, PoolStateConfig, ProviderActionConfig, ProviderConfig, RejectConfig,
-    RouteConfig, ShedConfig, TenantConfig, TenantSourceConfig, TenantSourceKind, TenantValueEntry,
-    TokenRangeConfig, FILTER_CONFIG_VERSION,
+    ActionConfig, ApiKeyEntry, BudgetConfig, ClassificationConfig, ConfigError, MatchConfig,
+    ModelsConfig, PolicyConfig, PoolConfig, PoolStateConfig, ProviderActionConfig, ProviderConfig,
+    RejectConfig, RouteConfig, ShedConfig, TenantConfig, TenantSourceConfig, TenantSourceKind,
+    TenantValueEntry, TokenRangeConfig, FILTER_CONFIG_VERSION,
 };
 pub(crate) use index::{api_bit, Index, RtAction, RtPolicy};
 

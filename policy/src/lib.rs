@@ -112,6 +112,17 @@
 //! ignored or rejected, never believed. API keys are stored only as
 //! `sha256:<hex>` hashes.
 //!
+//! ## Budgets
+//!
+//! A tenant may carry a token `budget` (tokens, prompt tokens, completion
+//! tokens and requests per minute, concurrent requests, the weight of a
+//! cached prompt token, the output estimate before any is learned);
+//! `classBudgets` gives every tenant of a class without its own budget the
+//! class's, each in a bucket of its own. See [`mod@budget`]. The compiled
+//! tenant carries it with every default filled in ([`BudgetConfig`]); the
+//! arithmetic is `kvasir-budget`'s, and where it is enforced is described
+//! in that crate's README.
+//!
 //! ## The compiled document
 //!
 //! [`FilterConfig::to_json`] gives canonical bytes: the same policy set
@@ -121,7 +132,7 @@
 //! ```json
 //! {"version":"kvasir.filter/v1",
 //!  "tenantSource":{"kind":"apiKey","unknownTenant":"reject","tenantHeader":"x-tenant","onTenantHeader":"ignore"},
-//!  "tenants":[{"name":"acme","class":"gold"}],
+//!  "tenants":[{"name":"acme","class":"gold","budget":{"tokensPerMinute":100000,"cachedTokenWeightPermille":1000,"defaultOutputTokens":512}}],
 //!  "apiKeys":[{"hash":"sha256:…","tenant":"acme"}],
 //!  "pools":[{"name":"main","models":["llama-3-8b"],"cluster":"vllm","indexerCluster":"kvasir-indexer","indexerPool":"main","indexerTimeoutMs":50}],
 //!  "providers":[{"name":"openai","cluster":"openai","authority":"api.openai.com","auth":{"header":"authorization","secretRef":{"name":"openai","key":"api-key"}}}],
@@ -133,6 +144,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod compile;
 pub mod config;
 pub mod glob;
@@ -148,8 +160,8 @@ pub mod validate;
 
 pub use compile::compile;
 pub use config::{
-    ActionConfig, ConfigError, FilterConfig, PoolConfig, ProviderConfig, TenantConfig,
-    TenantSourceConfig, TenantSourceKind, FILTER_CONFIG_VERSION,
+    ActionConfig, BudgetConfig, ConfigError, FilterConfig, PoolConfig, ProviderConfig,
+    TenantConfig, TenantSourceConfig, TenantSourceKind, FILTER_CONFIG_VERSION,
 };
 pub use glob::{Glob, GlobError};
 pub use matcher::{

@@ -27,6 +27,11 @@ pub struct PolicySet {
     /// The tenants that may send requests.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tenants: Vec<Tenant>,
+    /// Default budgets by tenant class: a tenant of the class without a
+    /// `budget` of its own gets this one (its own bucket, not one shared by
+    /// the class).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub class_budgets: Vec<ClassBudget>,
     /// Where the tenant of a request comes from.
     pub tenant_source: TenantSource,
     /// The vLLM pools requests can be routed to.
@@ -71,6 +76,51 @@ pub struct Tenant {
     /// tenant's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header_value: Option<String>,
+    /// The tenant's token budget; replaces its class's (`classBudgets`)
+    /// as a whole. None and no class budget: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+}
+
+/// A token budget: rates per minute, reserved when a request is admitted
+/// (prompt tokens plus an output estimate) and settled to the real usage.
+/// Every limit is optional; at least one must be set.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Budget {
+    /// Prompt (cached ones weighted) plus completion tokens per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+    /// Prompt tokens per minute (cached ones weighted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_per_minute: Option<u64>,
+    /// Completion tokens per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_per_minute: Option<u64>,
+    /// Requests per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+    /// Requests in flight at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    /// What a prompt token found in the engine's cache costs, 0..1 of an
+    /// uncached one (default 1, as OpenAI counts them; thousandths).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_token_weight: Option<f64>,
+    /// Completion tokens reserved for a request without `max_tokens` until
+    /// the tenant's own lengths are learned (default 512).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_output_tokens: Option<u32>,
+}
+
+/// The default budget of a tenant class.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClassBudget {
+    /// The class.
+    pub class: String,
+    /// Its tenants' budget (each tenant its own).
+    pub budget: Budget,
 }
 
 /// Where a request's tenant comes from. Exactly one of `header`, `apiKey`,

@@ -80,6 +80,38 @@ pub struct TenantConfig {
     /// Class, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<String>,
+    /// The tenant's budget (its own, else its class's), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetConfig>,
+}
+
+/// A tenant's budget with every default filled in. The filter sends it
+/// with each pick; the indexer reserves against it (`kvasir-budget`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetConfig {
+    /// Prompt plus completion tokens per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
+    /// Prompt tokens per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_per_minute: Option<u64>,
+    /// Completion tokens per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_per_minute: Option<u64>,
+    /// Requests per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_minute: Option<u64>,
+    /// Requests in flight at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent: Option<u32>,
+    /// A cached prompt token's cost in thousandths of an uncached one
+    /// (0..=1000): an integer, so the bytes are canonical and the
+    /// arithmetic exact.
+    pub cached_token_weight_permille: u16,
+    /// Completion tokens reserved without `max_tokens` before any are
+    /// learned.
+    pub default_output_tokens: u32,
 }
 
 /// A header/claim value and the tenant it identifies (sorted by value).

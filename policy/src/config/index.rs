@@ -92,6 +92,7 @@ pub(crate) fn build(doc: &mut Doc) -> Result<Index, ConfigError> {
     // Entry checks first, so paths count entries as they were written.
     check_pools(&doc.pools)?;
     check_providers(&doc.providers)?;
+    check_budgets(&doc.tenants)?;
     sort_by_name(doc)?;
 
     let names = Names {
@@ -181,6 +182,16 @@ fn check_providers(providers: &[ProviderConfig]) -> Result<(), ConfigError> {
                     "not a valid authority",
                 ));
             }
+        }
+    }
+    Ok(())
+}
+
+fn check_budgets(tenants: &[TenantConfig]) -> Result<(), ConfigError> {
+    for (i, t) in tenants.iter().enumerate() {
+        if let Some(b) = &t.budget {
+            crate::budget::check_compiled(b)
+                .map_err(|(field, msg)| invalid(format!("tenants[{i}].budget.{field}"), msg))?;
         }
     }
     Ok(())
