@@ -268,6 +268,7 @@ fn assemble(res: &Resources, target: &TargetRef, opts: &Options) -> Result<Assem
     origins.policies = policies.iter().map(|p| p.name_any()).collect();
     let set = PolicySet {
         tenants,
+        class_budgets: settings.spec.class_budgets.clone().unwrap_or_default(),
         tenant_source: settings.spec.tenant_source.clone(),
         pools: pools
             .into_iter()
@@ -409,6 +410,7 @@ fn tenants(
                 class: t.spec.class.clone(),
                 api_key_hashes,
                 header_value,
+                budget: t.spec.budget.clone(),
             }
         })
         .collect()

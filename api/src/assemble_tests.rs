@@ -122,6 +122,56 @@ fn api_key_from_secret_identifies_the_tenant() {
 }
 
 #[test]
+fn budgets_compile_from_the_tenant_and_its_class() {
+    let c = compile(&load(EXAMPLES), &gateway(), &Options::default()).unwrap();
+    let budget = |name: &str| {
+        let i = c.config.tenant_index(name).unwrap();
+        c.config.tenants()[i].budget.unwrap()
+    };
+    let acme = budget("acme");
+    assert_eq!(acme.tokens_per_minute, Some(100_000));
+    assert_eq!(acme.requests_per_minute, Some(600));
+    assert_eq!(acme.cached_token_weight_permille, 500);
+    let eval = budget("nightly-eval");
+    assert_eq!(eval.tokens_per_minute, Some(200_000));
+    assert_eq!(eval.max_concurrent, Some(8));
+    assert_eq!(eval.cached_token_weight_permille, 1000);
+}
+
+#[test]
+fn budget_errors_map_to_resource_fields() {
+    let mut res = load(EXAMPLES);
+    let acme = res.tenants.iter_mut().find(|t| t.name_any() == "acme");
+    acme.unwrap()
+        .spec
+        .budget
+        .as_mut()
+        .unwrap()
+        .tokens_per_minute = Some(0);
+    let classes = res.settings[0].spec.class_budgets.as_mut().unwrap();
+    classes.push(classes[0].clone());
+    let errs = compile(&res, &gateway(), &Options::default()).unwrap_err();
+    let got: Vec<_> = errs
+        .iter()
+        .map(|e| (e.object.as_ref().unwrap().to_string(), e.path.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "InferenceTenant/acme".to_owned(),
+                "spec.budget.tokensPerMinute"
+            ),
+            (
+                "InferenceSettings/inference-gateway".to_owned(),
+                "spec.classBudgets[1].class"
+            ),
+        ],
+        "{errs:?}"
+    );
+}
+
+#[test]
 fn equal_precedence_is_an_error() {
     let mut res = load(EXAMPLES);
     let p = res

@@ -1,5 +1,5 @@
 //! OpenAPI schemas for the `kvasir-policy` types the CRDs embed (`match`,
-//! `action`, `tenantSource`, `classification`).
+//! `action`, `tenantSource`, `classification`, `budget`, `classBudgets`).
 //!
 //! Written by hand rather than derived, for two reasons: the policy crate
 //! stays serde-only (it builds for wasm32 and knows nothing of Kubernetes),
@@ -13,6 +13,7 @@
 //! A test (`schema_matches_policy_types`) checks that every property listed
 //! here is one serde accepts, so the schemas cannot drift from the types.
 
+use kvasir_policy::budget::{MAX_CONCURRENT, MAX_OUTPUT_TOKENS, MAX_PER_MINUTE};
 use schemars::{json_schema, Schema, SchemaGenerator};
 use serde_json::{json, Value};
 
@@ -208,6 +209,61 @@ fn classification_value() -> Value {
     })
 }
 
+fn budget_value() -> Value {
+    let rate =
+        json!({"type": "integer", "format": "int64", "minimum": 1, "maximum": MAX_PER_MINUTE});
+    let limits = [
+        "tokensPerMinute",
+        "promptTokensPerMinute",
+        "completionTokensPerMinute",
+        "requestsPerMinute",
+        "maxConcurrent",
+    ];
+    let any_limit: Vec<String> = limits.iter().map(|f| format!("has(self.{f})")).collect();
+    json!({
+        "description": "A token budget: rates per minute, reserved when a request is admitted (prompt tokens plus an output estimate) and settled to the real usage. At least one limit.",
+        "type": "object",
+        "properties": {
+            "tokensPerMinute": rate,
+            "promptTokensPerMinute": rate,
+            "completionTokensPerMinute": rate,
+            "requestsPerMinute": rate,
+            "maxConcurrent": {"type": "integer", "format": "int32", "minimum": 1, "maximum": MAX_CONCURRENT},
+            "cachedTokenWeight": {"type": "number", "format": "double", "minimum": 0.0, "maximum": 1.0},
+            "defaultOutputTokens": {"type": "integer", "format": "int64", "minimum": 1, "maximum": MAX_OUTPUT_TOKENS},
+        },
+        "x-kubernetes-validations": [{
+            "rule": any_limit.join(" || "),
+            "message": format!("set one or more of {}", limits.map(|f| format!("`{f}`")).join(", ")),
+        }],
+    })
+}
+
+fn class_budgets_value() -> Value {
+    json!({
+        "description": "Default budgets by tenant class: a tenant of the class without a budget of its own gets this one, in a bucket of its own.",
+        "type": "array",
+        "maxItems": 64,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["class"],
+        "items": {
+            "type": "object",
+            "required": ["class", "budget"],
+            "properties": {"class": label(), "budget": budget_value()},
+        },
+    })
+}
+
+/// Schema of `Option<kvasir_policy::Budget>`.
+pub fn budget(_: &mut SchemaGenerator) -> Schema {
+    schema(budget_value())
+}
+
+/// Schema of `Option<Vec<kvasir_policy::ClassBudget>>`.
+pub fn class_budgets(_: &mut SchemaGenerator) -> Schema {
+    schema(class_budgets_value())
+}
+
 /// Schema of `kvasir_policy::Match`.
 pub fn match_(_: &mut SchemaGenerator) -> Schema {
     schema(match_value())
@@ -231,7 +287,7 @@ pub fn classification(_: &mut SchemaGenerator) -> Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvasir_policy::{Action, Classification, Match, TenantSource};
+    use kvasir_policy::{Action, Budget, ClassBudget, Classification, Match, TenantSource};
     use serde::de::DeserializeOwned;
 
     /// Every property in `schema` (recursively) must be accepted by `T`'s
@@ -319,6 +375,18 @@ mod tests {
             json!({"piiDetectors": ["email", "phone", "paymentCard", "iban", "nationalId"],
                    "easy": {"maxPromptTokens": 5, "noCodeFences": false}}),
         );
+        accepts::<Budget>(
+            &budget_value(),
+            json!({"tokensPerMinute": 1, "promptTokensPerMinute": 1, "completionTokensPerMinute": 1,
+                   "requestsPerMinute": 1, "maxConcurrent": 1, "cachedTokenWeight": 0.5,
+                   "defaultOutputTokens": 1}),
+        );
+        // Both fields are required, so the sample is read whole.
+        let item = &class_budgets_value()["items"];
+        let sample = json!({"class": "gold", "budget": {"maxConcurrent": 1}});
+        let keys: Vec<_> = item["properties"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, sample.as_object().unwrap().keys().collect::<Vec<_>>());
+        serde_json::from_value::<ClassBudget>(sample).unwrap();
     }
 
     #[test]

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use kube_derive::CustomResource;
-use kvasir_policy::{Action, Classification, Match, TenantSource};
+use kvasir_policy::{Action, Budget, ClassBudget, Classification, Match, TenantSource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -186,8 +186,13 @@ pub struct InferenceTenantSpec {
     /// depends on the target's `InferenceSettings.spec.tenantSource`.
     #[serde(default)]
     pub identity: TenantIdentity,
-    // Room for `limits` (token budgets, rates): a later version adds it
-    // here as an optional field, so existing tenants stay valid.
+    /// The tenant's token budget (tokens, prompt or completion tokens and
+    /// requests per minute, concurrent requests); replaces its class's
+    /// (`InferenceSettings.spec.classBudgets`) as a whole. None and no
+    /// class budget: unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::budget")]
+    pub budget: Option<Budget>,
 }
 
 /// A tenant's identities, one per tenant source.
@@ -378,6 +383,12 @@ pub struct InferenceSettingsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 600_000))]
     pub pool_state_max_age_ms: Option<u32>,
+    /// Default token budgets by tenant class: a tenant of the class
+    /// without a `budget` of its own gets the class's, in a bucket of its
+    /// own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::class_budgets")]
+    pub class_budgets: Option<Vec<ClassBudget>>,
 }
 
 /// The Gateway API Inference Extension's `InferencePool`

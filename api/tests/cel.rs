@@ -148,3 +148,24 @@ fn settings_tenant_source_rules() {
         "{errs:?}"
     );
 }
+
+#[test]
+fn a_budget_needs_a_limit() {
+    let tenant = |budget: Value| {
+        json!({"apiVersion": "kvasir.dev/v1alpha1", "kind": "InferenceTenant",
+               "metadata": {"name": "t"}, "spec": {"budget": budget}})
+    };
+    assert_eq!(
+        errors("InferenceTenant", &tenant(json!({"maxConcurrent": 2}))),
+        Vec::<String>::new()
+    );
+    let errs = errors(
+        "InferenceTenant",
+        &tenant(json!({"cachedTokenWeight": 0.5})),
+    );
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(
+        errs[0].contains("set one or more of `tokensPerMinute`"),
+        "{errs:?}"
+    );
+}
