@@ -17,9 +17,19 @@
 //! Decoding requests count as running for `output tokens x itl_ms` after
 //! their first token.
 //!
+//! Two indexes: `Scored` reads the engines' caches as they are (the
+//! KV-event index), `Picks` a per-engine LRU of the blocks it sent there
+//! (`index: picks`, which keeps blocks the engine evicted). The picks can
+//! be spread over several indexer replicas, each with its own history,
+//! recent placements and picks in prefill (the engines' load and the
+//! KV-event index they share), and the caches can behave as the
+//! simulator's block pool under pressure (`kv_pressure`: running
+//! requests' blocks pinned and read as KV usage, tails evicted first).
+//!
 //! What it leaves out: prefills batched into shared steps and decode steps
-//! between them (the queues serve one prefill at a time), and KV pressure
-//! (the caches evict by LRU alone, never pinned, never full). Its `waiting`
+//! between them (the queues serve one prefill at a time), preemption, and
+//! (without `kv_pressure`) KV pressure altogether: the caches evict by LRU
+//! alone, never pinned, never full. Its `waiting`
 //! is every request not yet started, where an engine's is only those it
 //! could not fit into a step's token budget. With the default weights it
 //! reproduces the benchmark's whole-trace runs closely up to load 1.5 (hit
@@ -32,7 +42,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use kvasir_scoring::placements::{Placements, DEFAULT_MAX_ENDS};
-use kvasir_scoring::{Candidate, Request, Weights};
+use kvasir_scoring::{Candidate, Decision, Request, Weights};
 
 use crate::bound::{reusable_tokens, EngineModel, Lru};
 use crate::queue::At;
@@ -46,8 +56,22 @@ pub enum Policy {
     RoundRobin,
     /// The engine whose queue empties first, blind to caches.
     LeastWork,
-    /// The cache-indexer's ranking with these weights.
+    /// The cache-indexer's ranking with these weights, over an index that
+    /// knows what each engine holds (`index: events`).
     Scored(Box<Weights>),
+    /// The same ranking over an index learned from the picks (`index:
+    /// picks`): per engine an LRU of the blocks it was sent, of
+    /// [`Cluster::history_tokens`], blind to what the engine evicted.
+    Picks(Box<Weights>),
+}
+
+impl Policy {
+    fn weights(&self) -> Option<&Weights> {
+        match self {
+            Policy::Scored(w) | Policy::Picks(w) => Some(w),
+            _ => None,
+        }
+    }
 }
 
 /// The modelled cluster.
@@ -76,6 +100,25 @@ pub struct Cluster {
     /// indexer scrapes `/metrics`; in-flight picks it knows at once); 0 reads
     /// them fresh at every pick.
     pub scrape_ms: f64,
+    /// Each engine's pick history under [`Policy::Picks`], tokens (the
+    /// indexer's `pickHistoryBlocks` x block size).
+    pub history_tokens: u64,
+    /// Indexer replicas the picks are spread over (each pick to one, by a
+    /// hash of its place in the trace, as Envoy's workers' streams spread
+    /// them). Each keeps its own pick history, recent placements and
+    /// picks in prefill to match against; the engines' load (queued
+    /// prefill, in-flight) and the KV-event index they share.
+    pub replicas: usize,
+    /// Whether replicas match a prompt against each other's picks in
+    /// prefill too (a what-if: the indexer shares only their load).
+    pub shared_pending: bool,
+    /// Whether the engines' caches behave as the simulator's block pool
+    /// under pressure: a running request's blocks cannot be evicted (and
+    /// count as KV usage, which the picker reads at each scrape), and a
+    /// finished prompt's tail is evicted before its prefix. Off, the
+    /// caches are plain LRUs touched in prompt order (the model the
+    /// README's figures were taken with).
+    pub kv_pressure: bool,
 }
 
 /// What one replay gave.
@@ -87,6 +130,19 @@ pub struct Outcome {
     pub ttft: Dist,
     /// Requests per engine.
     pub per_engine: Vec<usize>,
+    /// Scored picks by why the first endpoint won.
+    pub decisions: Decisions,
+}
+
+/// Scored picks by decision (the indexer's `decision` counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Decisions {
+    /// The first endpoint held the longest (indexed) prefix.
+    pub prefix: usize,
+    /// Chosen by load.
+    pub load: usize,
+    /// Every endpoint saturated.
+    pub all_saturated: usize,
 }
 
 /// A request queued or prefilling on a model engine.
@@ -99,32 +155,69 @@ struct Queued {
     work: u64,
     /// The request's place in the trace.
     index: usize,
+    /// The indexer replica that picked it.
+    replica: usize,
 }
 
 struct Engine {
     address: String,
+    /// [`Cluster::kv_pressure`].
+    kv_pressure: bool,
     cache: Lru,
-    /// Prompts whose prefill ends at the time given, then cached; in FCFS
-    /// order, which is also time order.
-    to_cache: VecDeque<(f64, Vec<u64>)>,
+    /// What a picks index remembers sending here ([`Policy::Picks`]).
+    history: Vec<Lru>,
+    /// Prompts whose prefill ends at the time given, then cached and held
+    /// until their request ends; in FCFS order, which is also time order.
+    to_cache: VecDeque<(f64, f64, Vec<u64>)>,
+    /// Prompts held in the cache until the time given.
+    pinned: BinaryHeap<Reverse<(At, usize)>>,
+    /// The ids each entry of `pinned` holds, by trace index.
+    pinned_ids: std::collections::HashMap<usize, Vec<u64>>,
+    /// Trace index of the prompts in `to_cache`, in the same order.
+    to_cache_index: VecDeque<usize>,
     /// Requests not yet past their first token, FCFS.
     queue: VecDeque<Queued>,
     /// When the queue's last prefill ends.
     free_at: f64,
     /// When each request still running ends.
     ends: BinaryHeap<Reverse<At>>,
-    /// The last scrape: (scrape period it was taken in, running, waiting).
-    scraped: (i64, u32, u32),
+    /// The last scrape: (scrape period it was taken in, running, waiting,
+    /// KV usage).
+    scraped: (i64, u32, u32, f64),
 }
+
+/// An engine's (running, waiting, KV usage) as scraped.
+type Scraped = (u32, u32, f64);
 
 impl Engine {
     /// Brings the engine to time `t`: finished prefills cached, finished
     /// requests gone.
     fn advance(&mut self, t: f64) {
-        while self.to_cache.front().is_some_and(|(d, _)| *d <= t) {
-            if let Some((_, ids)) = self.to_cache.pop_front() {
-                for id in ids {
+        while self.to_cache.front().is_some_and(|(d, _, _)| *d <= t) {
+            let (Some((_, end, ids)), Some(index)) =
+                (self.to_cache.pop_front(), self.to_cache_index.pop_front())
+            else {
+                break;
+            };
+            if self.kv_pressure {
+                self.cache.touch_chain(&ids);
+                self.cache.pin(&ids);
+            } else {
+                for &id in &ids {
                     self.cache.touch(id);
+                }
+            }
+            self.pinned.push(Reverse((At(end), index)));
+            self.pinned_ids.insert(index, ids);
+        }
+        while self
+            .pinned
+            .peek()
+            .is_some_and(|Reverse((At(e), _))| *e <= t)
+        {
+            if let Some(Reverse((_, index))) = self.pinned.pop() {
+                if let Some(ids) = self.pinned_ids.remove(&index) {
+                    self.cache.unpin(&ids);
                 }
             }
         }
@@ -142,18 +235,24 @@ impl Engine {
         ((self.ends.len() as u32).saturating_sub(waiting), waiting)
     }
 
-    /// (running, waiting) as the last scrape saw them, scraping anew when a
-    /// period has passed since.
-    fn scrape(&mut self, t: f64, every_ms: f64) -> (u32, u32) {
+    /// Share of the cache held by running requests.
+    fn kv_usage(&self) -> f64 {
+        self.cache.pinned() as f64 / self.cache.capacity().max(1) as f64
+    }
+
+    /// (running, waiting, KV usage) as the last scrape saw them, scraping
+    /// anew when a period has passed since.
+    fn scrape(&mut self, t: f64, every_ms: f64) -> Scraped {
         if every_ms <= 0.0 {
-            return self.counts(t);
+            let (r, w) = self.counts(t);
+            return (r, w, self.kv_usage());
         }
         let period = (t / every_ms).floor() as i64;
         if period != self.scraped.0 {
             let (r, w) = self.counts(t);
-            self.scraped = (period, r, w);
+            self.scraped = (period, r, w, self.kv_usage());
         }
-        (self.scraped.1, self.scraped.2)
+        (self.scraped.1, self.scraped.2, self.scraped.3)
     }
 }
 
@@ -162,26 +261,35 @@ impl Cluster {
     pub fn replay(&self, trace: &[TraceRequest], speed: f64, policy: &Policy) -> Outcome {
         let n = self.engines.max(1);
         let cap_ids = (self.cache_tokens / self.trace_block.max(1) as u64) as usize;
+        let replicas = self.replicas.max(1);
+        let history_ids = (self.history_tokens / self.trace_block.max(1) as u64) as usize;
         let mut engines: Vec<Engine> = (0..n)
             .map(|i| Engine {
                 address: format!("10.0.0.{i}:8000"),
+                kv_pressure: self.kv_pressure,
                 cache: Lru::new(cap_ids),
+                history: (0..replicas)
+                    .map(|_| Lru::new(history_ids.max(1)))
+                    .collect(),
                 to_cache: VecDeque::new(),
+                pinned: BinaryHeap::new(),
+                pinned_ids: Default::default(),
+                to_cache_index: VecDeque::new(),
                 queue: VecDeque::new(),
                 free_at: f64::NEG_INFINITY,
                 ends: BinaryHeap::new(),
-                scraped: (i64::MIN, 0, 0),
+                scraped: (i64::MIN, 0, 0, 0.0),
             })
             .collect();
         let t0 = trace.first().map_or(0.0, |r| r.timestamp);
         let (mut prompt_all, mut cached_all) = (0u64, 0u64);
         let mut ttft = Vec::with_capacity(trace.len());
         let mut per_engine = vec![0; n];
-        let half_life = match policy {
-            Policy::Scored(w) => w.placement_half_life_ms,
-            _ => 0.0,
-        };
-        let mut placements = Placements::new(half_life, DEFAULT_MAX_ENDS);
+        let half_life = policy.weights().map_or(0.0, |w| w.placement_half_life_ms);
+        let mut decisions = Decisions::default();
+        let mut placements: Vec<Placements<usize>> = (0..replicas)
+            .map(|_| Placements::new(half_life, DEFAULT_MAX_ENDS))
+            .collect();
         for (i, r) in trace.iter().enumerate() {
             let t = (r.timestamp - t0) / speed.max(1e-9);
             let mut scraped = Vec::with_capacity(n);
@@ -197,9 +305,20 @@ impl Cluster {
                         .unwrap_or(0);
                     (best, 0)
                 }
-                Policy::Scored(w) => {
-                    let at = Now { i, t };
-                    self.scored(&engines, &scraped, &mut placements, trace, at, w)
+                Policy::Scored(_) | Policy::Picks(_) => {
+                    let at = Now {
+                        i,
+                        t,
+                        replica: replica_of(i, replicas),
+                    };
+                    let (pick, work, decision) =
+                        self.scored(&mut engines, &scraped, &mut placements, trace, at, policy);
+                    match decision {
+                        Decision::Prefix => decisions.prefix += 1,
+                        Decision::AllSaturated => decisions.all_saturated += 1,
+                        _ => decisions.load += 1,
+                    }
+                    (pick, work)
                 }
             };
             let e = &mut engines[pick];
@@ -208,20 +327,27 @@ impl Cluster {
             e.advance(start);
             let matched = e.cache.prefix_len(&r.hash_ids);
             let hit = reusable_tokens(matched, self.trace_block, self.engine_block, r.input_length);
-            for &id in &r.hash_ids[..matched] {
-                e.cache.touch(id);
+            if self.kv_pressure {
+                e.cache.touch_chain(&r.hash_ids[..matched]);
+            } else {
+                for &id in &r.hash_ids[..matched] {
+                    e.cache.touch(id);
+                }
             }
             let done = start + self.model.unqueued_ttft_ms(r.input_length, hit);
+            let decode = r.output_length.saturating_sub(1) as f64 * self.itl_ms;
             e.free_at = done;
-            e.to_cache.push_back((done, r.hash_ids.clone()));
+            e.to_cache
+                .push_back((done, done + decode, r.hash_ids.clone()));
+            e.to_cache_index.push_back(i);
             e.queue.push_back(Queued {
                 arrival: t,
                 start,
                 done,
                 work,
                 index: i,
+                replica: replica_of(i, replicas),
             });
-            let decode = r.output_length.saturating_sub(1) as f64 * self.itl_ms;
             e.ends.push(Reverse(At(done + decode)));
             per_engine[pick] += 1;
             prompt_all += r.input_length as u64;
@@ -236,28 +362,37 @@ impl Cluster {
             },
             ttft: Dist::of(ttft),
             per_engine,
+            decisions,
         }
     }
 
     /// The scored pick of `trace[i]` at time `t` with the engines' last
-    /// scraped (running, waiting), and the prefill work it expects there.
-    /// An engine's match is the longer of its cached prefix and the prefix
-    /// it shares with a pick still in prefill there, as the indexer counts
-    /// it (`pending_matched_blocks`). The pick is recorded in `placements`
-    /// as the indexer records it, the trace's full hash ids standing for the
-    /// prompt's block chain.
+    /// scraped state, the prefill work it expects there, and why it won.
+    /// Under [`Policy::Scored`] an engine's match is the longer of its
+    /// cached prefix and the prefix it shares with a pick still in prefill
+    /// there, as the indexer counts it (`pending_matched_blocks`); under
+    /// [`Policy::Picks`] it is what the engine's pick history holds, which
+    /// records each pick at once. The pick is recorded in `placements` as
+    /// the indexer records it, and in the picked engine's history, the
+    /// trace's full hash ids standing for the prompt's block chain.
     fn scored(
         &self,
-        engines: &[Engine],
-        scraped: &[(u32, u32)],
-        placements: &mut Placements<usize>,
+        engines: &mut [Engine],
+        scraped: &[Scraped],
+        placements: &mut [Placements<usize>],
         trace: &[TraceRequest],
-        Now { i, t }: Now,
-        w: &Weights,
-    ) -> (usize, u64) {
+        Now { i, t, replica }: Now,
+        policy: &Policy,
+    ) -> (usize, u64, Decision) {
+        let (w, from_history) = match policy {
+            Policy::Scored(w) => (w, false),
+            Policy::Picks(w) => (w, true),
+            _ => unreachable!("scored policies only"),
+        };
         let r = &trace[i];
         let full = (r.input_length / self.trace_block.max(1)).min(r.hash_ids.len());
         let chain = &r.hash_ids[..full];
+        let placements = &mut placements[replica];
         let starts = placements.starts_conversation(chain);
         let seed = i as u64;
         let block = self.engine_block.max(1);
@@ -265,7 +400,7 @@ impl Cluster {
             .iter()
             .zip(scraped)
             .enumerate()
-            .map(|(k, (e, &(running, waiting)))| {
+            .map(|(k, (e, &(running, waiting, kv_usage)))| {
                 let in_flight = e.ends.len() as u32;
                 // Picks within the horizon: their queued work, and the
                 // longest prefix one of them shares with this request.
@@ -274,6 +409,9 @@ impl Cluster {
                     .iter()
                     .filter(|q| t - q.arrival < self.prefill_horizon_ms)
                     .fold((0u64, 0usize), |(work, longest), q| {
+                        if q.replica != replica && !self.shared_pending {
+                            return (work + q.work, longest);
+                        }
                         let shared = trace[q.index]
                             .hash_ids
                             .iter()
@@ -282,19 +420,24 @@ impl Cluster {
                             .count();
                         (work + q.work, longest.max(shared))
                     });
-                let matched_tokens =
-                    e.cache.prefix_len(&r.hash_ids).max(pending) * self.trace_block;
+                let matched_ids = if from_history {
+                    e.history[replica].prefix_len(chain)
+                } else {
+                    e.cache.prefix_len(&r.hash_ids).max(pending)
+                };
+                let matched_tokens = matched_ids * self.trace_block;
+                let kv_full = kv_usage >= KV_FULL;
                 Candidate {
                     address: &e.address,
                     matched_blocks: u32::try_from(matched_tokens / block).unwrap_or(u32::MAX),
                     running,
                     waiting,
-                    kv_usage: 0.0,
+                    kv_usage,
                     in_flight,
                     queued_prefill_tokens: queued,
                     healthy: true,
-                    saturated: waiting >= self.saturation_waiting,
-                    left_out: false,
+                    saturated: kv_full || waiting >= self.saturation_waiting,
+                    left_out: kv_full,
                     failing: false,
                     recent_placements: placements.recent(k, t),
                 }
@@ -314,88 +457,34 @@ impl Cluster {
             .first()
             .map_or((0, 0), |f| (f.candidate, f.cost.prefill_work));
         placements.record(pick, chain, starts, t);
-        (pick, work)
+        engines[pick].history[replica].touch_chain(chain);
+        (pick, work, ranking.decision)
     }
 }
 
-/// Which request a scored pick is for, and when it arrives (ms).
+/// KV usage at which the indexer leaves an engine out (its
+/// `saturation.kvUsage` default).
+const KV_FULL: f64 = 0.9;
+
+/// Which request a scored pick is for, when it arrives (ms), and the
+/// replica that picks it.
 #[derive(Debug, Clone, Copy)]
 struct Now {
     i: usize,
     t: f64,
+    replica: usize,
+}
+
+/// The replica that picks the `i`th request: a fixed scatter, so every
+/// policy sees the same split.
+fn replica_of(i: usize, replicas: usize) -> usize {
+    if replicas <= 1 {
+        return 0;
+    }
+    let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    (h % replicas as u64) as usize
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use vllm_latency::LatencyProfile;
-
-    fn cluster(engines: usize) -> Cluster {
-        Cluster {
-            engines,
-            cache_tokens: 1 << 20,
-            trace_block: 512,
-            engine_block: 16,
-            model: EngineModel {
-                profile: LatencyProfile::h100_8b(),
-                max_num_batched_tokens: 8192,
-            },
-            itl_ms: 10.0,
-            saturation_waiting: 5,
-            prefill_horizon_ms: 30_000.0,
-            scrape_ms: 250.0,
-        }
-    }
-
-    fn req(at_ms: f64, ids: &[u64]) -> TraceRequest {
-        TraceRequest {
-            timestamp: at_ms,
-            input_length: ids.len() * 512,
-            output_length: 10,
-            hash_ids: ids.to_vec(),
-        }
-    }
-
-    #[test]
-    fn the_scored_policy_follows_the_prefix_and_round_robin_does_not() {
-        let c = cluster(4);
-        // The same 8k-token prefix four times, far apart: only the first
-        // has to prefill it under the scored policy.
-        let ids: Vec<u64> = (0..16).collect();
-        let trace: Vec<TraceRequest> = (0..4).map(|i| req(i as f64 * 10_000.0, &ids)).collect();
-        let scored = c.replay(&trace, 1.0, &Policy::Scored(Box::default()));
-        assert_eq!(scored.per_engine.iter().filter(|&&k| k > 0).count(), 1);
-        // Three of four reuse all but the last block.
-        let want = 3.0 * (8192.0 - 16.0) / (4.0 * 8192.0);
-        assert!((scored.hit_rate - want).abs() < 1e-9, "{}", scored.hit_rate);
-        let rr = c.replay(&trace, 1.0, &Policy::RoundRobin);
-        assert_eq!(rr.per_engine, vec![1, 1, 1, 1]);
-        assert_eq!(rr.hit_rate, 0.0);
-        assert!(scored.ttft.mean < rr.ttft.mean);
-    }
-
-    #[test]
-    fn a_prefix_is_reusable_only_once_its_prefill_is_done() {
-        let c = cluster(1);
-        let ids: Vec<u64> = (0..16).collect();
-        // The second arrives while the first is still prefilling: on the
-        // one engine it waits for it, and then finds the prefix cached.
-        let trace = vec![req(0.0, &ids), req(1.0, &ids)];
-        let o = c.replay(&trace, 1.0, &Policy::LeastWork);
-        assert!(o.hit_rate > 0.49, "{}", o.hit_rate);
-        let first = c.model.unqueued_ttft_ms(8192, 0);
-        let second = first - 1.0 + c.model.unqueued_ttft_ms(8192, 8176);
-        assert!((o.ttft.mean - (first + second) / 2.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn least_work_spreads_a_burst_and_speed_compresses_arrivals() {
-        let c = cluster(2);
-        let trace: Vec<TraceRequest> = (0..4).map(|i| req(i as f64, &[100 + i])).collect();
-        let o = c.replay(&trace, 1.0, &Policy::LeastWork);
-        assert_eq!(o.per_engine, vec![2, 2]);
-        // Ten times apart and ten times as fast: the same replay.
-        let wide: Vec<TraceRequest> = (0..4).map(|i| req(i as f64 * 10.0, &[100 + i])).collect();
-        assert_eq!(c.replay(&wide, 10.0, &Policy::LeastWork), o);
-    }
-}
+#[path = "cluster_tests.rs"]
+mod tests;

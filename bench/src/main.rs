@@ -228,7 +228,9 @@ struct ModelArgs {
     /// Trace speed-ups to replay at, comma-separated.
     #[arg(long, default_value = "1.5", value_delimiter = ',')]
     speeds: Vec<f64>,
-    /// Built-in policies: round-robin, least-work, kvasir (default weights).
+    /// Built-in policies: round-robin, least-work, kvasir (default weights,
+    /// an index that knows what engines hold), approx-prefix (default
+    /// weights, an index learned from the picks).
     #[arg(
         long,
         default_value = "round-robin,least-work,kvasir",
@@ -253,6 +255,24 @@ struct ModelArgs {
     /// always fresh).
     #[arg(long, default_value_t = 250.0)]
     scrape_ms: f64,
+    /// Each engine's pick history for approx-prefix, tokens (the
+    /// indexer's default 25000 blocks of 16).
+    #[arg(long, default_value_t = 400_000)]
+    history_tokens: u64,
+    /// Indexer replicas the picks are spread over (each with its own pick
+    /// history, placements and picks in prefill; engine load shared).
+    #[arg(long, default_value_t = 1)]
+    replicas: usize,
+    /// With several replicas: each matches prompts against all replicas'
+    /// picks in prefill, not only its own (a what-if; the indexer shares
+    /// only their load).
+    #[arg(long)]
+    shared_pending: bool,
+    /// Engine caches as the simulator's block pool under pressure: running
+    /// requests' blocks pinned (and read as KV usage), tails evicted
+    /// before prefixes.
+    #[arg(long)]
+    kv_pressure: bool,
 }
 
 /// `name:key=value,...` as a scored policy over the default weights.
@@ -296,8 +316,9 @@ fn model_cmd(a: &ModelArgs) -> anyhow::Result<()> {
                 "round-robin" => Policy::RoundRobin,
                 "least-work" => Policy::LeastWork,
                 "kvasir" => Policy::Scored(Box::default()),
+                "approx-prefix" => Policy::Picks(Box::default()),
                 other => anyhow::bail!(
-                    "--policies: unknown {other:?} (round-robin, least-work, kvasir; other weights with --variant)"
+                    "--policies: unknown {other:?} (round-robin, least-work, kvasir, approx-prefix; other weights with --variant)"
                 ),
             },
         ));
@@ -315,19 +336,27 @@ fn model_cmd(a: &ModelArgs) -> anyhow::Result<()> {
         saturation_waiting: a.saturation_waiting,
         prefill_horizon_ms: a.prefill_horizon_ms,
         scrape_ms: a.scrape_ms,
+        history_tokens: a.history_tokens,
+        replicas: a.replicas,
+        shared_pending: a.shared_pending,
+        kv_pressure: a.kv_pressure,
     };
-    println!("| speed | policy | hit rate | TTFT mean | p50 | p90 | p99 |");
-    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: |");
+    println!("| speed | policy | hit rate | TTFT mean | p50 | p90 | p99 | picks by prefix / load / all saturated |");
+    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for &speed in &a.speeds {
         for (name, p) in &policies {
             let o = c.replay(&t, speed, p);
+            let d = o.decisions;
             println!(
-                "| {speed} | {name} | {:.1}% | {} | {} | {} | {} |",
+                "| {speed} | {name} | {:.1}% | {} | {} | {} | {} | {} / {} / {} |",
                 o.hit_rate * 100.0,
                 compare::ms(o.ttft.mean),
                 compare::ms(o.ttft.p50),
                 compare::ms(o.ttft.p90),
-                compare::ms(o.ttft.p99)
+                compare::ms(o.ttft.p99),
+                d.prefix,
+                d.load,
+                d.all_saturated
             );
         }
     }
