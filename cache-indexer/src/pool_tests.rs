@@ -398,3 +398,29 @@ fn set_endpoints_diffs() {
     assert!(st.endpoints[0].healthy, "kept endpoint keeps its state");
     assert!(!st.endpoints[1].healthy, "new endpoint waits for a scrape");
 }
+
+/// A conversation's next turn, sent right after the last one finished,
+/// stays on the engine holding its (short) history even though that
+/// engine's last scrape, taken while the last turn ran, still counts it
+/// running: the report that it is done takes it off that count.
+#[tokio::test]
+async fn a_request_reported_done_no_longer_counts_as_running() {
+    let pool = pool_with(3, RequestTokenizer::Approx);
+    let holder = "127.0.0.1:8001";
+    let turn: Vec<u32> = (0..12).collect();
+    store(&pool, holder, &turn);
+    let r = pool.pick(ids_req("t1", turn.clone())).await.unwrap();
+    assert_eq!(r.endpoints[0].address, holder);
+    // Scraped while t1 ran.
+    let busy = EngineLoad {
+        running: 1,
+        ..EngineLoad::default()
+    };
+    pool.load
+        .record_scrape(EndpointId::from_address(holder), Some(busy), Instant::now());
+    done(&pool, "t1");
+    let next: Vec<u32> = (0..16).collect();
+    let r = pool.pick(ids_req("t2", next)).await.unwrap();
+    assert_eq!(r.endpoints[0].address, holder, "{r:?}");
+    assert_eq!(r.endpoints[0].predicted_cached_tokens, 12);
+}

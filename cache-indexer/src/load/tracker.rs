@@ -90,6 +90,20 @@ pub struct LoadView {
     /// blocks the engine is computing and will hold by the time this request
     /// runs, though its KV events have not said so yet.
     pub pending_matched_blocks: usize,
+    /// This replica's picks that the last scrape counted and that were
+    /// reported done since (see [`LoadView::running`]).
+    pub done_since_scrape: u32,
+}
+
+impl LoadView {
+    /// The engine's running requests now, as far as this replica knows: the
+    /// last scrape's count less the requests reported done since. Without
+    /// it an engine that just finished a request looks busy until its next
+    /// scrape, and a conversation's next turn, sent right after, can be
+    /// moved off the engine holding its history.
+    pub fn running(&self) -> u32 {
+        self.engine.running.saturating_sub(self.done_since_scrape)
+    }
 }
 
 /// Prompts in prefill remembered per endpoint for
@@ -109,6 +123,9 @@ struct EndpointLoad {
     queued_prefill: u64,
     /// (pick seq, block chain) of picks in prefill, oldest first.
     pending: std::collections::VecDeque<(u64, Arc<[u64]>)>,
+    /// Picks made before the last scrape and reported done since: the
+    /// scrape still counts them as running.
+    done_since_scrape: u32,
 }
 
 impl EndpointLoad {
@@ -310,6 +327,7 @@ impl LoadTracker {
             Some(load) => {
                 e.engine = load;
                 e.last_ok = Some(now);
+                e.done_since_scrape = 0;
                 e.failures_in_row = 0;
                 e.healthy = true;
             }
@@ -415,6 +433,7 @@ impl LoadTracker {
             Phase::Done => match in_flight.remove(request_id) {
                 Some(f) => {
                     release(endpoints, &f, true);
+                    finished(endpoints, &f);
                     f.matched()
                 }
                 None => unmatched,
@@ -495,6 +514,7 @@ impl LoadTracker {
             scrape_failures: e.scrape_failures,
             failures_in_row: e.failures_in_row,
             pending_matched_blocks,
+            done_since_scrape: e.done_since_scrape,
         }
     }
 
@@ -605,6 +625,17 @@ fn release(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &InFlight, whol
             if !f.confirmed {
                 e.unconfirmed = e.unconfirmed.saturating_sub(1);
             }
+        }
+    }
+}
+
+/// Counts a pick reported done that the endpoint's last scrape counted
+/// (picked before it): until the next scrape, the engine's scraped
+/// `running` is that much too high.
+fn finished(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &InFlight) {
+    if let Some(e) = endpoints.get_mut(&f.endpoint) {
+        if e.last_ok.is_some_and(|scraped| f.picked_at <= scraped) {
+            e.done_since_scrape = e.done_since_scrape.saturating_add(1);
         }
     }
 }

@@ -166,3 +166,39 @@ fn peer_load_adds_to_the_views_not_to_what_is_published() {
     t.report("r1", Phase::Done);
     assert!(t.own_loads().is_empty());
 }
+
+#[test]
+fn requests_done_since_the_scrape_leave_its_running_count() {
+    let (t, a, _, now) = tracker();
+    let busy = EngineLoad {
+        running: 2,
+        waiting: 0,
+        kv_usage: 0.1,
+    };
+    // Picked before the scrape that counted them as running.
+    t.record_pick("r1", a, 100, 0, None, now);
+    t.record_pick("r2", a, 100, 0, None, now);
+    let later = now + Duration::from_millis(10);
+    t.record_scrape(a, Some(busy), later);
+    // Picked after it: the scrape never counted this one.
+    t.record_pick("r3", a, 100, 0, None, later + Duration::from_millis(1));
+    assert!(t.report("r1", Phase::Done).matched);
+    assert!(t.report("r3", Phase::Done).matched);
+    let v = &t.views([a], later)[0];
+    assert_eq!(
+        (v.engine.running, v.done_since_scrape, v.running()),
+        (2, 1, 1)
+    );
+    // The next scrape is the engine's word again.
+    t.record_scrape(a, Some(busy), later + Duration::from_millis(100));
+    let v = &t.views([a], later)[0];
+    assert_eq!((v.done_since_scrape, v.running()), (0, 2));
+    // Never below zero, however many reports.
+    t.record_scrape(
+        a,
+        Some(EngineLoad::default()),
+        later + Duration::from_millis(200),
+    );
+    assert!(t.report("r2", Phase::Done).matched);
+    assert_eq!(t.views([a], later)[0].running(), 0);
+}

@@ -84,7 +84,7 @@ fn candidate<'a>(e: &'a Endpoint, v: &LoadView, matched: usize) -> Candidate<'a>
     Candidate {
         address: &e.spec.address,
         matched_blocks: u32::try_from(matched).unwrap_or(u32::MAX),
-        running: v.engine.running,
+        running: v.running(),
         waiting: v.engine.waiting,
         kv_usage: v.engine.kv_usage,
         in_flight: v.in_flight,
