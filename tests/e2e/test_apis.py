@@ -16,7 +16,7 @@ import json
 import uuid
 from typing import Any
 
-from kvasir_harness import (MODEL, POLICY, SETTINGS, Proc, Processes, Sim, compile_plugin, indexer_for, request,
+from kvasir_harness import (MODEL, POLICY, SETTINGS, Processes, compile_plugin, indexer_for, request, restart_sim,
                             sse_events, sse_named_events, start_envoy, start_sim, wait_envoy, wait_sim, wait_until)
 from kvasir_harness.prom import total as prom_total
 from conftest import Stack
@@ -297,8 +297,7 @@ def test_a_chain_whose_engine_died_is_refused_then_unknown_after_its_restart(art
             assert json.loads(b)["error"]["message"] == f"Response with id '{rid}' not found.", b
 
         # The same address again, new KV-event sockets, an empty store.
-        argv = [a if a != "0" or prev != "--port" else str(dead.port) for prev, a in zip([""] + dead.proc.argv, dead.proc.argv)]
-        back = Sim(Proc("gone-restarted", argv, logdir, env={"RUST_LOG": "info"}), MODEL)
+        back = restart_sim(dead, logdir, "gone-restarted")
         procs.add(back.proc)
         wait_sim(back)
         assert back.address == home
