@@ -5,11 +5,13 @@
 //! writing stops counting within the TTL and its field is deleted later; a
 //! replica that shuts down withdraws its field; with Redis gone each
 //! replica falls back to its own counts, counts the failures and never
-//! hangs, and shares again once Redis is back.
+//! hangs, and shares again once Redis is back; a prompt A placed and that
+//! is still in prefill gives B's picks sharing its prefix their prefix
+//! credit on A's engine, until A's first token.
 //!
 //! The engines are idle stand-ins that only answer `/metrics` (index
-//! `picks`: no KV events needed), so every difference in the picks comes
-//! from the load the replicas placed.
+//! `picks`, or `events` with no events ever coming), so every difference in
+//! the picks comes from what the replicas placed.
 
 mod responses_support;
 mod service_support;
@@ -91,12 +93,16 @@ async fn answer_idle(mut s: tokio::net::TcpStream) {
 /// A config over `engines` (index `picks`, approx tokenizer) sharing load
 /// through `redis` as replica `id`.
 fn config(engines: &[IdleEngine], redis: &Redis, id: &str) -> Config {
+    config_with_index(engines, redis, id, "picks")
+}
+
+fn config_with_index(engines: &[IdleEngine], redis: &Redis, id: &str, index: &str) -> Config {
     let endpoints: Vec<String> = engines
         .iter()
         .map(|e| format!("      - address: {}", e.address))
         .collect();
     let yaml = format!(
-        "grpcAddr: 127.0.0.1:0\nhttpAddr: 127.0.0.1:0\npools:\n  - name: {POOL}\n    tokenizer: approx\n    index: picks\n    scrape: {{ intervalMs: 100, timeoutMs: 50 }}\n    endpoints:\n{}\n",
+        "grpcAddr: 127.0.0.1:0\nhttpAddr: 127.0.0.1:0\npools:\n  - name: {POOL}\n    tokenizer: approx\n    index: {index}\n    scrape: {{ intervalMs: 100, timeoutMs: 50 }}\n    endpoints:\n{}\n",
         endpoints.join("\n")
     );
     let mut cfg = config::parse(&yaml, Path::new("test.yaml")).expect("test config parses");
@@ -316,4 +322,108 @@ async fn with_redis_gone_each_replica_counts_its_own_and_never_hangs() {
     wait_gauge(&b, "kvasir_indexer_shared_load_local_only", 0.0).await;
     wait_gauge(&b, "kvasir_indexer_shared_load_peer_in_flight", 1.0).await;
     assert_eq!(b.endpoint_state(&home).await.in_flight, 1);
+}
+
+/// `prompt(seed, n)` followed by `extra` tokens of its own.
+fn prompt_then(seed: u32, n: usize, extra_seed: u32, extra: usize) -> Vec<u32> {
+    let mut p = prompt(seed, n);
+    p.extend(prompt(extra_seed, extra).iter().map(|t| (t + 7) % 150_000));
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicas_prompt_in_prefill_gives_the_other_its_prefix_until_the_first_token() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let engines = [IdleEngine::start().await, IdleEngine::start().await];
+    // Index `events`: picks still in prefill are what a prefix matches
+    // before the engine's KV events say so (and here they never do).
+    let a = start_indexer(&config_with_index(&engines, &redis, "a", "events")).await;
+    let b = start_indexer(&config_with_index(&engines, &redis, "b", "events")).await;
+    for ix in [&a, &b] {
+        wait_gauge(ix, "kvasir_indexer_shared_load_peers", 1.0).await;
+    }
+
+    // A long prompt on A, no report: still in prefill on its engine.
+    let big = a.pick(ids_pick("a-1", prompt(1, 8_000))).await;
+    let home = picked(&big);
+    wait_gauge(&b, "kvasir_indexer_shared_load_peer_pending_chains", 1.0).await;
+    wait_gauge(&b, "kvasir_indexer_shared_load_peer_in_flight", 1.0).await;
+
+    // The same prompt and more on B: A's engine, though A's prefill queues
+    // there, with the whole shared prefix credited (its last block's hash
+    // is published, so the match is exact).
+    let p = b.pick(ids_pick("b-1", prompt_then(1, 8_000, 2, 500))).await;
+    assert_eq!(picked(&p), home, "{p:?}");
+    assert_eq!(p.reason, "prefix", "{p:?}");
+    assert_eq!(p.endpoints[0].predicted_cached_tokens, 8_000, "{p:?}");
+    b.report(report("b-1", &home, pb::ReportPhase::Done)).await;
+
+    // A prompt leaving A's after 6,000 tokens: credited up to a sampled
+    // block at or before the divergence, never past it.
+    let p = b
+        .pick(ids_pick("b-2", prompt_then(1, 6_000, 3, 2_500)))
+        .await;
+    assert_eq!(picked(&p), home, "{p:?}");
+    let credit = p.endpoints[0].predicted_cached_tokens;
+    assert!((6_000 - 16 * 16..=6_000).contains(&credit), "{p:?}");
+    b.report(report("b-2", &home, pb::ReportPhase::Done)).await;
+
+    // A's first token: the prompt is no longer in prefill, B no longer
+    // credits it (no KV event ever came).
+    a.report(report("a-1", &home, pb::ReportPhase::FirstToken))
+        .await;
+    wait_gauge(&b, "kvasir_indexer_shared_load_peer_pending_chains", 0.0).await;
+    let p = b.pick(ids_pick("b-3", prompt_then(1, 8_000, 4, 500))).await;
+    assert!(
+        p.endpoints.iter().all(|e| e.predicted_cached_tokens == 0),
+        "{p:?}"
+    );
+    assert_ne!(p.reason, "prefix", "{p:?}");
+    for ix in [&a, &b] {
+        assert_eq!(
+            metric(
+                ix,
+                &format!("kvasir_indexer_shared_load_refused_entries_total{{pool=\"{POOL}\"}}")
+            )
+            .await,
+            0.0
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_pending_entry_is_refused_and_counted() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let engines = [IdleEngine::start().await, IdleEngine::start().await];
+    let b = start_indexer(&config_with_index(&engines, &redis, "b", "events")).await;
+    // A live load entry, a pending entry that does not parse.
+    let mut hset = redis::cmd("HSET");
+    hset.arg(format!("kvasir:load:{POOL}"))
+        .arg("ghost")
+        .arg("v1 1 ");
+    redis_cmd::<i64>(&redis, &hset).await.expect("HSET");
+    let mut hset = redis::cmd("HSET");
+    hset.arg(format!("kvasir:load:{POOL}:pending"))
+        .arg("ghost")
+        .arg("p1 1=99999999999.1.ab");
+    redis_cmd::<i64>(&redis, &hset).await.expect("HSET");
+    wait_for("the entry refused", CROSS, || async {
+        metric(
+            &b,
+            &format!("kvasir_indexer_shared_load_refused_entries_total{{pool=\"{POOL}\"}}"),
+        )
+        .await
+            >= 1.0
+    })
+    .await;
+    assert_eq!(
+        gauge(&b, "kvasir_indexer_shared_load_peer_pending_chains").await,
+        0.0
+    );
+    let p = b.pick(ids_pick("b-1", prompt(1, 2_000))).await;
+    assert!(!p.endpoints.is_empty(), "{p:?}");
 }

@@ -1,5 +1,6 @@
 //! Shared load's families, per pool (see [`crate::shared_load`]): the other
-//! replicas seen, their load the views add, how old the last read is,
+//! replicas seen, their load and picks in prefill the views add, the peer
+//! entries refused, how old the last read is,
 //! whether picks steer by this replica's counts only, and the rounds with
 //! Redis by result. Written for every pool, zeros when load is not shared,
 //! so the page's families do not depend on the configuration.
@@ -32,7 +33,7 @@ impl Collector for SharedLoadCollector {
             .map(|p| (p.name.clone(), p.load.peer_stats(now)))
             .collect();
         let enc = &mut enc;
-        let gauges: [GaugeFamily; 5] = [
+        let gauges: [GaugeFamily; 6] = [
             (
                 "kvasir_indexer_shared_load_peers",
                 "Other indexer replicas whose load entries are live, as of the last read.",
@@ -47,6 +48,11 @@ impl Collector for SharedLoadCollector {
                 "kvasir_indexer_shared_load_peer_queued_prefill_tokens",
                 "Other replicas' queued prefill tokens that this replica's picks count now.",
                 |s| s.peer_queued_prefill_tokens as f64,
+            ),
+            (
+                "kvasir_indexer_shared_load_peer_pending_chains",
+                "Other replicas' picks still in prefill whose prompts this replica's picks match now (pending prefix credit).",
+                |s| s.peer_pending_chains as f64,
             ),
             (
                 "kvasir_indexer_shared_load_read_age_seconds",
@@ -71,6 +77,12 @@ impl Collector for SharedLoadCollector {
         for (pool, s) in &stats {
             f.sample(&[("pool", pool), ("result", "ok")], s.rounds)?;
             f.sample(&[("pool", pool), ("result", "failed")], s.failures)?;
+        }
+        let name = "kvasir_indexer_shared_load_refused_entries_total";
+        let help = "Other replicas' load or pending entries read and refused (malformed, oversized): left out, never used.";
+        let mut f = family(enc, name, Counter, help)?;
+        for (pool, s) in &stats {
+            f.sample(&[("pool", pool)], s.refused)?;
         }
         Ok(())
     }

@@ -98,7 +98,7 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 76] = [
+const FAMILIES: [(&str, &str); 78] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
@@ -171,8 +171,13 @@ const FAMILIES: [(&str, &str); 76] = [
         "kvasir_indexer_shared_load_peer_queued_prefill_tokens",
         "gauge",
     ),
+    ("kvasir_indexer_shared_load_peer_pending_chains", "gauge"),
     ("kvasir_indexer_shared_load_peers", "gauge"),
     ("kvasir_indexer_shared_load_read_age_seconds", "gauge"),
+    (
+        "kvasir_indexer_shared_load_refused_entries_total",
+        "counter",
+    ),
     ("kvasir_indexer_shared_load_rounds_total", "counter"),
     ("kvasir_indexer_sync_state", "gauge"),
     ("kvasir_indexer_tokenize_duration_seconds", "histogram"),

@@ -35,6 +35,7 @@
 //! the per-pool state and [`scrape`] fetches the pages into it.
 
 pub mod engine_metrics;
+pub mod peer_chains;
 pub mod peers;
 mod placed;
 pub mod prefix;
@@ -43,7 +44,8 @@ pub mod scrape;
 pub mod tracker;
 
 pub use engine_metrics::{parse_sample, parse_vllm_metrics, EngineLoad, MetricsParseError, Sample};
-pub use peers::{PeerLoad, PeerStats};
+pub use peer_chains::SampledChain;
+pub use peers::{PeerLoad, PeerPending, PeerStats};
 pub(crate) use placed::Placed;
 pub use prefix::{block_chain, common_prefix, extend_block_chain};
 pub use saturation::SaturationThresholds;

@@ -10,7 +10,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::peer_chains::SampledChain;
+use super::tracker::MAX_PENDING_PREFIXES;
 use crate::types::EndpointId;
+
+/// Other replicas' chains kept per endpoint: each replica publishes at most
+/// [`MAX_PENDING_PREFIXES`] per endpoint; past this many replicas' worth
+/// the rest are left out, bounding a pick's matching work.
+pub const MAX_PEER_CHAINS_PER_ENDPOINT: usize = 4 * MAX_PENDING_PREFIXES;
 
 /// One endpoint's load as one or more other replicas placed it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,6 +45,17 @@ impl PeerLoad {
     }
 }
 
+/// Other replicas' picks still in prefill, as one read of the store gave
+/// them (see [`crate::shared_load`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PeerPending {
+    /// Their sampled chains per endpoint, the live replicas' only.
+    pub chains: HashMap<EndpointId, Vec<SampledChain>>,
+    /// Entries of that read refused (malformed, oversized), load entries
+    /// included.
+    pub refused: usize,
+}
+
 /// What the sharing of load with other replicas is doing, per pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PeerStats {
@@ -59,6 +77,11 @@ pub struct PeerStats {
     pub rounds: u64,
     /// Rounds that failed (store unreachable, timed out, refused).
     pub failures: u64,
+    /// Other replicas' picks in prefill whose chains the views match now
+    /// (0 once the last read is too old).
+    pub peer_pending_chains: usize,
+    /// Peer entries refused so far (malformed, oversized).
+    pub refused: u64,
 }
 
 /// Peer load held by a tracker.
@@ -73,9 +96,49 @@ pub(crate) struct Peers {
     valid_until: Option<Instant>,
     rounds: u64,
     failures: u64,
+    pending: HashMap<EndpointId, Vec<SampledChain>>,
+    refused: u64,
 }
 
 impl Peers {
+    /// Takes the other replicas' chains of one read; they are used while
+    /// the loads of the same read are (see [`Peers::set`]).
+    pub(crate) fn set_pending(&mut self, mut p: PeerPending) {
+        for chains in p.chains.values_mut() {
+            chains.truncate(MAX_PEER_CHAINS_PER_ENDPOINT);
+        }
+        p.chains.retain(|_, c| !c.is_empty());
+        self.pending = p.chains;
+        self.refused += p.refused as u64;
+    }
+
+    /// Leading blocks of `chain` that some other replica's pick to `id`,
+    /// still in prefill, shares (0 once the read is too old). Bounded: a
+    /// constant-time check and a binary search over at most
+    /// [`super::peer_chains::MAX_SAMPLES`] hashes per chain.
+    pub(crate) fn pending_matched(&self, id: EndpointId, chain: &[u64], now: Instant) -> usize {
+        if chain.is_empty() || !self.valid(now) {
+            return 0;
+        }
+        let Some(chains) = self.pending.get(&id) else {
+            return 0;
+        };
+        let mut best = 0;
+        for c in chains {
+            best = best.max(c.matched(chain));
+            if best >= chain.len() {
+                break;
+            }
+        }
+        best
+    }
+
+    /// Whether some other replica's pick in prefill may hold all of
+    /// `chain` (see [`SampledChain::may_hold`]).
+    pub(crate) fn pending_may_hold(&self, chain: &[u64], now: Instant) -> bool {
+        self.valid(now) && self.pending.values().flatten().any(|c| c.may_hold(chain))
+    }
+
     /// Takes a good read: `loads` summed over `peers` live replicas, used
     /// until `now + ttl`.
     pub(crate) fn set(
@@ -131,6 +194,12 @@ impl Peers {
             local_only: self.enabled && !valid,
             rounds: self.rounds,
             failures: self.failures,
+            peer_pending_chains: if valid {
+                self.pending.values().map(Vec::len).sum()
+            } else {
+                0
+            },
+            refused: self.refused,
         }
     }
 }
@@ -169,6 +238,44 @@ mod tests {
             (0, 0, true, 1, 1)
         );
         assert_eq!(s.read_age, Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn views_take_the_longer_of_own_and_peers_pending_matches_until_the_ttl() {
+        use crate::load::{block_chain, LoadConfig, LoadTracker};
+        use std::sync::Arc;
+        let t = LoadTracker::new(LoadConfig::default());
+        let (a, b, now) = (EndpointId(1), EndpointId(2), Instant::now());
+        t.add_endpoint(a);
+        t.add_endpoint(b);
+        let tokens: Vec<u32> = (0..120 * 16).collect();
+        let request = block_chain(&tokens, 16);
+        let own: Arc<[u64]> = request[..10].into();
+        t.record_pick("own", a, 160, 0, Some(own), now);
+        let peer = SampledChain::of(&request[..100]).unwrap();
+        let pending = PeerPending {
+            chains: HashMap::from([(b, vec![peer])]),
+            refused: 2,
+        };
+        t.set_peer_pending(pending);
+        let ttl = Duration::from_secs(1);
+        t.set_peer_loads(HashMap::new(), 1, now, ttl);
+        let matched = |at| -> Vec<usize> {
+            let views = t.views_matching([a, b], at, Some(&request));
+            views.iter().map(|v| v.pending_matched_blocks).collect()
+        };
+        assert_eq!(matched(now), vec![10, 100]);
+        assert!(t.pending_holds(&request[..50]));
+        let s = t.peer_stats(now);
+        assert_eq!((s.peer_pending_chains, s.refused), (1, 2));
+        // Past the read's TTL only this replica's own picks match.
+        assert_eq!(matched(now + ttl), vec![10, 0]);
+        assert_eq!(t.peer_stats(now + ttl).peer_pending_chains, 0);
+        // A newer read without the chain drops it.
+        t.set_peer_pending(PeerPending::default());
+        t.set_peer_loads(HashMap::new(), 1, now, ttl);
+        assert_eq!(matched(now), vec![10, 0]);
+        assert!(!t.pending_holds(&request[..50]));
     }
 
     #[test]

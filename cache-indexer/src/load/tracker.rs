@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::engine_metrics::EngineLoad;
-use super::peers::{PeerLoad, PeerStats, Peers};
+use super::peers::{PeerLoad, PeerPending, PeerStats, Peers};
 use super::prefix::common_prefix;
 use super::saturation::SaturationThresholds;
 use crate::types::EndpointId;
@@ -285,19 +285,20 @@ impl LoadTracker {
         }
     }
 
-    /// Whether some pick still in prefill has a prompt starting with the
-    /// whole of `chain` (chained hashes: equal last entries mean equal
-    /// prefixes).
+    /// Whether some pick still in prefill, this replica's or (with shared
+    /// load) another's, has a prompt starting with the whole of `chain`
+    /// (chained hashes: equal last entries mean equal prefixes).
     pub fn pending_holds(&self, chain: &[u64]) -> bool {
         let Some(last) = chain.last() else {
             return true;
         };
         let i = chain.len() - 1;
-        self.inner.lock().endpoints.values().any(|e| {
+        let g = self.inner.lock();
+        g.endpoints.values().any(|e| {
             e.pending
                 .iter()
                 .any(|(_, p)| p.get(i).is_some_and(|h| h == last))
-        })
+        }) || g.peers.pending_may_hold(chain, Instant::now())
     }
 
     /// The settings.
@@ -484,16 +485,21 @@ impl LoadTracker {
     fn view_of(
         &self,
         e: &EndpointLoad,
-        peer: PeerLoad,
+        peers: &Peers,
+        id: EndpointId,
         now: Instant,
         chain: Option<&[u64]>,
     ) -> LoadView {
+        let peer = peers.load(id, now);
+        // Another replica's pick in prefill is as good a sign as this
+        // one's: its KV events come only once that prefill is done.
         let pending_matched_blocks = chain.map_or(0, |c| {
             e.pending
                 .iter()
                 .map(|(_, p)| common_prefix(c, p))
                 .max()
                 .unwrap_or(0)
+                .max(peers.pending_matched(id, c, now))
         });
         let saturation = if e.healthy {
             self.cfg.saturation.saturation(&e.engine)
@@ -535,7 +541,7 @@ impl LoadTracker {
         let g = self.inner.lock();
         ids.into_iter()
             .map(|id| match g.endpoints.get(&id) {
-                Some(e) => self.view_of(e, g.peers.load(id, now), now, chain),
+                Some(e) => self.view_of(e, &g.peers, id, now, chain),
                 None => LoadView {
                     saturation: 1.0,
                     ..Default::default()
@@ -581,6 +587,31 @@ impl LoadTracker {
         ttl: Duration,
     ) {
         self.inner.lock().peers.set(loads, peers, now, ttl);
+    }
+
+    /// This replica's picks in prefill per endpoint, newest first, endpoints
+    /// with none left out, sorted by id: what it publishes for the other
+    /// replicas to match.
+    pub fn own_pending(&self) -> Vec<(EndpointId, Vec<Arc<[u64]>>)> {
+        let g = self.inner.lock();
+        let mut out: Vec<(EndpointId, Vec<Arc<[u64]>>)> = g
+            .endpoints
+            .iter()
+            .filter(|(_, e)| !e.pending.is_empty())
+            .map(|(id, e)| {
+                let chains = e.pending.iter().rev().map(|(_, c)| Arc::clone(c));
+                (*id, chains.collect())
+            })
+            .collect();
+        out.sort_unstable_by_key(|(id, _)| id.0);
+        out
+    }
+
+    /// Takes the other replicas' picks in prefill from the same read as
+    /// the next [`LoadTracker::set_peer_loads`]: the views match them while
+    /// they use that read's loads.
+    pub fn set_peer_pending(&self, pending: PeerPending) {
+        self.inner.lock().peers.set_pending(pending);
     }
 
     /// Counts a failed round with the shared store; the last read stays in

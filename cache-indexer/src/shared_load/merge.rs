@@ -95,6 +95,9 @@ pub struct Merged {
     pub loads: HashMap<EndpointId, PeerLoad>,
     /// Live replicas other than this one.
     pub live: usize,
+    /// Their fields, sorted: whose pending entries are read
+    /// ([`super::pending::merge`]).
+    pub live_fields: Vec<String>,
     /// Fields that could not be read (another format, garbage).
     pub malformed: usize,
     /// Fields of replicas dead for [`FORGET_AFTER_TTLS`] TTLs: to delete.
@@ -148,6 +151,7 @@ impl PeerTable {
                 continue;
             }
             out.live += 1;
+            out.live_fields.push(field);
             for (id, l) in entry.loads {
                 let sum = out.loads.entry(id).or_default();
                 *sum = sum.plus(l);

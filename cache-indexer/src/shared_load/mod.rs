@@ -25,7 +25,8 @@
 //!   shared) as dead, and deletes its field after ten TTLs. A replica that
 //!   stops gracefully deletes its fields at once.
 //! * **Cost.** Nothing on the pick path: a pick reads the tracker as
-//!   before (one map lookup per endpoint more). Per replica, one round trip
+//!   before (one map lookup per endpoint more, and matching peers' sampled
+//!   chains, bounded per endpoint). Per replica, one round trip
 //!   per interval carrying one small hash per pool out (when changed) and
 //!   back; Redis holds one hash per pool with one field per replica.
 //! * **Failures.** Every call is bounded by `timeoutMs`; after a failure
@@ -34,11 +35,16 @@
 //!   (`kvasir_indexer_shared_load_local_only`): never a hang, never a slower
 //!   pick.
 //!
-//! Not shared: the prompts of other replicas' picks still in prefill (the
-//! tracker's pending prefixes); their blocks show up in the index when the
-//! engine's KV events say so.
+//! * **Picks in prefill.** The prompts of a replica's picks still in
+//!   prefill (the tracker's pending prefixes) go into a second hash,
+//!   `<keyPrefix><pool>:pending`, in the same round trip, as sampled chains
+//!   ([`pending`], [`crate::load::SampledChain`]): until a prefill is done
+//!   the engine's KV events do not say where its prefix will be cached, and
+//!   a repeat picked by another replica would otherwise be prefilled again
+//!   elsewhere. Read only for live replicas, deleted with their load field.
 
 pub mod merge;
+pub mod pending;
 mod store;
 mod sync;
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
 use super::merge::{encode, PeerTable, FORGET_AFTER_TTLS};
+use super::pending::{self, Fingerprint};
 use super::store::{Store, StoreError};
 use super::Settings;
 use crate::load::PeerLoad;
@@ -28,9 +29,13 @@ type Loads = Vec<(EndpointId, PeerLoad)>;
 struct PoolSync {
     pool: Arc<Pool>,
     key: String,
+    /// The second hash: picks still in prefill ([`pending`]).
+    pending_key: String,
     table: PeerTable,
     /// What was last written, and when (none: write at the next round).
     published: Option<(Loads, Instant)>,
+    /// The pending chains last written (none: write at the next round).
+    published_pending: Option<Fingerprint>,
     /// Dead replicas' fields to delete at the next round.
     forget: Vec<String>,
 }
@@ -71,8 +76,10 @@ impl Sync {
             .map(|p| PoolSync {
                 pool: Arc::clone(p),
                 key: format!("{}{}", s.key_prefix, p.name),
+                pending_key: format!("{}{}:pending", s.key_prefix, p.name),
                 table: PeerTable::default(),
                 published: None,
+                published_pending: None,
                 forget: Vec::new(),
             })
             .collect();
@@ -101,9 +108,9 @@ impl Sync {
             .query::<Vec<HashMap<Vec<u8>, Vec<u8>>>>(&pipe)
             .await;
         match result {
-            Ok(reads) if reads.len() == self.pools.len() => self.apply(reads, writes),
+            Ok(reads) if reads.len() == 2 * self.pools.len() => self.apply(reads, writes),
             Ok(reads) => self.fail(&StoreError::Failed(format!(
-                "{} replies for {} pools",
+                "{} replies for {} pools (two each)",
                 reads.len(),
                 self.pools.len()
             ))),
@@ -112,7 +119,7 @@ impl Sync {
     }
 
     /// The round's commands, and per pool what it writes (if anything).
-    fn pipeline(&mut self, now: Instant) -> (redis::Pipeline, Vec<Option<Loads>>) {
+    fn pipeline(&mut self, now: Instant) -> (redis::Pipeline, Vec<Written>) {
         let heartbeat = self.s.ttl / HEARTBEATS_PER_TTL;
         let key_ttl_ms = millis(self.s.ttl.saturating_mul(FORGET_AFTER_TTLS));
         let mut pipe = redis::pipe();
@@ -130,35 +137,54 @@ impl Sync {
                     .arg(encode(self.seq, &own))
                     .ignore();
                 pipe.cmd("PEXPIRE").arg(&p.key).arg(key_ttl_ms).ignore();
-            }
-            if !p.forget.is_empty() {
-                pipe.cmd("HDEL")
-                    .arg(&p.key)
-                    .arg(std::mem::take(&mut p.forget))
+                pipe.cmd("PEXPIRE")
+                    .arg(&p.pending_key)
+                    .arg(key_ttl_ms)
                     .ignore();
             }
+            let pending = write_pending(&mut pipe, p, &self.s.replica_id);
+            if !p.forget.is_empty() {
+                let forget = std::mem::take(&mut p.forget);
+                pipe.cmd("HDEL").arg(&p.key).arg(&forget).ignore();
+                pipe.cmd("HDEL").arg(&p.pending_key).arg(forget).ignore();
+            }
             pipe.cmd("HGETALL").arg(&p.key);
-            writes.push(due.then_some(own));
+            pipe.cmd("HGETALL").arg(&p.pending_key);
+            writes.push(Written {
+                loads: due.then_some(own),
+                pending,
+            });
         }
         (pipe, writes)
     }
 
-    fn apply(&mut self, reads: Vec<HashMap<Vec<u8>, Vec<u8>>>, writes: Vec<Option<Loads>>) {
+    fn apply(&mut self, reads: Vec<HashMap<Vec<u8>, Vec<u8>>>, writes: Vec<Written>) {
         let now = Instant::now();
         if self.failing {
             self.failing = false;
             tracing::info!(url = %self.s.url, "shared load: redis reachable again; counting other replicas' load");
         }
-        for ((p, read), wrote) in self.pools.iter_mut().zip(reads).zip(writes) {
-            if let Some(own) = wrote {
+        let mut reads = reads.into_iter();
+        for (p, wrote) in self.pools.iter_mut().zip(writes) {
+            let (Some(read), Some(pending_read)) = (reads.next(), reads.next()) else {
+                break;
+            };
+            if let Some(own) = wrote.loads {
                 p.published = Some((own, now));
             }
-            let fields = read.into_iter().map(|(k, v)| (text(k), text(v))).collect();
-            let merged = p.table.merge(&self.s.replica_id, fields, now, self.s.ttl);
-            if merged.malformed > 0 {
-                tracing::debug!(pool = %p.pool.name, fields = merged.malformed, "shared load: unreadable fields left out");
+            if let Some(f) = wrote.pending {
+                p.published_pending = Some(f);
+            }
+            let merged = p
+                .table
+                .merge(&self.s.replica_id, fields(read), now, self.s.ttl);
+            let mut peer_pending = pending::merge(&merged.live_fields, fields(pending_read));
+            peer_pending.refused += merged.malformed;
+            if peer_pending.refused > 0 {
+                tracing::debug!(pool = %p.pool.name, fields = peer_pending.refused, "shared load: unreadable fields left out");
             }
             p.forget = merged.forget;
+            p.pool.load.set_peer_pending(peer_pending);
             p.pool
                 .load
                 .set_peer_loads(merged.loads, merged.live, now, self.s.ttl);
@@ -174,6 +200,7 @@ impl Sync {
             p.pool.load.peer_round_failed();
             // Whether the write landed is unknown: write again next time.
             p.published = None;
+            p.published_pending = None;
         }
     }
 
@@ -181,15 +208,43 @@ impl Sync {
     async fn withdraw(&mut self) {
         let mut pipe = redis::pipe();
         for p in &self.pools {
-            pipe.cmd("HDEL")
-                .arg(&p.key)
-                .arg(&self.s.replica_id)
-                .ignore();
+            for key in [&p.key, &p.pending_key] {
+                pipe.cmd("HDEL").arg(key).arg(&self.s.replica_id).ignore();
+            }
         }
         if let Err(e) = self.store.query::<()>(&pipe).await {
             tracing::debug!(error = %e, "shared load: fields not withdrawn; they expire by the TTL");
         }
     }
+}
+
+/// What a round writes for one pool.
+struct Written {
+    /// The load entry, when written.
+    loads: Option<Loads>,
+    /// The pending entry's fingerprint, when written.
+    pending: Option<Fingerprint>,
+}
+
+/// Adds the `HSET` of this replica's pending entry to `pipe` when its
+/// chains changed since the last write (sampling and encoding them only
+/// then); returns what it wrote.
+fn write_pending(pipe: &mut redis::Pipeline, p: &PoolSync, replica: &str) -> Option<Fingerprint> {
+    let own = p.pool.load.own_pending();
+    let f = pending::fingerprint(&own);
+    if p.published_pending.as_ref() == Some(&f) {
+        return None;
+    }
+    pipe.cmd("HSET")
+        .arg(&p.pending_key)
+        .arg(replica)
+        .arg(pending::encode(&own))
+        .ignore();
+    Some(f)
+}
+
+fn fields(read: HashMap<Vec<u8>, Vec<u8>>) -> Vec<(String, String)> {
+    read.into_iter().map(|(k, v)| (text(k), text(v))).collect()
 }
 
 /// Field names and entries are ASCII when written by a replica; anything
