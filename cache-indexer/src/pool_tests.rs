@@ -424,3 +424,29 @@ async fn a_request_reported_done_no_longer_counts_as_running() {
     assert_eq!(r.endpoints[0].address, holder, "{r:?}");
     assert_eq!(r.endpoints[0].predicted_cached_tokens, 12);
 }
+
+/// The placement term is in each endpoint's score breakdown: a second new
+/// conversation sees it on the endpoint the first one started on, and goes
+/// elsewhere.
+#[tokio::test]
+async fn the_placement_term_is_in_the_score_breakdown() {
+    let pool = pool_with(2, RequestTokenizer::Approx);
+    let first = pool.pick(ids_req("c1", (0..40).collect())).await.unwrap();
+    let taken = first.endpoints[0].address.clone();
+    let second = pool
+        .pick(ids_req("c2", (5000..5040).collect()))
+        .await
+        .unwrap();
+    let placement = |address: &str| {
+        second
+            .endpoints
+            .iter()
+            .find(|e| e.address == address)
+            .and_then(|e| e.score.as_ref())
+            .map(|s| s.placement)
+            .unwrap()
+    };
+    assert!(placement(&taken) > 0.0, "{second:?}");
+    assert_ne!(second.endpoints[0].address, taken, "{second:?}");
+    assert_eq!(placement(&second.endpoints[0].address), 0.0);
+}

@@ -178,9 +178,7 @@ async fn field_exists(redis: &Redis, field: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replicas_picks_in_flight_steer_the_other_until_reported() {
-    let Some(redis) = Redis::start().await else {
-        return;
-    };
+    let redis = Redis::start().await;
     let engines = [IdleEngine::start().await, IdleEngine::start().await];
     let a = start_indexer(&config(&engines, &redis, "a")).await;
     let b = start_indexer(&config(&engines, &redis, "b")).await;
@@ -240,9 +238,7 @@ async fn a_replicas_picks_in_flight_steer_the_other_until_reported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_stops_writing_stops_counting_and_one_that_stops_withdraws() {
-    let Some(redis) = Redis::start().await else {
-        return;
-    };
+    let redis = Redis::start().await;
     let engines = [IdleEngine::start().await, IdleEngine::start().await];
     let b = start_indexer(&config(&engines, &redis, "b")).await;
     let target = engines[0].address.clone();
@@ -288,9 +284,7 @@ async fn a_replica_that_stops_writing_stops_counting_and_one_that_stops_withdraw
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_gone_each_replica_counts_its_own_and_never_hangs() {
-    let Some(mut redis) = Redis::start().await else {
-        return;
-    };
+    let mut redis = Redis::start().await;
     let engines = [IdleEngine::start().await, IdleEngine::start().await];
     let a = start_indexer(&config(&engines, &redis, "a")).await;
     let b = start_indexer(&config(&engines, &redis, "b")).await;
@@ -333,9 +327,7 @@ fn prompt_then(seed: u32, n: usize, extra_seed: u32, extra: usize) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replicas_prompt_in_prefill_gives_the_other_its_prefix_until_the_first_token() {
-    let Some(redis) = Redis::start().await else {
-        return;
-    };
+    let redis = Redis::start().await;
     let engines = [IdleEngine::start().await, IdleEngine::start().await];
     // Index `events`: picks still in prefill are what a prefix matches
     // before the engine's KV events say so (and here they never do).
@@ -395,9 +387,7 @@ async fn a_replicas_prompt_in_prefill_gives_the_other_its_prefix_until_the_first
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_pending_entry_is_refused_and_counted() {
-    let Some(redis) = Redis::start().await else {
-        return;
-    };
+    let redis = Redis::start().await;
     let engines = [IdleEngine::start().await, IdleEngine::start().await];
     let b = start_indexer(&config_with_index(&engines, &redis, "b", "events")).await;
     // A live load entry, a pending entry that does not parse.

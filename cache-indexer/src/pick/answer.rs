@@ -48,6 +48,7 @@ impl Pool {
                         decode: r.cost.decode,
                         queue: r.cost.queue,
                         kv: r.cost.kv,
+                        placement: r.cost.placement,
                         matched_blocks: r.cost.matched_blocks,
                         uncached_tokens: r.cost.uncached_tokens,
                         queued_prefill_tokens: r.cost.queued_prefill_tokens,

@@ -173,7 +173,7 @@ pub struct Redis {
 
 impl Redis {
     /// Starts one and waits (bounded) until it answers PING.
-    pub async fn start() -> Option<Redis> {
+    pub async fn start() -> Redis {
         assert!(
             Command::new("redis-server")
                 .arg("--version")
@@ -195,7 +195,7 @@ impl Redis {
             };
             r.spawn();
             match r.wait_up().await {
-                Ok(()) => return Some(r),
+                Ok(()) => return r,
                 Err(e) => failures.push(format!("attempt {attempt} (port {port}): {e}")),
             }
         }
