@@ -22,6 +22,8 @@ impl Pool {
         }
         let phase =
             match pb::ReportPhase::try_from(req.phase).unwrap_or(pb::ReportPhase::Unspecified) {
+                // Usage while streaming settles the tenant's budget only.
+                pb::ReportPhase::Usage => return Ok(pb::ReportResponse { matched: false }),
                 pb::ReportPhase::FirstToken => Phase::FirstToken,
                 pb::ReportPhase::Done | pb::ReportPhase::Unspecified => Phase::Done,
             };

@@ -84,6 +84,7 @@ pub fn pick_request(req: &ParsedRequest<'_>, input: &PickInput<'_>) -> Option<Ve
         }),
         max_endpoints: input.max_endpoints,
         response_id: response_id.to_string(),
+        ..Default::default()
     };
     Some(msg.encode_to_vec())
 }

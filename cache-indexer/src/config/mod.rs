@@ -35,6 +35,7 @@
 //! [`file`] (reading a file, with its [`pools_file`]), [`flags`] (the
 //! command line on top of the file) and [`validate`].
 
+pub mod budgets;
 pub mod error;
 pub mod file;
 pub mod flags;

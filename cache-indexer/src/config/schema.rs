@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::budgets::BudgetsConfig;
 use super::responses::ResponsesConfig;
 use super::shared_load::SharedLoadConfig;
 use crate::discovery::DiscoveryDefaults;
@@ -17,6 +18,7 @@ use crate::load::SaturationThresholds;
 use crate::scoring::Weights;
 use crate::tokenize::TokenizeBudget;
 use crate::types::{EndpointSpec, IndexSource};
+use kvasir_flowcontrol::FlowControlConfig;
 
 /// Default tokens per KV block (vLLM's default).
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
@@ -61,6 +63,10 @@ pub struct Config {
     /// (see [`super::shared_load`]); off by default.
     #[serde(default, alias = "shared_load")]
     pub shared_load: SharedLoadConfig,
+    /// Where tenants' token budgets are kept (see [`super::budgets`]): in
+    /// this process by default, or in Redis shared by replicas.
+    #[serde(default)]
+    pub budgets: BudgetsConfig,
 }
 
 pub(super) fn default_grpc_addr() -> SocketAddr {
@@ -88,6 +94,7 @@ impl Default for Config {
             pools_file: None,
             responses: ResponsesConfig::default(),
             shared_load: SharedLoadConfig::default(),
+            budgets: BudgetsConfig::default(),
         }
     }
 }
@@ -201,6 +208,10 @@ pub struct PoolConfig {
     /// When an endpoint whose requests fail is ranked last.
     #[serde(default)]
     pub failures: FailureConfig,
+    /// When picks wait in the pool's queue instead of going to a saturated
+    /// engine's (off by default).
+    #[serde(default, alias = "flow_control")]
+    pub flow_control: FlowControlConfig,
 }
 
 fn default_block_size() -> u32 {
@@ -235,6 +246,7 @@ impl PoolConfig {
             render_timeout_ms: default_render_timeout_ms(),
             tokenize_budget: TokenizeBudget::default(),
             failures: FailureConfig::default(),
+            flow_control: FlowControlConfig::default(),
         }
     }
 }

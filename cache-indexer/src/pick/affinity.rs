@@ -77,6 +77,7 @@ impl Pool {
             decision: decision as i32,
             reason: reason.to_string(),
             tokenize_mode: String::new(),
+            ..Default::default()
         }
     }
 }

@@ -61,6 +61,7 @@ impl Pool {
             decision: decision_to_pb(ranking.decision) as i32,
             reason: ranking.decision.as_str().to_string(),
             tokenize_mode: mode.as_str().to_string(),
+            ..Default::default()
         }
     }
 }

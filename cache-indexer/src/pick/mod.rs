@@ -4,10 +4,16 @@
 //! the answer ([`answer`]). [`Pool::pick`] runs them in that order; each
 //! stage only reads what the ones before it produced. A pick bound to a
 //! stored response takes its own short path instead ([`affinity`]). Rank
-//! and record share the pool's recent placements ([`placed`]).
+//! and record share the pool's recent placements ([`placed`]). Between
+//! match and rank, the tenant's budget is reserved ([`budget`]) and, when
+//! the pool is saturated, the pick waits in its flow-control queue
+//! ([`flow`]): ranking after the wait uses the load and index as they are
+//! then (late binding).
 
 mod affinity;
 mod answer;
+mod budget;
+mod flow;
 mod matching;
 mod prompt;
 mod rank;
@@ -51,8 +57,26 @@ impl Pool {
             .tokenize_prompt(&call, &prompt, &endpoints, &mut hashes)
             .await?;
         let matched = self.match_prefix(&tokens, call.salted, &mut hashes);
+        // Budget before the queue: a tenant over its budget never takes
+        // queue room.
+        let admission = match self.admit(&call, &tokens, &matched) {
+            Ok(a) => a,
+            Err(refused) => return Ok(refused),
+        };
+        let (endpoints, matched) = match self
+            .wait_for_room(&call, &tokens, endpoints, matched, &mut hashes)
+            .await
+        {
+            Ok(room) => room,
+            Err(shed) => {
+                self.give_back(&call, admission);
+                return Ok(shed);
+            }
+        };
         let ranked = self.rank(&call, &tokens, &matched, endpoints);
         self.record(&call, prompt, &tokens, matched, &ranked);
-        Ok(self.answer(&call, &ranked, tokens.mode))
+        let mut answer = self.answer(&call, &ranked, tokens.mode);
+        self.attach_budget(&mut answer, &admission);
+        Ok(answer)
     }
 }

@@ -35,6 +35,15 @@ pub(crate) struct Call {
     /// carry the salt, so the index cannot tell which blocks it may reuse).
     pub(crate) salted: bool,
     pub(crate) max_endpoints: u32,
+    /// The tenant's budget, when its policy gives it one.
+    pub(crate) budget: Option<pb::Budget>,
+    /// How long the caller waits in a flow-control queue, ms (0: it does
+    /// not wait).
+    pub(crate) max_wait_ms: u32,
+    /// The tenant's fair-share weight (at least 1).
+    pub(crate) weight: u32,
+    /// The flow-control band (vLLM's `priority`: lower is more urgent).
+    pub(crate) priority: i32,
     /// When the pick began: the clock of every load view and record.
     pub(crate) started: Instant,
 }
@@ -51,6 +60,9 @@ pub(crate) fn from_request(
         hints,
         max_endpoints,
         tenant,
+        budget,
+        max_wait_ms,
+        weight,
         ..
     } = req;
     let prompt =
@@ -89,11 +101,16 @@ pub(crate) fn from_request(
         }
     };
     let salted = hints.as_ref().is_some_and(|h| !h.cache_salt.is_empty());
+    let priority = hints.as_ref().map_or(0, |h| h.priority);
     let call = Call {
         request_id,
         tenant,
         salted,
         max_endpoints,
+        budget,
+        max_wait_ms,
+        weight: weight.max(1),
+        priority,
         started,
     };
     Ok((call, owned))

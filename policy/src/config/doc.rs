@@ -83,6 +83,14 @@ pub struct TenantConfig {
     /// The tenant's budget (its own, else its class's), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetConfig>,
+    /// The tenant's weight in a saturated pool's fair share (flow control,
+    /// by tokens, within a priority band); at least 1.
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
 }
 
 /// A tenant's budget with every default filled in. The filter sends it
@@ -150,6 +158,11 @@ pub struct PoolConfig {
     pub indexer_pool: String,
     /// `Pick` timeout.
     pub indexer_timeout_ms: u32,
+    /// How long a pick may wait in the indexer's flow-control queue, ms, on
+    /// top of `indexer_timeout_ms` (0: it never waits; a pick the pool
+    /// would queue is shed at once).
+    #[serde(default)]
+    pub max_queue_wait_ms: u32,
 }
 
 /// A provider in the compiled config. It carries no credential (Envoy
