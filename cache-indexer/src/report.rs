@@ -28,6 +28,8 @@ impl Pool {
                 pb::ReportPhase::Done | pb::ReportPhase::Unspecified => Phase::Done,
             };
         let m = self.load.report(&req.request_id, phase);
+        // A first token or an end frees room a waiting pick may take.
+        self.capacity_freed();
         if !req.response_id.is_empty() {
             self.record_response(req, m.endpoint);
         }

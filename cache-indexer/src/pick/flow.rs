@@ -31,4 +31,8 @@ impl Pool {
     ) -> Result<Room<'p>, pb::PickResponse> {
         Ok((endpoints, matched))
     }
+
+    /// Something freed room in the pool (a report, a scrape, an endpoint
+    /// change): waiting picks may go.
+    pub(crate) fn capacity_freed(&self) {}
 }
