@@ -78,6 +78,7 @@ pub fn build_pools(cfg: &Config, client: &reqwest::Client) -> Result<Vec<Arc<Poo
     let mut pools = Vec::new();
     // One store (one Redis connection) for every pool; keys name the pool.
     let shared = cfg.responses.shared_store()?;
+    let budgets = Arc::new(crate::budgets::Budgets::memory());
     for pc in &cfg.pools {
         let tokenizer = match &pc.tokenizer {
             TokenizerSource::Dir(dir) => {
@@ -117,7 +118,9 @@ pub fn build_pools(cfg: &Config, client: &reqwest::Client) -> Result<Vec<Arc<Poo
             .with_index(pc.index, pc.pick_history_blocks)
             .with_tokenize_budget(pc.tokenize_budget.clone())
             .with_failures(pc.failures.clone())
-            .with_responses(cfg.responses.affinity(), shared.clone()),
+            .with_responses(cfg.responses.affinity(), shared.clone())
+            .with_budgets(Arc::clone(&budgets))
+            .with_flow_control(pc.flow_control.clone()),
         ));
     }
     Ok(pools)

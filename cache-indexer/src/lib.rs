@@ -21,9 +21,11 @@ pub use pool::{stored_batch, Endpoint, EndpointChanges, Pool, ServiceError};
 pub use pools::Pools;
 pub use service::IndexerService;
 
+pub mod budgets;
 pub mod config;
 pub mod discovery;
 pub mod events;
+pub mod flow;
 pub mod index;
 pub mod load;
 pub mod responses;

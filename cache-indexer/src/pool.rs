@@ -93,6 +93,10 @@ pub struct Pool {
     pub responses: Affinity,
     /// Conversations started per endpoint lately (the `placement` term).
     pub(crate) placements: crate::load::Placed,
+    /// Tenants' token budgets (one set for every pool of the process).
+    pub budgets: Arc<crate::budgets::Budgets>,
+    /// The pool's flow-control queue.
+    pub flow: crate::flow::PoolFlow,
 }
 
 impl std::fmt::Debug for Pool {
@@ -146,7 +150,22 @@ impl Pool {
             failures: Failures::default(),
             completions: Arc::new(AtomicUsize::new(0)),
             responses: Affinity::new(&name, AffinityConfig::default(), None),
+            budgets: Arc::new(crate::budgets::Budgets::memory()),
+            flow: crate::flow::PoolFlow::new(Default::default()),
         }
+    }
+
+    /// Sets the budgets this pool's picks reserve against (shared by the
+    /// process's pools).
+    pub fn with_budgets(mut self, budgets: Arc<crate::budgets::Budgets>) -> Self {
+        self.budgets = budgets;
+        self
+    }
+
+    /// Sets the pool's flow control.
+    pub fn with_flow_control(mut self, cfg: kvasir_flowcontrol::FlowControlConfig) -> Self {
+        self.flow = crate::flow::PoolFlow::new(cfg);
+        self
     }
 
     /// Sets where the prefix index comes from and the pick history's
