@@ -1,13 +1,310 @@
 //! Tenants' token budgets (issue 23): the state behind each budget key,
-//! shared by every pool of the process. Placeholder until the wiring lands.
+//! shared by every pool of the process, and the operations the pick path
+//! (reserve, cancel) and the reports (settle, release, cancel) apply to it.
+//! The arithmetic is `kvasir-budget`'s; this module keeps its state and
+//! counts what it did.
+//!
+//! The limits come with each pick (`PickRequest.budget`), so the indexer
+//! knows no tenants: a key's limits are replaced whenever a pick carries
+//! different ones. Where the state lives is the store:
+//!
+//! * **memory** (the default): in this process ([`memory`]). Exact with one
+//!   indexer replica; bounded by [`MAX_KEYS`] keys and [`MAX_OPEN`] open
+//!   reservations.
+//! * **redis**: shared by replicas (added alongside, same API).
+//!
+//! Every operation is an `async fn` so that a store behind a network round
+//! trip fits; the memory store never awaits, so its futures are ready on
+//! their first poll and [`run_detached`] applies them at once.
+
+mod memory;
+mod metrics;
+
+use std::future::Future;
+use std::time::Instant;
+
+use futures::FutureExt;
+use kvasir_budget::{CachedWeight, Cost, Limits, RateLimitHeaders, Refusal, Usage};
+use kvasir_proto::v1 as pb;
+
+pub use metrics::{
+    limited_by, BudgetMetrics, TenantCounts, LIMITED_BY, MAX_TENANT_LABELS, OTHER_TENANT,
+    REPORT_OPS,
+};
+
+/// Budget keys (tenants) the memory store tracks at once. Past it, keys
+/// with nothing in flight and unused for a window are dropped to make room;
+/// if none is, a new key's picks are admitted untracked (counted).
+pub const MAX_KEYS: usize = 10_000;
+
+/// Open reservations the memory store tracks at once (the load tracker's
+/// in-flight bound). Past it the oldest is dropped as if expired: it keeps
+/// its charge (counted as evicted).
+pub const MAX_OPEN: usize = 65_536;
+
+/// A key with nothing in flight is forgotten after this long unused (its
+/// buckets are whole again long before; the learned output estimate goes
+/// with it).
+pub const IDLE_MS: u64 = 5 * 60_000;
+
+/// What a pick asks of its tenant's budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ask {
+    /// The budget key (the tenant).
+    pub key: String,
+    /// The pick's request id: reports settle the reservation by it.
+    pub request_id: String,
+    /// The limits the pick's config gives the key.
+    pub limits: Limits,
+    /// Completion tokens reserved without `max_tokens` before the key's
+    /// completions are learned.
+    pub default_output_tokens: u64,
+    /// The request's completion cap, when it sets one.
+    pub max_tokens: Option<u64>,
+    /// Prompt tokens as tokenized.
+    pub prompt_tokens: u64,
+    /// Prompt tokens the pool is expected to hold (best match).
+    pub cached_tokens: u64,
+    /// After this long without its end reported, the reservation expires
+    /// (the pool's in-flight timeout).
+    pub max_age_ms: u64,
+}
+
+/// The limits of a proto budget (0: not limited).
+pub fn limits_of(b: &pb::Budget) -> Limits {
+    let some = |v: u64| (v > 0).then_some(v);
+    Limits {
+        requests_per_minute: some(b.requests_per_minute),
+        prompt_tokens_per_minute: some(b.prompt_tokens_per_minute),
+        completion_tokens_per_minute: some(b.completion_tokens_per_minute),
+        total_tokens_per_minute: some(b.tokens_per_minute),
+        max_concurrent: (b.max_concurrent > 0).then_some(b.max_concurrent),
+        cached_token_weight: CachedWeight::from_permille(
+            u16::try_from(b.cached_token_weight_permille).unwrap_or(u16::MAX),
+        ),
+    }
+}
+
+/// What the store answered a reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reserved {
+    /// Admitted; `held` is what it reserved and `headers` the budget after.
+    Admitted {
+        /// The cost taken (for a repeated pick, what the first one took).
+        held: Cost,
+        /// The budget's `x-ratelimit-*` values after the reservation.
+        headers: RateLimitHeaders,
+        /// The request id already held a reservation under this key (the
+        /// same request picked again): nothing more was taken.
+        repeated: bool,
+    },
+    /// Refused: nothing was taken.
+    Limited {
+        /// Which limit and when to retry.
+        refusal: Refusal,
+        /// The budget's values now.
+        headers: RateLimitHeaders,
+    },
+    /// Admitted without a budget: the store has no room to track the key.
+    Untracked,
+}
+
+/// What a report does to a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportOp {
+    /// Usage so far (USAGE, or FIRST_TOKEN with usage): monotone.
+    Settle(Usage),
+    /// The end (DONE): `usage` is the final usage, `None` when the report
+    /// carried none (then the prompt counts as reserved and the completion
+    /// as last settled); `train` feeds the completion length to the key's
+    /// output estimate (successes with usage only).
+    Release {
+        /// The final usage.
+        usage: Option<Usage>,
+        /// Whether to learn from it.
+        train: bool,
+    },
+    /// Never served (OUTCOME_REJECTED, or shed from the queue): everything
+    /// held goes back.
+    Cancel,
+}
+
+impl ReportOp {
+    /// The label of the op in stats.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ReportOp::Settle(_) => "settle",
+            ReportOp::Release { .. } => "release",
+            ReportOp::Cancel => "cancel",
+        }
+    }
+}
+
+/// A report's effect on a budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The budget key the report names (`ReportRequest.budget_key`), when
+    /// it names one.
+    pub key: Option<String>,
+    /// The request id.
+    pub request_id: String,
+    /// What to do.
+    pub op: ReportOp,
+}
+
+/// What a report did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reported {
+    /// The key whose reservation it matched; `None`: nothing open under
+    /// that request id here.
+    pub key: Option<String>,
+    /// Taken beyond what was held (usage above the estimate).
+    pub charged: Cost,
+    /// Given back.
+    pub refunded: Cost,
+    /// A released request's final cost.
+    pub settled: Option<Cost>,
+}
+
+/// Where budget state lives.
+#[derive(Debug)]
+enum Store {
+    Memory(memory::MemoryStore),
+}
 
 /// Every budget this replica knows (or reaches through its store).
-#[derive(Debug, Default)]
-pub struct Budgets {}
+#[derive(Debug)]
+pub struct Budgets {
+    store: Store,
+    metrics: BudgetMetrics,
+    epoch: Instant,
+}
+
+impl Default for Budgets {
+    fn default() -> Self {
+        Budgets::memory()
+    }
+}
 
 impl Budgets {
     /// Budgets kept in this process.
     pub fn memory() -> Self {
-        Budgets {}
+        Budgets::memory_bounded(MAX_KEYS, MAX_OPEN)
+    }
+
+    /// Budgets kept in this process, with other bounds (tests).
+    pub fn memory_bounded(max_keys: usize, max_open: usize) -> Self {
+        Budgets {
+            store: Store::Memory(memory::MemoryStore::new(max_keys, max_open)),
+            metrics: BudgetMetrics::default(),
+            epoch: Instant::now(),
+        }
+    }
+
+    /// `memory` or `redis`, for stats.
+    pub fn store_kind(&self) -> &'static str {
+        match self.store {
+            Store::Memory(_) => "memory",
+        }
+    }
+
+    /// Milliseconds since these budgets were made: the clock of every
+    /// reservation in this process.
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// What has been counted.
+    pub fn metrics(&self) -> &BudgetMetrics {
+        &self.metrics
+    }
+
+    /// Open reservations tracked here.
+    pub fn open_reservations(&self) -> usize {
+        match &self.store {
+            Store::Memory(m) => m.open(),
+        }
+    }
+
+    /// Budget keys tracked here.
+    pub fn keys(&self) -> usize {
+        match &self.store {
+            Store::Memory(m) => m.keys(),
+        }
+    }
+
+    /// Reserves a pick's cost against its key's budget, or says why not.
+    pub async fn reserve(&self, ask: &Ask) -> Reserved {
+        let now = self.now_ms();
+        let r = match &self.store {
+            Store::Memory(m) => m.reserve(now, ask, &self.metrics),
+        };
+        self.metrics.count_reserve(&ask.key, &r);
+        r
+    }
+
+    /// Applies a report to the reservation of its request id.
+    pub async fn report(&self, rep: &Report) -> Reported {
+        let now = self.now_ms();
+        let r = match &self.store {
+            Store::Memory(m) => m.report(now, rep),
+        };
+        self.metrics.count_report(rep, &r);
+        r
+    }
+
+    /// Settles `request_id`'s reservation to the usage so far.
+    pub async fn settle(&self, key: Option<&str>, request_id: &str, usage: Usage) -> Reported {
+        self.report(&report(key, request_id, ReportOp::Settle(usage)))
+            .await
+    }
+
+    /// Ends `request_id`'s reservation with its final usage.
+    pub async fn release(
+        &self,
+        key: Option<&str>,
+        request_id: &str,
+        usage: Option<Usage>,
+        train: bool,
+    ) -> Reported {
+        let op = ReportOp::Release { usage, train };
+        self.report(&report(key, request_id, op)).await
+    }
+
+    /// Gives back everything `request_id`'s reservation holds.
+    pub async fn cancel(&self, key: Option<&str>, request_id: &str) -> Reported {
+        self.report(&report(key, request_id, ReportOp::Cancel))
+            .await
     }
 }
+
+fn report(key: Option<&str>, request_id: &str, op: ReportOp) -> Report {
+    Report {
+        key: key.map(str::to_owned),
+        request_id: request_id.to_owned(),
+        op,
+    }
+}
+
+/// Runs a budget operation for a caller that does not wait for it (a
+/// report, a give-back): at once when it is ready on its first poll (the
+/// memory store), else on the runtime. Outside a runtime a pending one is
+/// dropped (logged).
+pub fn run_detached<F>(fut: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let mut fut = Box::pin(fut);
+    if (&mut fut).now_or_never().is_some() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => {
+            h.spawn(fut);
+        }
+        Err(_) => tracing::warn!("budgets: an operation was dropped outside a runtime"),
+    }
+}
+
+#[cfg(test)]
+mod tests;
