@@ -99,11 +99,15 @@ pub enum PickDecision {
     Response,
     /// No live endpoint is known to hold the named response.
     UnknownResponse,
+    /// The tenant's budget refused the pick (issue 23).
+    RateLimited,
+    /// Flow control shed the pick (issue 23).
+    Shed,
 }
 
 impl PickDecision {
     /// Every decision, in metric label order.
-    pub const ALL: [PickDecision; 7] = [
+    pub const ALL: [PickDecision; 9] = [
         PickDecision::Ranked(Decision::Prefix),
         PickDecision::Ranked(Decision::Load),
         PickDecision::Ranked(Decision::NoIndex),
@@ -111,6 +115,8 @@ impl PickDecision {
         PickDecision::Ranked(Decision::NoEndpoints),
         PickDecision::Response,
         PickDecision::UnknownResponse,
+        PickDecision::RateLimited,
+        PickDecision::Shed,
     ];
 
     /// The lowercase word for logs, stats and `PickResponse.reason`.
@@ -119,6 +125,8 @@ impl PickDecision {
             PickDecision::Ranked(d) => d.as_str(),
             PickDecision::Response => "response",
             PickDecision::UnknownResponse => "unknown_response",
+            PickDecision::RateLimited => "rate_limited",
+            PickDecision::Shed => "shed",
         }
     }
 
@@ -128,6 +136,8 @@ impl PickDecision {
             PickDecision::Ranked(d) => d.index(),
             PickDecision::Response => Decision::ALL.len(),
             PickDecision::UnknownResponse => Decision::ALL.len() + 1,
+            PickDecision::RateLimited => Decision::ALL.len() + 2,
+            PickDecision::Shed => Decision::ALL.len() + 3,
         }
     }
 }

@@ -86,6 +86,8 @@ pub(crate) fn decision_from_pb(d: i32) -> PickDecision {
         Ok(pb::Decision::NoEndpoints) => PickDecision::Ranked(Decision::NoEndpoints),
         Ok(pb::Decision::Response) => PickDecision::Response,
         Ok(pb::Decision::UnknownResponse) => PickDecision::UnknownResponse,
+        Ok(pb::Decision::RateLimited) => PickDecision::RateLimited,
+        Ok(pb::Decision::Shed) => PickDecision::Shed,
         _ => PickDecision::Ranked(Decision::Load),
     }
 }
