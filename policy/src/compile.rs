@@ -54,7 +54,7 @@ pub fn compile(set: &PolicySet) -> Result<FilterConfig, Vec<ValidationError>> {
                     name: t.name.clone(),
                     class: t.class.clone(),
                     budget: crate::budget::compile(set, t),
-                    weight: 1,
+                    weight: crate::flow::weight(set, t),
                 })
                 .collect();
             t.sort_by(|a, b| a.name.cmp(&b.name));
@@ -101,7 +101,7 @@ pub fn compile(set: &PolicySet) -> Result<FilterConfig, Vec<ValidationError>> {
                     indexer_cluster: p.indexer_cluster.clone(),
                     indexer_pool: p.indexer_pool.clone().unwrap_or_else(|| p.name.clone()),
                     indexer_timeout_ms: p.indexer_timeout_ms.unwrap_or(DEFAULT_INDEXER_TIMEOUT_MS),
-                    max_queue_wait_ms: 0,
+                    max_queue_wait_ms: crate::flow::max_queue_wait_ms(p.flow_control.as_ref()),
                 })
                 .collect();
             v.sort_by(|a, b| a.name.cmp(&b.name));

@@ -123,6 +123,18 @@
 //! arithmetic is `kvasir-budget`'s, and where it is enforced is described
 //! in that crate's README.
 //!
+//! ## Fair share and flow control
+//!
+//! A tenant's `weight` (1..=1000, default its class's from `classWeights`,
+//! else 1) is its share of a saturated pool within a priority band,
+//! counted in tokens. A pool's `flowControl` (`enabled`, `threshold`,
+//! `maxQueued`, `maxQueuedPerTenant`, `maxWaitMs`: the indexer's
+//! `pools[].flowControl`, same keys and defaults) makes picks wait at the
+//! indexer instead of in an engine's queue; it compiles into the filter's
+//! `maxQueueWaitMs` (`maxWaitMs` when enabled, else 0) and, through
+//! [`flow::resolve`], into the indexer's section, so the two cannot
+//! disagree. See [`mod@flow`].
+//!
 //! ## The compiled document
 //!
 //! [`FilterConfig::to_json`] gives canonical bytes: the same policy set
@@ -132,9 +144,9 @@
 //! ```json
 //! {"version":"kvasir.filter/v1",
 //!  "tenantSource":{"kind":"apiKey","unknownTenant":"reject","tenantHeader":"x-tenant","onTenantHeader":"ignore"},
-//!  "tenants":[{"name":"acme","class":"gold","budget":{"tokensPerMinute":100000,"cachedTokenWeightPermille":1000,"defaultOutputTokens":512}}],
+//!  "tenants":[{"name":"acme","class":"gold","budget":{"tokensPerMinute":100000,"cachedTokenWeightPermille":1000,"defaultOutputTokens":512},"weight":1}],
 //!  "apiKeys":[{"hash":"sha256:…","tenant":"acme"}],
-//!  "pools":[{"name":"main","models":["llama-3-8b"],"cluster":"vllm","indexerCluster":"kvasir-indexer","indexerPool":"main","indexerTimeoutMs":50}],
+//!  "pools":[{"name":"main","models":["llama-3-8b"],"cluster":"vllm","indexerCluster":"kvasir-indexer","indexerPool":"main","indexerTimeoutMs":50,"maxQueueWaitMs":0}],
 //!  "providers":[{"name":"openai","cluster":"openai","authority":"api.openai.com","auth":{"header":"authorization","secretRef":{"name":"openai","key":"api-key"}}}],
 //!  "classification":{"piiDetectors":["email","phone","paymentCard","iban","nationalId"],"easyMaxPromptTokens":512,"easyNoCodeFences":true},
 //!  "poolStateMaxAgeMs":5000,
@@ -147,6 +159,7 @@
 pub mod budget;
 pub mod compile;
 pub mod config;
+pub mod flow;
 pub mod glob;
 mod json_error;
 pub mod matcher;

@@ -32,6 +32,10 @@ pub struct PolicySet {
     /// the class).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub class_budgets: Vec<ClassBudget>,
+    /// Default fair-share weights by tenant class: a tenant of the class
+    /// without a `weight` of its own gets this one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub class_weights: Vec<ClassWeight>,
     /// Where the tenant of a request comes from.
     pub tenant_source: TenantSource,
     /// The vLLM pools requests can be routed to.
@@ -80,6 +84,12 @@ pub struct Tenant {
     /// as a whole. None and no class budget: unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// The tenant's weight in a saturated pool's fair share (1..=1000):
+    /// within a priority band, waiting requests are released in proportion
+    /// to their tenants' weights, counted in tokens. Default: its class's
+    /// (`classWeights`), else 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
 }
 
 /// A token budget: rates per minute, reserved when a request is admitted
@@ -121,6 +131,16 @@ pub struct ClassBudget {
     pub class: String,
     /// Its tenants' budget (each tenant its own).
     pub budget: Budget,
+}
+
+/// The default fair-share weight of a tenant class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClassWeight {
+    /// The class.
+    pub class: String,
+    /// Its tenants' weight (1..=1000), each tenant its own share.
+    pub weight: u32,
 }
 
 /// Where a request's tenant comes from. Exactly one of `header`, `apiKey`,
@@ -229,6 +249,37 @@ pub struct Pool {
     /// 5000). On timeout the filter fails open to Envoy's load balancing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub indexer_timeout_ms: Option<u32>,
+    /// Flow control at the indexer: when the pool is saturated, picks wait
+    /// in priority bands and tenants' fair queues instead of in an engine's
+    /// queue. The same keys and defaults as the indexer's
+    /// `pools[].flowControl`; off unless `enabled: true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_control: Option<FlowControl>,
+}
+
+/// A pool's flow control. Every field is optional; unset ones take the
+/// indexer's defaults (`kvasir_flowcontrol::FlowControlConfig`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FlowControl {
+    /// Whether picks wait when the pool is saturated (default false).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Pool saturation (0..1: the least saturated ready endpoint's) at or
+    /// above which a pick waits (default 1.0: only when every endpoint is
+    /// saturated; lower holds picks back earlier, binding them late).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<f64>,
+    /// Picks waiting in the pool at most (default 1024); more are shed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued: Option<u64>,
+    /// Picks one tenant may have waiting at most (default 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queued_per_tenant: Option<u64>,
+    /// How long a pick may wait, ms (default 10000); then it is shed. The
+    /// filter's pick deadline grows by the same amount.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
 }
 
 /// An external model provider reached through an Envoy cluster.

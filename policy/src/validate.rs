@@ -125,6 +125,7 @@ impl Checker<'_> {
     fn run(&mut self) {
         self.tenants();
         self.out.extend(crate::budget::check(self.set));
+        self.out.extend(crate::flow::check(self.set));
         self.tenant_source();
         self.pools();
         self.providers();

@@ -145,9 +145,12 @@ fn compiled_shape_and_round_trip() {
         v["tenants"][0],
         json!({"name": "a", "class": "gold", "budget": {
             "tokensPerMinute": 6000, "maxConcurrent": 3,
-            "cachedTokenWeightPermille": 0, "defaultOutputTokens": 64}})
+            "cachedTokenWeightPermille": 0, "defaultOutputTokens": 64}, "weight": 1})
     );
-    assert_eq!(v["tenants"][2], json!({"name": "c", "class": "free"}));
+    assert_eq!(
+        v["tenants"][2],
+        json!({"name": "c", "class": "free", "weight": 1})
+    );
     assert_eq!(FilterConfig::from_json(&cfg.to_json()).unwrap(), cfg);
 }
 

@@ -84,7 +84,8 @@ pub struct TenantConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetConfig>,
     /// The tenant's weight in a saturated pool's fair share (flow control,
-    /// by tokens, within a priority band); at least 1.
+    /// by tokens, within a priority band): its own, else its class's, else
+    /// 1; 1..=1000.
     #[serde(default = "default_weight")]
     pub weight: u32,
 }
@@ -160,7 +161,8 @@ pub struct PoolConfig {
     pub indexer_timeout_ms: u32,
     /// How long a pick may wait in the indexer's flow-control queue, ms, on
     /// top of `indexer_timeout_ms` (0: it never waits; a pick the pool
-    /// would queue is shed at once).
+    /// would queue is shed at once). The indexer pool's `maxWaitMs` when
+    /// the policy's `flowControl` is enabled, else 0; at most 600000.
     #[serde(default)]
     pub max_queue_wait_ms: u32,
 }

@@ -92,7 +92,7 @@ pub(crate) fn build(doc: &mut Doc) -> Result<Index, ConfigError> {
     // Entry checks first, so paths count entries as they were written.
     check_pools(&doc.pools)?;
     check_providers(&doc.providers)?;
-    check_budgets(&doc.tenants)?;
+    check_tenants(&doc.tenants)?;
     sort_by_name(doc)?;
 
     let names = Names {
@@ -166,6 +166,8 @@ fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
                 "must be at least 1",
             ));
         }
+        crate::flow::check_compiled_wait(p.max_queue_wait_ms)
+            .map_err(|msg| invalid(format!("pools[{i}].maxQueueWaitMs"), msg))?;
     }
     Ok(())
 }
@@ -187,8 +189,11 @@ fn check_providers(providers: &[ProviderConfig]) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn check_budgets(tenants: &[TenantConfig]) -> Result<(), ConfigError> {
+/// Tenants' weights and budgets: the bounds validation applies.
+fn check_tenants(tenants: &[TenantConfig]) -> Result<(), ConfigError> {
     for (i, t) in tenants.iter().enumerate() {
+        crate::flow::check_compiled_weight(t.weight)
+            .map_err(|msg| invalid(format!("tenants[{i}].weight"), msg))?;
         if let Some(b) = &t.budget {
             crate::budget::check_compiled(b)
                 .map_err(|(field, msg)| invalid(format!("tenants[{i}].budget.{field}"), msg))?;

@@ -1,0 +1,194 @@
+//! Fair share and flow control in the policy set: tenants' `weight` and
+//! `classWeights`, and pools' `flowControl`. Their validation (exact
+//! paths) and what they compile into.
+//!
+//! One section feeds both sides of a pool's flow control: the indexer's
+//! `pools[].flowControl` is [`resolve`] of it, and the filter's
+//! `pools[].maxQueueWaitMs` is [`max_queue_wait_ms`] of the same section,
+//! so the filter's pick deadline always covers the indexer's longest wait
+//! (a queued pick is answered, released or shed, never timed out).
+//!
+//! A class weight is a default, like a class budget: every tenant of the
+//! class without a `weight` of its own gets it, and each tenant still has
+//! its own share (the class is not one tenant).
+
+use std::collections::BTreeMap;
+
+use kvasir_flowcontrol::FlowControlConfig;
+
+use crate::syntax::is_name;
+use crate::types::{FlowControl, PolicySet, Tenant};
+use crate::validate::{Severity, ValidationError};
+
+/// A tenant's weight when neither it nor its class sets one.
+pub const DEFAULT_WEIGHT: u32 = 1;
+/// Largest weight: a 1000:1 share is already beyond what a queue can show
+/// within any realistic backlog, and the bound keeps `tokens / weight`
+/// tags far from rounding.
+pub const MAX_WEIGHT: u32 = 1000;
+/// Largest `maxWaitMs`: the filter holds the request paused that long, and
+/// the value must fit the compiled `maxQueueWaitMs` (u32).
+pub const MAX_WAIT_MS: u64 = 600_000;
+/// Largest `maxQueued` / `maxQueuedPerTenant`: a bound on the memory a
+/// typo can ask the indexer to hold.
+pub const MAX_QUEUED: u64 = 1_000_000;
+
+fn finding(path: String, message: impl Into<String>, severity: Severity) -> ValidationError {
+    ValidationError {
+        path,
+        message: message.into(),
+        severity,
+    }
+}
+
+fn weight_error(path: String, w: u32) -> Option<ValidationError> {
+    (!(1..=MAX_WEIGHT).contains(&w)).then(|| {
+        let msg = format!("must be between 1 and {MAX_WEIGHT}, got {w}");
+        finding(path, msg, Severity::Error)
+    })
+}
+
+/// Findings of every weight and every pool's flow control, in document
+/// order (tenants, class weights, pools).
+pub(crate) fn check(set: &PolicySet) -> Vec<ValidationError> {
+    let mut out = Vec::new();
+    for (i, t) in set.tenants.iter().enumerate() {
+        if let Some(w) = t.weight {
+            out.extend(weight_error(format!("tenants[{i}].weight"), w));
+        }
+    }
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, cw) in set.class_weights.iter().enumerate() {
+        let p = format!("classWeights[{i}]");
+        if !is_name(&cw.class) {
+            let msg = format!("`{}` is not a valid class name", cw.class);
+            out.push(finding(format!("{p}.class"), msg, Severity::Error));
+        } else if let Some(k) = seen.insert(&cw.class, i) {
+            let msg = format!("duplicate class `{}` (also classWeights[{k}])", cw.class);
+            out.push(finding(format!("{p}.class"), msg, Severity::Error));
+        } else if !set
+            .tenants
+            .iter()
+            .any(|t| t.class.as_deref() == Some(cw.class.as_str()) && t.weight.is_none())
+        {
+            let msg = format!(
+                "unused: no tenant of class `{}` goes without a weight of its own",
+                cw.class
+            );
+            out.push(finding(format!("{p}.class"), msg, Severity::Warning));
+        }
+        out.extend(weight_error(format!("{p}.weight"), cw.weight));
+    }
+    for (i, pool) in set.pools.iter().enumerate() {
+        if let Some(fc) = &pool.flow_control {
+            out.extend(check_flow_control(&format!("pools[{i}].flowControl"), fc));
+        }
+    }
+    out
+}
+
+/// Findings of one flow-control section at `path` (`pools[0].flowControl`):
+/// the indexer's own range checks (`FlowControlConfig::validate`) on the
+/// section as the indexer will read it, the bounds above, and warnings for
+/// settings that never apply.
+pub fn check_flow_control(path: &str, fc: &FlowControl) -> Vec<ValidationError> {
+    let mut out = Vec::new();
+    let mut bounded = true;
+    for (field, v, max) in [
+        ("maxQueued", fc.max_queued, MAX_QUEUED),
+        ("maxQueuedPerTenant", fc.max_queued_per_tenant, MAX_QUEUED),
+        ("maxWaitMs", fc.max_wait_ms, MAX_WAIT_MS),
+    ] {
+        if let Some(v) = v.filter(|v| *v > max) {
+            bounded = false;
+            let msg = format!("must be at most {max}, got {v}");
+            out.push(finding(format!("{path}.{field}"), msg, Severity::Error));
+        }
+    }
+    if bounded {
+        if let Err(e) = resolve(fc).validate() {
+            out.push(finding(
+                format!("{path}.{}", e.field),
+                e.message,
+                Severity::Error,
+            ));
+        }
+    }
+    if fc.threshold.is_some_and(|t| t.is_finite() && t > 1.0) {
+        out.push(finding(
+            format!("{path}.threshold"),
+            "above 1: a pool's saturation is at most 1, so picks never wait",
+            Severity::Warning,
+        ));
+    }
+    let tuned = fc.threshold.is_some()
+        || fc.max_queued.is_some()
+        || fc.max_queued_per_tenant.is_some()
+        || fc.max_wait_ms.is_some();
+    if fc.enabled != Some(true) && tuned {
+        out.push(finding(
+            path.to_owned(),
+            "flow control is off (`enabled` is not true): these settings never apply",
+            Severity::Warning,
+        ));
+    }
+    out
+}
+
+/// The section as the indexer's `pools[].flowControl`, every default
+/// filled in (the indexer's own, `FlowControlConfig::default`).
+pub fn resolve(fc: &FlowControl) -> FlowControlConfig {
+    let d = FlowControlConfig::default();
+    // Validated values are at most MAX_QUEUED: they fit any usize.
+    let count = |v: Option<u64>, default: usize| {
+        v.map_or(default, |v| usize::try_from(v).unwrap_or(usize::MAX))
+    };
+    FlowControlConfig {
+        enabled: fc.enabled.unwrap_or(d.enabled),
+        threshold: fc.threshold.unwrap_or(d.threshold),
+        max_queued: count(fc.max_queued, d.max_queued),
+        max_queued_per_tenant: count(fc.max_queued_per_tenant, d.max_queued_per_tenant),
+        max_wait_ms: fc.max_wait_ms.unwrap_or(d.max_wait_ms),
+    }
+}
+
+/// The filter's `maxQueueWaitMs` of a pool: the indexer's `maxWaitMs` when
+/// flow control is on, else 0 (the pick never waits). Saturates at
+/// [`MAX_WAIT_MS`] for an unvalidated section.
+pub fn max_queue_wait_ms(fc: Option<&FlowControl>) -> u32 {
+    let Some(c) = fc.map(resolve).filter(|c| c.enabled) else {
+        return 0;
+    };
+    // At most MAX_WAIT_MS (600000), far below u32::MAX.
+    c.max_wait_ms.min(MAX_WAIT_MS) as u32
+}
+
+/// The compiled weight of tenant `t`: its own, else its class's, else 1.
+/// Call on a validated set.
+pub(crate) fn weight(set: &PolicySet, t: &Tenant) -> u32 {
+    t.weight
+        .or_else(|| {
+            let class = t.class.as_deref()?;
+            set.class_weights
+                .iter()
+                .find(|cw| cw.class == class)
+                .map(|cw| cw.weight)
+        })
+        .unwrap_or(DEFAULT_WEIGHT)
+}
+
+/// The loader's check of a compiled tenant weight.
+pub(crate) fn check_compiled_weight(w: u32) -> Result<(), String> {
+    match (1..=MAX_WEIGHT).contains(&w) {
+        true => Ok(()),
+        false => Err(format!("must be between 1 and {MAX_WEIGHT}")),
+    }
+}
+
+/// The loader's check of a compiled `maxQueueWaitMs`.
+pub(crate) fn check_compiled_wait(ms: u32) -> Result<(), String> {
+    match u64::from(ms) <= MAX_WAIT_MS {
+        true => Ok(()),
+        false => Err(format!("must be at most {MAX_WAIT_MS}")),
+    }
+}
