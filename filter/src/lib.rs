@@ -19,6 +19,8 @@
 //! - [`scan`]: every string of a body, for the PII scan;
 //! - [`reply`]: local replies in OpenAI's or Anthropic's error shape;
 //! - [`pick`]: `Pick` / `Report` messages and the fail-open rules;
+//! - [`governance`]: the 429s of a rate-limited or shed pick, the
+//!   `x-ratelimit-*` headers, when a stream reports its usage so far;
 //! - [`session`]: the per-VM `Session` streams' decisions (send on a
 //!   stream or fall back to unary, open, time out, deliver) and the root's
 //!   timer period;
@@ -34,6 +36,7 @@
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod governance;
 pub mod host;
 pub mod pick;
 pub mod reply;

@@ -6,9 +6,10 @@
 //! not `ip:port` entries is treated as a bad response (fail open) rather
 //! than copied into a header.
 
+use kvasir_policy::BudgetConfig;
 use kvasir_proto::v1::{
-    pick_request, Chat, ChatMessage, Decision, Hints, Outcome, PickRequest, PickResponse,
-    ReportPhase, ReportRequest, TokenIds,
+    pick_request, Budget, BudgetStatus, Chat, ChatMessage, Decision, Hints, Outcome, PickRequest,
+    PickResponse, ReportPhase, ReportRequest, TokenIds,
 };
 use prost::Message;
 
@@ -38,6 +39,28 @@ pub struct PickInput<'a> {
     pub priority: i32,
     /// Most endpoints to return.
     pub max_endpoints: u32,
+    /// The tenant's budget, when it has one (sent keyed by `tenant`).
+    pub budget: Option<&'a BudgetConfig>,
+    /// The tenant's fair-share weight in a saturated pool.
+    pub weight: u32,
+    /// How long the pick may wait in the pool's flow-control queue (ms).
+    pub max_wait_ms: u32,
+}
+
+/// The `Budget` a pick carries for `key` (the tenant's name): the
+/// compiled limits (0 for none) and the request's own completion cap.
+pub fn budget_message(key: &str, b: &BudgetConfig, max_tokens: u64) -> Budget {
+    Budget {
+        key: key.to_string(),
+        tokens_per_minute: b.tokens_per_minute.unwrap_or(0),
+        prompt_tokens_per_minute: b.prompt_tokens_per_minute.unwrap_or(0),
+        completion_tokens_per_minute: b.completion_tokens_per_minute.unwrap_or(0),
+        requests_per_minute: b.requests_per_minute.unwrap_or(0),
+        max_concurrent: b.max_concurrent.unwrap_or(0),
+        cached_token_weight_permille: u32::from(b.cached_token_weight_permille),
+        default_output_tokens: b.default_output_tokens,
+        max_tokens: u32::try_from(max_tokens).unwrap_or(u32::MAX),
+    }
 }
 
 /// The encoded `PickRequest`, or `None` when the request cannot be picked
@@ -84,7 +107,12 @@ pub fn pick_request(req: &ParsedRequest<'_>, input: &PickInput<'_>) -> Option<Ve
         }),
         max_endpoints: input.max_endpoints,
         response_id: response_id.to_string(),
-        ..Default::default()
+        budget: input
+            .budget
+            .filter(|_| !input.tenant.is_empty())
+            .map(|b| budget_message(input.tenant, b, req.max_tokens)),
+        max_wait_ms: input.max_wait_ms,
+        weight: input.weight,
     };
     Some(msg.encode_to_vec())
 }
@@ -133,6 +161,45 @@ impl FailOpen {
     }
 }
 
+/// Why flow control shed a pick (`PickResponse.shed_cause`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShedCause {
+    /// The pool's queue is full.
+    PoolFull,
+    /// The tenant's share of the queue is full.
+    TenantFull,
+    /// The pool would queue it and the caller cannot wait.
+    NoWait,
+    /// It waited its longest.
+    MaxWait,
+    /// A cause this filter does not know (a newer indexer).
+    Other,
+}
+
+impl ShedCause {
+    /// The cause of a `shed_cause` word.
+    pub fn parse(s: &str) -> ShedCause {
+        match s {
+            "pool_full" => ShedCause::PoolFull,
+            "tenant_full" => ShedCause::TenantFull,
+            "no_wait" => ShedCause::NoWait,
+            "max_wait" => ShedCause::MaxWait,
+            _ => ShedCause::Other,
+        }
+    }
+
+    /// The stat name segment (the indexer's word).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShedCause::PoolFull => "pool_full",
+            ShedCause::TenantFull => "tenant_full",
+            ShedCause::NoWait => "no_wait",
+            ShedCause::MaxWait => "max_wait",
+            ShedCause::Other => "other",
+        }
+    }
+}
+
 /// Why a pick gave no endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoPick {
@@ -141,6 +208,12 @@ pub enum NoPick {
     /// The request names a stored response that no live engine is known to
     /// hold: the client gets vLLM's 404 for an unknown id.
     UnknownResponse,
+    /// The tenant's budget cannot take the request now (the outcome's
+    /// `budget` says which limit): the client gets 429.
+    RateLimited,
+    /// The pool is saturated and the pick could not wait, or waited its
+    /// longest: the client gets 429.
+    Shed(ShedCause),
 }
 
 impl From<FailOpen> for NoPick {
@@ -174,6 +247,10 @@ pub struct PickOutcome {
     pub result: Result<Picked, NoPick>,
     /// Pool saturation 0..1, when the answer carried one.
     pub saturation: Option<f64>,
+    /// The tenant's budget after the pick, when the pick carried one.
+    pub budget: Option<BudgetStatus>,
+    /// Milliseconds the pick waited in the pool's flow-control queue.
+    pub queued_ms: u32,
 }
 
 impl PickOutcome {
@@ -182,6 +259,8 @@ impl PickOutcome {
         PickOutcome {
             result: Err(NoPick::FailOpen(why)),
             saturation: None,
+            budget: None,
+            queued_ms: 0,
         }
     }
 }
@@ -208,11 +287,23 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
         .pool_saturation
         .is_finite()
         .then_some(resp.pool_saturation.clamp(0.0, 1.0));
+    let refused = |result: NoPick, saturation: Option<f64>| PickOutcome {
+        result: Err(result),
+        saturation,
+        budget: resp.budget.clone(),
+        queued_ms: resp.queued_ms,
+    };
     if resp.decision == Decision::UnknownResponse as i32 {
-        return PickOutcome {
-            result: Err(NoPick::UnknownResponse),
-            saturation: None,
-        };
+        return refused(NoPick::UnknownResponse, None);
+    }
+    if resp.decision == Decision::RateLimited as i32 {
+        // Refused before placement: its saturation says nothing.
+        return refused(NoPick::RateLimited, None);
+    }
+    if resp.decision == Decision::Shed as i32 {
+        // A shed pick saw the pool saturated: that is learnt.
+        let cause = ShedCause::parse(&resp.shed_cause);
+        return refused(NoPick::Shed(cause), saturation);
     }
     if resp.endpoints.is_empty() {
         // Its saturation (1 by the indexer's rule for "none healthy") says
@@ -227,6 +318,8 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
         return PickOutcome {
             result: Err(FailOpen::BadResponse.into()),
             saturation,
+            budget: None,
+            queued_ms: resp.queued_ms,
         };
     }
     let header = resp
@@ -244,6 +337,8 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
             all_saturated: resp.decision == Decision::AllSaturated as i32,
         }),
         saturation,
+        budget: resp.budget,
+        queued_ms: resp.queued_ms,
     }
 }
 
@@ -280,6 +375,9 @@ pub struct ReportInput<'a> {
     /// The id the engine gave a stored Responses API response ("" when
     /// none, not known yet, or the request set `store: false`).
     pub response_id: &'a str,
+    /// The pick's budget key ("" for a request without a budget), so any
+    /// indexer replica can settle the tenant's reservation.
+    pub budget_key: &'a str,
 }
 
 /// The encoded `ReportRequest`.
@@ -298,6 +396,7 @@ pub fn report_request(r: &ReportInput<'_>) -> Vec<u8> {
         outcome: r.outcome as i32,
         phase: r.phase as i32,
         response_id: r.response_id.to_string(),
+        budget_key: r.budget_key.to_string(),
     }
     .encode_to_vec()
 }
@@ -342,6 +441,9 @@ mod tests {
             request_id: "r1",
             priority: -1,
             max_endpoints: 3,
+            budget: None,
+            weight: 1,
+            max_wait_ms: 0,
         }
     }
 
@@ -581,9 +683,11 @@ mod tests {
             outcome: Outcome::Success,
             phase: ReportPhase::Done,
             response_id: "resp_1",
+            budget_key: "acme",
         });
         let r = ReportRequest::decode(b.as_slice()).unwrap();
         assert_eq!(r.response_id, "resp_1");
+        assert_eq!(r.budget_key, "acme");
         assert_eq!(
             (r.prompt_tokens, r.cached_tokens, r.completion_tokens),
             (100, 64, 5)

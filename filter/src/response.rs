@@ -174,6 +174,9 @@ pub struct ResponseTracker {
     raw: RawUsage,
     seen_usage: bool,
     events: u64,
+    /// Events that carry generated content (a lower bound of completion
+    /// tokens; see [`content_event`]).
+    content_events: u64,
     want_id: bool,
     response_id: Option<String>,
 }
@@ -199,6 +202,7 @@ impl ResponseTracker {
             raw: RawUsage::default(),
             seen_usage: false,
             events: 0,
+            content_events: 0,
             want_id: false,
             response_id: None,
         }
@@ -316,6 +320,7 @@ impl ResponseTracker {
                 }
             }
         }
+        self.content_events += u64::from(content_event(payload));
         1
     }
 
@@ -358,6 +363,52 @@ impl ResponseTracker {
     pub fn events(&self) -> u64 {
         self.events
     }
+
+    /// Events of an SSE response that carried generated content.
+    pub fn content_events(&self) -> u64 {
+        self.content_events
+    }
+
+    /// The usage known so far while an SSE response streams: the latest
+    /// `usage` it carried (vLLM's continuous usage, Anthropic's
+    /// `message_start`), with completion tokens at least the content events
+    /// seen (each carries one token or more). A lower bound of the final
+    /// usage in every field; `None` before any content or usage.
+    pub fn usage_so_far(&self) -> Option<Usage> {
+        let u = if self.seen_usage {
+            self.raw.usage()
+        } else {
+            None
+        };
+        if u.is_none() && self.content_events == 0 {
+            return None;
+        }
+        let mut u = u.unwrap_or_default();
+        u.completion_tokens = u.completion_tokens.max(self.content_events);
+        Some(u)
+    }
+}
+
+/// Whether an SSE event's data carries generated content, judged without
+/// parsing: Anthropic's `content_block_delta`, a Responses API `*.delta`
+/// event, or an OpenAI chunk (it has `choices`) whose delta is not empty.
+/// Errs towards "no" (role-only and finish chunks, `message_start`, pings,
+/// `response.created`), so the count never exceeds the tokens generated.
+fn content_event(payload: &[u8]) -> bool {
+    if contains(payload, b"\"content_block_delta\"") {
+        return true;
+    }
+    if contains(payload, b"\"type\":\"response.") {
+        return contains(payload, b".delta\"");
+    }
+    if !contains(payload, b"\"choices\":[{") {
+        return false;
+    }
+    // An OpenAI chunk: vLLM's first (role) and last (finish) chunks have
+    // empty text; a chunk whose only delta is empty carries no token.
+    !(contains(payload, b"\"content\":\"\"")
+        || contains(payload, b"\"text\":\"\"")
+        || contains(payload, b"\"delta\":{}"))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@
 //! and picked for at its headers, with the response id and no prompt. The
 //! response side (usage, reports) is [`respond`]'s.
 
+mod govern;
 mod respond;
 
 use std::borrow::Cow;
@@ -26,6 +27,7 @@ use kvasir_policy::{
     TenantSourceKind,
 };
 
+use crate::governance::UsageCadence;
 pub use crate::host::{DeferredCall, Host};
 use crate::pick::{self, FailOpen, NoPick, PickInput, PickOutcome, Picked};
 use crate::reply::{error_reply, shed_reply, unknown_response, LocalReply, Shape};
@@ -110,6 +112,14 @@ pub struct Flow {
     /// Whether the engine's id for the response is reported (a Responses
     /// API request that did not set `store: false`).
     learn_response_id: bool,
+    /// The budget key of a dispatched pick that carried the tenant's
+    /// budget: every report of the request carries it.
+    budget_key: Option<String>,
+    /// The `x-ratelimit-*` headers of the pick's budget status, added to
+    /// the response.
+    rate_limit_headers: Vec<(&'static str, String)>,
+    /// When the streaming response reports its usage so far.
+    usage_cadence: UsageCadence,
 }
 
 fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -146,6 +156,9 @@ impl Flow {
             response_id: None,
             stored: false,
             learn_response_id: false,
+            budget_key: None,
+            rate_limit_headers: Vec::new(),
+            usage_cadence: UsageCadence::default(),
         }
     }
 
@@ -458,23 +471,38 @@ impl Flow {
             return Verdict::Continue;
         }
         self.response_id = req.response_id.as_ref().map(|id| id.to_string());
+        let tenant = self.tenant.as_deref().unwrap_or_default();
+        let tenant_cfg = shared
+            .config
+            .policy
+            .tenant_index(tenant)
+            .and_then(|i| shared.config.policy.tenants().get(i));
+        // A read of a stored response generates nothing: not budgeted.
+        let budget = tenant_cfg
+            .and_then(|t| t.budget.as_ref())
+            .filter(|_| !self.stored);
         let input = PickInput {
             pool: &pool.indexer_pool,
             model: rewrite_model.unwrap_or(&req.model),
-            tenant: self.tenant.as_deref().unwrap_or_default(),
+            tenant,
             request_id: &self.request_id,
             priority,
             max_endpoints: s.max_endpoints,
+            budget,
+            weight: tenant_cfg.map_or(1, |t| t.weight),
+            max_wait_ms: pool.max_queue_wait_ms,
         };
         let Some(msg) = pick::pick_request(req, &input) else {
             self.fail_open(FailOpen::Unsupported);
             return Verdict::Continue;
         };
-        let timeout_ms = pick_timeout_ms(pool.indexer_timeout_ms, self.response_id.is_some());
+        let budget_key = budget.map(|_| tenant.to_string()).filter(|k| !k.is_empty());
+        let timeout_ms = pick_deadline_ms(pool, self.response_id.is_some());
         match host.pick(&pool.indexer_cluster, &msg, timeout_ms) {
             Some(token) => {
                 self.phase = Phase::Picking(token);
                 self.pick_started_ns = host.now_ns();
+                self.budget_key = budget_key;
                 Verdict::Pause
             }
             None => {
@@ -579,6 +607,7 @@ impl Flow {
         if let (Some(s), Some(i)) = (outcome.saturation, pool_index) {
             self.shared.learn_saturation(i, s, now);
         }
+        self.governance_outcome(&outcome);
         match outcome.result {
             Ok(p) => {
                 host.set_request_header(&self.shared.config.settings.endpoint_header, &p.header);
@@ -601,6 +630,12 @@ impl Flow {
                 // An answer about a response the request never named.
                 self.fail_open(FailOpen::BadResponse);
             }
+            Err(NoPick::RateLimited) => {
+                return self.refuse_rate_limited(host, outcome.budget.as_ref());
+            }
+            Err(NoPick::Shed(cause)) => {
+                return self.refuse_shed(host, cause, outcome.queued_ms, outcome.budget.as_ref());
+            }
         }
         self.phase = Phase::Forwarded;
         host.resume_request();
@@ -616,7 +651,7 @@ impl Flow {
 /// an engine that does not hold the response. Only that race ever uses it.
 pub const RESPONSE_PICK_MIN_TIMEOUT_MS: u32 = 500;
 
-/// The pick's deadline: the pool's, raised to
+/// The pick's timeout: the pool's, raised to
 /// [`RESPONSE_PICK_MIN_TIMEOUT_MS`] for a pick bound to a stored response.
 pub fn pick_timeout_ms(pool_timeout_ms: u32, response_bound: bool) -> u32 {
     if response_bound {
@@ -624,6 +659,15 @@ pub fn pick_timeout_ms(pool_timeout_ms: u32, response_bound: bool) -> u32 {
     } else {
         pool_timeout_ms
     }
+}
+
+/// The pick's deadline, on a `Session` stream or a unary call: its timeout
+/// plus the longest it may wait in the pool's flow-control queue
+/// (`maxQueueWaitMs`, sent as the pick's `max_wait_ms`), so a queued pick
+/// is answered (released or shed) by the indexer before the filter would
+/// give up on it and fail open.
+pub fn pick_deadline_ms(pool: &PoolConfig, response_bound: bool) -> u32 {
+    pick_timeout_ms(pool.indexer_timeout_ms, response_bound).saturating_add(pool.max_queue_wait_ms)
 }
 
 #[cfg(test)]

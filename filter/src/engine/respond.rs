@@ -12,7 +12,7 @@ use crate::stats::{ns_to_ms, response_class};
 
 /// When a report is dispatched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Dispatch {
+pub(super) enum Dispatch {
     /// At once, from the callback (before Envoy passes the chunk on).
     Now,
     /// Queued for the root's tick or the stream's log (see `report`).
@@ -46,6 +46,10 @@ impl Flow {
             if let Some(addr) = &self.served {
                 host.add_response_header(&s.served_header, addr);
             }
+        }
+        // Every response of a rate-limited tenant tells its budget.
+        for (name, value) in &self.rate_limit_headers {
+            host.add_response_header(name, value);
         }
         let tracker = ResponseTracker::new(self.start_ns, streaming, s.response_body_limit_bytes);
         self.tracker = Some(if self.learn_response_id && self.ok_status() {
@@ -115,10 +119,43 @@ impl Flow {
                 Dispatch::Deferred,
             );
         }
+        if !end_of_stream {
+            self.report_usage_if_due(host, now);
+        }
         if end_of_stream {
             self.finish(host, true);
         }
         Verdict::Continue
+    }
+
+    /// While a budgeted request's answer streams, its usage so far settles
+    /// the tenant's reservation: a `USAGE` report every
+    /// [`crate::governance::USAGE_EVERY_EVENTS`] content events or
+    /// [`crate::governance::USAGE_EVERY_NS`], queued like the first-token
+    /// report (the done report covers the end).
+    fn report_usage_if_due(&mut self, host: &mut dyn Host, now: u64) {
+        let picked = self.routed.as_ref().is_some_and(|r| r.picked.is_some());
+        if self.budget_key.is_none() || !picked || !self.ok_status() || self.stored {
+            return;
+        }
+        let Some(t) = self.tracker.as_ref().filter(|t| t.streaming()) else {
+            return;
+        };
+        let Some(usage) = t.usage_so_far() else {
+            return;
+        };
+        if !self.usage_cadence.due(t.content_events(), usage, now) {
+            return;
+        }
+        self.count("usage_reports", 1);
+        self.report(
+            host,
+            ReportPhase::Usage,
+            Outcome::Unspecified,
+            Some(usage),
+            now,
+            Dispatch::Deferred,
+        );
     }
 
     /// Response trailers: the response ended (gRPC-style upstreams end
@@ -219,7 +256,7 @@ impl Flow {
         }
     }
 
-    fn report(
+    pub(super) fn report(
         &self,
         host: &mut dyn Host,
         phase: ReportPhase,
@@ -235,7 +272,16 @@ impl Flow {
             .as_ref()
             .and_then(ResponseTracker::response_id)
             .unwrap_or_default();
-        let accounted = s.report && r.picked.is_some() && !self.request_id.is_empty();
+        // A budgeted request always reports (its reservation must be
+        // settled and released), and reports its end even when its pick
+        // failed open (the indexer may have reserved before the filter gave
+        // up); a refused pick's end is reported as rejected.
+        let budgeted = self.budget_key.is_some();
+        let placed = match phase {
+            ReportPhase::Done => r.picked.is_some() || budgeted || outcome == Outcome::Rejected,
+            _ => r.picked.is_some(),
+        };
+        let accounted = (s.report || budgeted) && placed && !self.request_id.is_empty();
         // The report of a stored response's id goes even for a request
         // that failed open or with reports off: without it every follow-up
         // would be answered as an unknown id.
@@ -259,6 +305,7 @@ impl Flow {
             outcome,
             phase,
             response_id,
+            budget_key: self.budget_key.as_deref().unwrap_or_default(),
         });
         let call = DeferredCall {
             cluster: r.indexer_cluster.clone(),
