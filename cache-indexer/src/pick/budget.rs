@@ -1,35 +1,207 @@
 //! Budget admission of a pick (issue 23): reserve the request's tokens
 //! against its tenant's budget before it is placed or queued.
 //!
-//! Placeholder until the budgets module lands: every pick is admitted and
-//! nothing is reserved.
+//! The reservation is the prompt as tokenized (pseudo-tokens in `approx`
+//! mode), the best predicted cached tokens among the endpoints the prefix
+//! index matched (0 when not looked up: the whole prompt at full price
+//! until usage says otherwise), and the output estimate (`max_tokens`, else
+//! the key's learned figure). A pick without a budget reserves nothing. A
+//! budgeted pick needs a budget key and a request id (reports settle the
+//! reservation by it): without them it is INVALID_ARGUMENT ([`check`]).
 
+use std::sync::Arc;
+
+use kvasir_budget::{RateLimitHeaders, Refusal};
 use kvasir_proto::v1 as pb;
 
 use super::matching::Matched;
 use super::prompt::Call;
 use super::tokenize::PickTokens;
-use crate::pool::Pool;
+use crate::budgets::{self, Ask, Reserved};
+use crate::pool::{invalid, Pool, ServiceError};
+use crate::scoring::predicted_cached_tokens;
 
-/// What admission reserved for a pick (nothing yet).
+/// What admission reserved for a pick.
 #[derive(Debug, Default)]
-pub(crate) struct Admission {}
+pub(crate) struct Admission {
+    /// The budget key a reservation was made under (none: nothing held).
+    key: Option<String>,
+    /// The budget's status after the reservation.
+    status: Option<pb::BudgetStatus>,
+}
+
+/// Refuses a budget a reservation could not be settled by: no key, or no
+/// request id.
+pub(crate) fn check(request_id: &str, budget: Option<&pb::Budget>) -> Result<(), ServiceError> {
+    let Some(b) = budget else {
+        return Ok(());
+    };
+    if b.key.is_empty() {
+        return Err(invalid("budget.key", "must not be empty"));
+    }
+    if request_id.is_empty() {
+        return Err(invalid(
+            "request_id",
+            "required with a budget (reports settle the reservation by it)",
+        ));
+    }
+    Ok(())
+}
 
 impl Pool {
     /// Reserves `call`'s tokens against its budget; a refusal is the answer
     /// to send (decision RATE_LIMITED).
-    pub(crate) fn admit(
+    pub(crate) async fn admit(
         &self,
-        _call: &Call,
-        _tokens: &PickTokens,
-        _matched: &Matched<'_>,
+        call: &Call,
+        tokens: &PickTokens,
+        matched: &Matched<'_>,
     ) -> Result<Admission, pb::PickResponse> {
-        Ok(Admission::default())
+        let Some(b) = &call.budget else {
+            return Ok(Admission::default());
+        };
+        let prompt_tokens =
+            u32::try_from(tokens.estimated_len.unwrap_or(tokens.ids.len())).unwrap_or(u32::MAX);
+        let ask = Ask {
+            key: b.key.clone(),
+            request_id: call.request_id.clone(),
+            limits: budgets::limits_of(b),
+            default_output_tokens: u64::from(b.default_output_tokens),
+            max_tokens: (b.max_tokens > 0).then_some(u64::from(b.max_tokens)),
+            prompt_tokens: u64::from(prompt_tokens),
+            cached_tokens: u64::from(self.best_cached(prompt_tokens, matched)),
+            max_age_ms: u64::try_from(self.load.config().in_flight_timeout.as_millis())
+                .unwrap_or(u64::MAX),
+        };
+        match self.budgets.reserve(&ask).await {
+            Reserved::Admitted { headers, .. } => Ok(Admission {
+                key: Some(ask.key),
+                status: Some(status(&headers, None)),
+            }),
+            Reserved::Untracked => Ok(Admission::default()),
+            Reserved::Limited { refusal, headers } => {
+                tracing::debug!(
+                    pool = %self.name,
+                    tenant = %call.tenant,
+                    budget_key = %ask.key,
+                    request_id = %call.request_id,
+                    %refusal,
+                    "pick rate limited"
+                );
+                Err(pb::PickResponse {
+                    prompt_tokens,
+                    decision: pb::Decision::RateLimited as i32,
+                    reason: "rate_limited".into(),
+                    tokenize_mode: tokens.mode.as_str().to_string(),
+                    budget: Some(status(&headers, Some(&refusal))),
+                    ..Default::default()
+                })
+            }
+        }
+    }
+
+    /// The most prompt tokens any matched endpoint is expected to hold.
+    fn best_cached(&self, prompt_tokens: u32, matched: &Matched<'_>) -> u32 {
+        match (&matched.overlap, matched.indexed) {
+            (Some(o), true) => predicted_cached_tokens(
+                prompt_tokens,
+                u32::try_from(o.max_blocks()).unwrap_or(u32::MAX),
+                self.block_size,
+            ),
+            _ => 0,
+        }
     }
 
     /// Gives back what `admission` reserved (the pick was shed).
-    pub(crate) fn give_back(&self, _call: &Call, _admission: Admission) {}
+    pub(crate) fn give_back(&self, call: &Call, admission: Admission) {
+        let Some(key) = admission.key else {
+            return;
+        };
+        let b = Arc::clone(&self.budgets);
+        let request_id = call.request_id.clone();
+        budgets::run_detached(async move {
+            b.cancel(Some(&key), &request_id).await;
+        });
+    }
 
     /// Adds the budget's status to an admitted pick's answer.
-    pub(crate) fn attach_budget(&self, _answer: &mut pb::PickResponse, _admission: &Admission) {}
+    pub(crate) fn attach_budget(&self, answer: &mut pb::PickResponse, admission: &Admission) {
+        if let Some(s) = &admission.status {
+            answer.budget = Some(s.clone());
+        }
+    }
+}
+
+/// The proto status of a budget's headers and, when refused, why.
+pub(crate) fn status(h: &RateLimitHeaders, refusal: Option<&Refusal>) -> pb::BudgetStatus {
+    let mut s = pb::BudgetStatus::default();
+    if let Some(r) = h.requests {
+        s.limit_requests = r.limit;
+        s.remaining_requests = r.remaining;
+        s.reset_requests_ms = r.reset_ms;
+    }
+    if let Some(t) = h.tokens {
+        s.limit_tokens = t.limit;
+        s.remaining_tokens = t.remaining;
+        s.reset_tokens_ms = t.reset_ms;
+    }
+    if let Some(r) = refusal {
+        s.limited_by = budgets::limited_by(r).to_string();
+        s.retry_after_ms = match r {
+            Refusal::Limited { retry_after_ms, .. } => *retry_after_ms,
+            // A slot frees when some request ends: try again in a second.
+            Refusal::Concurrency { .. } => 1_000,
+            Refusal::TooLarge { .. } => 0,
+        };
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use kvasir_budget::{Dimension, LimitState};
+
+    use super::*;
+
+    #[test]
+    fn a_budget_needs_a_key_and_a_request_id() {
+        let b = pb::Budget {
+            key: "a".into(),
+            ..Default::default()
+        };
+        assert!(check("r", Some(&b)).is_ok());
+        assert!(check("", None).is_ok());
+        assert!(check("", Some(&b)).is_err());
+        assert!(check("r", Some(&pb::Budget::default())).is_err());
+    }
+
+    #[test]
+    fn status_of_a_refusal() {
+        let h = RateLimitHeaders {
+            requests: Some(LimitState {
+                limit: 2,
+                remaining: 0,
+                reset_ms: 60_000,
+            }),
+            tokens: None,
+        };
+        let r = Refusal::Limited {
+            dimension: Dimension::Requests,
+            retry_after_ms: 30_000,
+        };
+        let s = status(&h, Some(&r));
+        assert_eq!(s.limited_by, "requests");
+        assert_eq!(s.retry_after_ms, 30_000);
+        assert_eq!(
+            (s.limit_requests, s.remaining_requests, s.reset_requests_ms),
+            (2, 0, 60_000)
+        );
+        assert_eq!(s.limit_tokens, 0);
+        let s = status(&h, Some(&Refusal::Concurrency { limit: 1 }));
+        assert_eq!(
+            (s.limited_by.as_str(), s.retry_after_ms),
+            ("concurrent", 1000)
+        );
+        assert!(status(&h, None).limited_by.is_empty());
+    }
 }

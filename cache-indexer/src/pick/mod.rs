@@ -59,7 +59,7 @@ impl Pool {
         let matched = self.match_prefix(&tokens, call.salted, &mut hashes);
         // Budget before the queue: a tenant over its budget never takes
         // queue room.
-        let admission = match self.admit(&call, &tokens, &matched) {
+        let admission = match self.admit(&call, &tokens, &matched).await {
             Ok(a) => a,
             Err(refused) => return Ok(refused),
         };

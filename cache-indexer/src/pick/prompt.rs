@@ -65,6 +65,7 @@ pub(crate) fn from_request(
         weight,
         ..
     } = req;
+    super::budget::check(&request_id, budget.as_ref())?;
     let prompt =
         prompt.ok_or_else(|| invalid("prompt", "one of chat, text or token_ids is required"))?;
     let owned = match prompt {
