@@ -2,12 +2,17 @@
 //! done. They release the pick's load, count outcomes for the failure
 //! tracking, and give the prediction accuracy (predicted against reported
 //! cached tokens). A report carrying a stored response's id records which
-//! endpoint holds it ([`crate::responses`]).
+//! endpoint holds it ([`crate::responses`]). Reports of budgeted requests
+//! settle, release or cancel the tenant's reservation ([`crate::budgets`]);
+//! USAGE reports do only that (no load or in-flight accounting).
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use kvasir_budget::Usage;
 use kvasir_proto::v1 as pb;
 
+use crate::budgets::{self, ReportOp};
 use crate::health::Verdict;
 use crate::load::Phase;
 use crate::pool::{invalid, Pool, ServiceError};
@@ -20,13 +25,14 @@ impl Pool {
         if req.request_id.is_empty() {
             return Err(invalid("request_id", "must not be empty"));
         }
-        let phase =
-            match pb::ReportPhase::try_from(req.phase).unwrap_or(pb::ReportPhase::Unspecified) {
-                // Usage while streaming settles the tenant's budget only.
-                pb::ReportPhase::Usage => return Ok(pb::ReportResponse { matched: false }),
-                pb::ReportPhase::FirstToken => Phase::FirstToken,
-                pb::ReportPhase::Done | pb::ReportPhase::Unspecified => Phase::Done,
-            };
+        let reported = pb::ReportPhase::try_from(req.phase).unwrap_or(pb::ReportPhase::Unspecified);
+        self.report_budget(req, reported);
+        let phase = match reported {
+            // Usage while streaming settles the tenant's budget only.
+            pb::ReportPhase::Usage => return Ok(pb::ReportResponse { matched: false }),
+            pb::ReportPhase::FirstToken => Phase::FirstToken,
+            pb::ReportPhase::Done | pb::ReportPhase::Unspecified => Phase::Done,
+        };
         let m = self.load.report(&req.request_id, phase);
         // A first token or an end frees room a waiting pick may take.
         self.capacity_freed();
@@ -62,6 +68,47 @@ impl Pool {
             }
         }
         Ok(pb::ReportResponse { matched: m.matched })
+    }
+
+    /// Applies the report to the tenant's budget reservation, if any:
+    /// USAGE and FIRST_TOKEN with usage settle it (monotone), DONE
+    /// releases it with the final usage (training the key's output
+    /// estimate on a success), OUTCOME_REJECTED cancels it. The reservation
+    /// is found by request id (the memory store), or by `budget_key` where
+    /// the store is shared; a replica that holds nothing for it counts the
+    /// report as unmatched when it names a key.
+    fn report_budget(&self, req: &pb::ReportRequest, phase: pb::ReportPhase) {
+        let usage = Usage {
+            prompt_tokens: u64::from(req.prompt_tokens),
+            cached_tokens: u64::from(req.cached_tokens),
+            completion_tokens: u64::from(req.completion_tokens),
+        };
+        let has_usage = req.prompt_tokens > 0 || req.completion_tokens > 0;
+        let op = match phase {
+            pb::ReportPhase::Usage | pb::ReportPhase::FirstToken if has_usage => {
+                ReportOp::Settle(usage)
+            }
+            pb::ReportPhase::Usage | pb::ReportPhase::FirstToken => return,
+            pb::ReportPhase::Done | pb::ReportPhase::Unspecified => {
+                match pb::Outcome::try_from(req.outcome).unwrap_or(pb::Outcome::Unspecified) {
+                    pb::Outcome::Rejected => ReportOp::Cancel,
+                    o => ReportOp::Release {
+                        usage: has_usage.then_some(usage),
+                        train: has_usage
+                            && matches!(o, pb::Outcome::Success | pb::Outcome::Unspecified),
+                    },
+                }
+            }
+        };
+        let rep = budgets::Report {
+            key: (!req.budget_key.is_empty()).then(|| req.budget_key.clone()),
+            request_id: req.request_id.clone(),
+            op,
+        };
+        let b = Arc::clone(&self.budgets);
+        budgets::run_detached(async move {
+            b.report(&rep).await;
+        });
     }
 
     /// Records that the report's endpoint (or, when it names none, the
