@@ -12,6 +12,7 @@
 //! first and its bounds as `1e-5` / `1.0`, which would change the `le`
 //! label values series and dashboards know (`0.00001`, `1`).
 
+mod budgets;
 mod histograms;
 mod lifecycle;
 mod pools;
@@ -48,6 +49,7 @@ impl Exposition {
             life,
         }));
         registry.register_collector(Box::new(responses::ResponsesCollector(Arc::clone(&pools))));
+        registry.register_collector(Box::new(budgets::BudgetsCollector(Arc::clone(&pools))));
         registry.register_collector(Box::new(shared_load::SharedLoadCollector(Arc::clone(
             &pools,
         ))));

@@ -98,10 +98,25 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 78] = [
+const FAMILIES: [(&str, &str); 90] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
+    ("kvasir_indexer_budget_keys", "gauge"),
+    ("kvasir_indexer_budget_limited_total", "counter"),
+    ("kvasir_indexer_budget_open_reservations", "gauge"),
+    ("kvasir_indexer_budget_reports_total", "counter"),
+    ("kvasir_indexer_budget_requests_total", "counter"),
+    (
+        "kvasir_indexer_budget_reservations_dropped_total",
+        "counter",
+    ),
+    ("kvasir_indexer_budget_store", "gauge"),
+    ("kvasir_indexer_budget_tokens_overrun_total", "counter"),
+    ("kvasir_indexer_budget_tokens_refunded_total", "counter"),
+    ("kvasir_indexer_budget_tokens_reserved_total", "counter"),
+    ("kvasir_indexer_budget_tokens_settled_total", "counter"),
+    ("kvasir_indexer_budget_untracked_total", "counter"),
     ("kvasir_indexer_cached_tokens_total", "counter"),
     ("kvasir_indexer_chain_completions_skipped_total", "counter"),
     ("kvasir_indexer_decode_errors_total", "counter"),
