@@ -552,3 +552,6 @@ mod outcome;
 
 #[path = "request_tests.rs"]
 mod request;
+
+#[path = "budget_tests.rs"]
+mod budget;
