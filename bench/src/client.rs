@@ -129,9 +129,21 @@ struct Details {
 
 /// The request body.
 pub fn body(model: &str, prompt: &Prompt, output_tokens: u32) -> (&'static str, String) {
+    request_body(model, prompt, Some(output_tokens))
+}
+
+/// The request body, with `max_tokens` only when given (the simulated
+/// engine's length comes from `x-sim-output-tokens` either way).
+pub fn request_body(
+    model: &str,
+    prompt: &Prompt,
+    max_tokens: Option<u32>,
+) -> (&'static str, String) {
     let common = |mut v: serde_json::Value| {
         v["model"] = json!(model);
-        v["max_tokens"] = json!(output_tokens);
+        if let Some(n) = max_tokens {
+            v["max_tokens"] = json!(n);
+        }
         v["stream"] = json!(true);
         v["stream_options"] = json!({"include_usage": true});
         v.to_string()
@@ -192,11 +204,25 @@ fn find_event_end(b: &[u8]) -> Option<(usize, usize)> {
 pub async fn send(
     client: &reqwest::Client,
     target: &Target,
-    mut rec: Record,
+    rec: Record,
     prompt: &Prompt,
     output_tokens: u32,
 ) -> (Record, String) {
-    let (path, body) = body(&target.model, prompt, output_tokens);
+    send_as(client, target, rec, prompt, output_tokens, true).await
+}
+
+/// [`send`], with the body's `max_tokens` left out unless `with_max_tokens`
+/// (a budget then reserves the tenant's learned output estimate).
+pub async fn send_as(
+    client: &reqwest::Client,
+    target: &Target,
+    mut rec: Record,
+    prompt: &Prompt,
+    output_tokens: u32,
+    with_max_tokens: bool,
+) -> (Record, String) {
+    let max_tokens = with_max_tokens.then_some(output_tokens);
+    let (path, body) = request_body(&target.model, prompt, max_tokens);
     let scale = if target.time_scale > 0.0 {
         target.time_scale
     } else {
@@ -346,5 +372,8 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&b).unwrap();
         assert_eq!(v["messages"][1], json!({"role": "user", "content": "u"}));
         assert_eq!(v["stream"], true);
+        let (_, b) = request_body("m", &Prompt::Tokens(vec![1]), None);
+        let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+        assert!(v.get("max_tokens").is_none() && v["stream"] == true);
     }
 }

@@ -17,6 +17,8 @@ pub mod client;
 pub mod cluster;
 pub mod compare;
 pub mod floor;
+pub mod governance;
+pub mod governance_report;
 pub mod overhead;
 pub mod plot;
 pub mod queue;
@@ -26,6 +28,7 @@ pub mod results;
 pub mod run;
 pub mod stats;
 pub mod targets;
+pub mod tenants;
 pub mod trace;
 
 use serde::{Deserialize, Serialize};

@@ -6,10 +6,15 @@
 //! kvasir-bench bound  --trace T.jsonl --capacity-tokens 3200000 --out D/bound.json
 //! kvasir-bench report --dir D
 //! kvasir-bench model  --trace T.jsonl --speeds 1.5,2.25 --variant qp05:queuedPrefill=0.5
+//! kvasir-bench tenants --url http://127.0.0.1:10000 --tenants 4 --rate 2 --burst 0:3:20..40 --mode kvasir --load 1 --out-dir D
+//! kvasir-bench governance-report --dir D
 //! ```
 //! `bench/routing.py` starts the simulated cluster and each routing mode and
-//! calls these; see the README's routing benchmark section.
+//! calls these; see the README's routing benchmark section
+//! (`bench/governance.py` the governance benchmarks').
 #![forbid(unsafe_code)]
+
+mod governance_cli;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -52,6 +57,12 @@ enum Cmd {
     /// The latency one proxy path adds over another: both driven
     /// open-loop at the same rates in alternating blocks.
     Overhead(OverheadArgs),
+    /// Several tenants sending open-loop at their own rates, one of them
+    /// optionally bursting (the governance benchmarks' workload).
+    Tenants(governance_cli::TenantsArgs),
+    /// Write the governance benchmarks' report from a results directory
+    /// holding `scenarios.json` and the runs it names.
+    GovernanceReport(governance_cli::GovernanceReportArgs),
 }
 
 #[derive(Args, Clone)]
@@ -662,6 +673,8 @@ async fn run_cmd(cmd: Cmd) -> anyhow::Result<()> {
         }
         Cmd::Report(a) => report_cmd(&a),
         Cmd::Model(a) => model_cmd(&a),
+        Cmd::Tenants(a) => governance_cli::tenants_cmd(a).await,
+        Cmd::GovernanceReport(a) => governance_cli::governance_report_cmd(&a),
         Cmd::Overhead(_) => anyhow::bail!("overhead runs on its own one-thread runtime"),
     }
 }

@@ -12,8 +12,9 @@ use tokio::sync::Mutex;
 use tokio::time::{sleep_until, timeout_at};
 
 use crate::chat::{tenant_name, ChatPlan};
-use crate::client::{host_of, send, Prompt, Routes, Target};
+use crate::client::{host_of, send, send_as, Prompt, Routes, Target};
 use crate::record::{Outcome, Record};
+use crate::tenants::TenantsPlan;
 use crate::trace::{prompt_tokens, TraceRequest};
 
 /// Counters summed over the engines (simulated seconds and tokens).
@@ -281,6 +282,71 @@ pub async fn run_trace(
     }
     let mid = scrape(&http, &opts.engine_metrics).await?;
     let mid = (mid, Instant::now());
+    let half = half.await??;
+    let mut records = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        records.push(t.await?);
+    }
+    let after = scrape(&http, &opts.engine_metrics).await?;
+    pb.finish_and_clear();
+    let mut engines = window_use(half, mid, opts.engine_metrics.len(), scale);
+    engines.preemptions = after.preemptions - before.preemptions;
+    Ok(RunResult {
+        records,
+        engines,
+        wall_s: wall0.elapsed().as_secs_f64(),
+        start_unix_ms,
+        sent: via,
+    })
+}
+
+/// Runs a multi-tenant plan ([`crate::tenants`]): request i is sent at its
+/// arrival whatever happened to earlier ones, requests alternating over the
+/// proxies. A record's `turn` is 1 for a burst's extra request, else 0.
+pub async fn run_tenants(plan: Arc<TenantsPlan>, opts: &RunOptions) -> anyhow::Result<RunResult> {
+    let http = client()?;
+    let scale = opts.target.time_scale.max(1e-9);
+    let before = scrape(&http, &opts.engine_metrics).await?;
+    let last_s = plan.requests.last().map_or(0.0, |r| r.arrival_s);
+    let wall0 = Instant::now();
+    let clock = Arc::new(Clock {
+        t0: wall0 + Duration::from_millis(50),
+        scale,
+    });
+    let deadline = clock.wall(last_s + opts.drain_s);
+    let half = scrape_at(&http, &opts.engine_metrics, clock.wall(last_s / 2.0));
+    let start_unix_ms = unix_ms(clock.t0);
+    let pb = bar(plan.requests.len(), opts.progress);
+    let mut tasks = Vec::with_capacity(plan.requests.len());
+    let mut via = BTreeMap::new();
+    for i in 0..plan.requests.len() {
+        sleep_until(clock.wall(plan.requests[i].arrival_s).into()).await;
+        let (target, direct) = route(opts, i, 1, &mut via);
+        let (http, plan, pb, clock) = (http.clone(), plan.clone(), pb.clone(), clock.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = &plan.requests[i];
+            let sent_s = clock.sim_now();
+            let prompt = Prompt::Tokens(plan.prompt(r));
+            let with_max = plan.max_tokens.get(r.tenant).copied().unwrap_or(true);
+            let rec = Record::unanswered(i, plan.tenant(r), None, usize::from(r.burst), sent_s);
+            let sent = send_as(
+                &http,
+                &target,
+                rec.clone(),
+                &prompt,
+                r.output_tokens,
+                with_max,
+            );
+            let rec = match timeout_at(deadline.into(), sent).await {
+                Ok((rec, _)) if direct => served_directly(rec, &target),
+                Ok((rec, _)) => rec,
+                Err(_) => rec.timed_out(),
+            };
+            pb.inc(1);
+            rec
+        }));
+    }
+    let mid = (scrape(&http, &opts.engine_metrics).await?, Instant::now());
     let half = half.await??;
     let mut records = Vec::with_capacity(tasks.len());
     for t in tasks {
