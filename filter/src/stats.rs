@@ -11,8 +11,12 @@
 //! | `kvasir.tenant.<t>.model.<m>.failopen` | counter | tenant, model |
 //! | `kvasir.tenant.<t>.model.<m>.ttft_ms` / `itl_ms` / `e2e_ms` | histogram | tenant, model |
 //! | `kvasir.tenant.<t>.model.<m>.responses.<class>` | counter | tenant, model, class (2xx/4xx/5xx/cancelled) |
+//! | `kvasir.tenant.<t>.model.<m>.rate_limited.<limit>` / `shed.<cause>` | counter | tenant, model |
+//! | `kvasir.tenant.<t>.model.<m>.usage_reports` | counter | tenant, model |
+//! | `kvasir.tenant.<t>.model.<m>.queue_wait_ms` | histogram | tenant, model |
 //! | `kvasir.pool.<p>.pick.<result>` | counter | pool, result |
 //! | `kvasir.pool.<p>.pick_us` | histogram | pool |
+//! | `kvasir.pool.<p>.queue_wait_ms` | histogram | pool |
 //! | `kvasir.pool.<p>.saturation_permille` | gauge | pool |
 //! | `kvasir.pool.<p>.report.<result>` | counter | pool, result |
 //! | `kvasir.stats.dropped` | counter | |
