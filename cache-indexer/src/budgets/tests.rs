@@ -49,9 +49,9 @@ fn reserve_refuses_what_does_not_fit_and_release_gives_back() {
         "r1",
         tpm(1000),
         100,
-        Some(800)
+        Some(700)
     )))));
-    let r = now(b.reserve(&ask("a", "r2", tpm(1000), 100, Some(800))));
+    let r = now(b.reserve(&ask("a", "r2", tpm(1000), 100, Some(700))));
     let Reserved::Limited { refusal, headers } = r else {
         panic!("{r:?}")
     };
@@ -62,18 +62,18 @@ fn reserve_refuses_what_does_not_fit_and_release_gives_back() {
             ..
         }
     ));
-    assert_eq!(headers.tokens.map(|t| t.remaining), Some(100));
+    assert_eq!(headers.tokens.map(|t| t.remaining), Some(200));
     // Another key is not affected.
     assert!(admitted(&now(b.reserve(&ask(
         "b",
         "r3",
         tpm(1000),
         100,
-        Some(800)
+        Some(700)
     )))));
-    // r1 used 10 of its 800: the rest goes back and r2 fits.
+    // r1 used 10 of its 700: the rest goes back and r2 fits.
     let done = now(b.release(Some("a"), "r1", Some(usage(100, 10)), true));
-    assert_eq!(done.refunded.get(Dimension::TotalTokens), 790);
+    assert_eq!(done.refunded.get(Dimension::TotalTokens), 690);
     assert_eq!(
         done.settled.map(|c| c.get(Dimension::TotalTokens)),
         Some(110)
@@ -83,11 +83,11 @@ fn reserve_refuses_what_does_not_fit_and_release_gives_back() {
         "r2",
         tpm(1000),
         100,
-        Some(800)
+        Some(700)
     )))));
     let c = b.metrics().tenant("a");
-    assert_eq!((c.admitted, c.limited, c.tokens_reserved), (2, 1, 1800));
-    assert_eq!((c.tokens_settled, c.tokens_refunded), (110, 790));
+    assert_eq!((c.admitted, c.limited, c.tokens_reserved), (2, 1, 1600));
+    assert_eq!((c.tokens_settled, c.tokens_refunded), (110, 690));
     assert_eq!(b.open_reservations(), 2);
 }
 
