@@ -298,6 +298,8 @@ impl Pool {
         }
         next.sort_by(|a, b| a.spec.address.cmp(&b.spec.address));
         *guard = Arc::new(next);
+        drop(guard);
+        self.capacity_freed();
         changes
     }
 

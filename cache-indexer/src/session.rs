@@ -4,16 +4,22 @@
 //!
 //! Messages are taken in order: a report is applied before the next
 //! message is read, so a pick sent after it is scored with it; a pick runs
-//! as its own task (up to [`MAX_CONCURRENT_PICKS`] per stream) and is
-//! answered with its id whenever it is done. Errors are per call (the
-//! stream goes on), in the codes the unary RPCs would have used.
+//! as its own task (up to [`MAX_CONCURRENT_PICKS`] per stream computing at
+//! once) and is answered with its id whenever it is done. Errors are per
+//! call (the stream goes on), in the codes the unary RPCs would have used.
+//!
+//! A pick's permit covers its work, not its wait: a pick that waits in a
+//! flow-control queue gives it back ([`release_pick_permit`]), so picks
+//! waiting for room (as many as the pools' queues hold) never stop the
+//! stream from reading its next report or pick.
 
+use std::cell::RefCell;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{SinkExt, Stream, StreamExt};
 use kvasir_proto::v1 as pb;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::pool::ServiceError;
 use crate::pools::Pools;
@@ -24,6 +30,18 @@ pub const MAX_CONCURRENT_PICKS: usize = 256;
 
 /// Answers buffered for a caller that reads slowly.
 const ANSWER_BUFFER: usize = 1024;
+
+tokio::task_local! {
+    /// The stream permit of the pick running in this task, if any.
+    static PICK_PERMIT: RefCell<Option<OwnedSemaphorePermit>>;
+}
+
+/// Gives back the current pick's stream permit, if it holds one (a pick
+/// of a `Session` stream about to wait in a flow-control queue; elsewhere,
+/// e.g. a unary pick, nothing).
+pub(crate) fn release_pick_permit() {
+    let _ = PICK_PERMIT.try_with(|p| p.borrow_mut().take());
+}
 
 /// The answer stream's type.
 pub type SessionStream =
@@ -76,14 +94,17 @@ where
                     let mut tx = tx.clone();
                     let id = msg.id;
                     tokio::spawn(async move {
-                        let answer = match pools.pick(req).await {
+                        // (The permit goes with the pick's scope, or
+                        // earlier if the pick waits.)
+                        let held = RefCell::new(Some(permit));
+                        let picked = PICK_PERMIT.scope(held, pools.pick(req)).await;
+                        let answer = match picked {
                             Ok(r) => pb::SessionResponse {
                                 id,
                                 result: Some(pb::session_response::Result::Pick(r)),
                             },
                             Err(e) => service_error(id, &e),
                         };
-                        drop(permit);
                         // A caller that went away is not an error here.
                         let _ = tx.send(Ok(answer)).await;
                     });

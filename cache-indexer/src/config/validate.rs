@@ -34,6 +34,7 @@ impl Config {
             }
         }
         self.responses.validate()?;
+        self.budgets.validate()?;
         self.shared_load.validate()
     }
 }
@@ -188,6 +189,9 @@ pub(crate) fn validate_pool(pool: &PoolConfig, at: &str) -> Result<(), ConfigErr
         .validate()
         .map_err(within("tokenizeBudget"))?;
     pool.failures.validate().map_err(within("failures"))?;
+    pool.flow_control
+        .validate()
+        .map_err(|e| invalid(format!("{at}.flowControl.{}", e.field), e.message))?;
     Ok(())
 }
 

@@ -1,22 +1,430 @@
 //! A pool's flow control (issue 23): the queue picks wait in while the pool
-//! is saturated. Placeholder until the wiring lands.
+//! is saturated, released one per freed slot in the order of
+//! `kvasir-flowcontrol` (priority bands, then token-weighted fair share
+//! between tenants). The pick path ([`crate::pick`]) asks [`PoolFlow::arrive`]
+//! whether a pick goes, waits or is shed, and waits on the answer channel
+//! it gets; [`PoolFlow::release`] runs when capacity is freed (reports,
+//! scrapes, endpoint changes) and sends each released pick a [`Passage`].
+//!
+//! Saturation is the least saturated healthy endpoint's, from its last
+//! scrape moved on by the requests reported done and the picks placed since
+//! ([`estimate`]), with the picks let through or released but not placed
+//! yet (in transit) added where they find the most room: so a burst of
+//! arrivals, or one freed slot, lets through as many picks as there is
+//! room for, not more. No healthy endpoint: nothing is known, picks go (the
+//! ranking answers `no_endpoints`), as the indexer fails open elsewhere.
+//!
+//! With several indexer replicas each keeps its own queue for the picks of
+//! the streams it serves (see flowcontrol/README.md, "Two or more indexer
+//! replicas"): every replica scrapes every engine, and counts only its own
+//! placements and reports between scrapes.
 
-use kvasir_flowcontrol::FlowControlConfig;
+mod estimate;
+pub mod metrics;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvasir_flowcontrol::{has_room, should_queue, FlowControlConfig, FlowQueue, Refusal, Ticket};
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+
+use crate::load::{LoadView, SaturationThresholds};
+use crate::types::EndpointId;
+pub use metrics::{FlowMetrics, ShedCause};
+
+/// Placements remembered per endpoint between two scrapes; past it the
+/// oldest are forgotten (the endpoint looks less loaded until the scrape).
+const MAX_PLACED_PER_ENDPOINT: usize = 4096;
+
+/// A pick that asks to wait (the queue's `Waiting` without its state).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ask {
+    /// Whose pick it is.
+    pub tenant: String,
+    /// Its band (lower is more urgent).
+    pub priority: i32,
+    /// The tenant's weight.
+    pub weight: u32,
+    /// Prompt tokens plus the output estimate.
+    pub tokens: u64,
+    /// How long its caller waits at most (the pool's maximum also holds).
+    pub max_wait: Duration,
+}
+
+/// What a pick waiting in the queue is woken with.
+#[derive(Debug)]
+pub enum Wake {
+    /// Released: place it now.
+    Go(Passage),
+    /// Past its deadline: shed it (`max_wait`).
+    Expired,
+}
+
+/// What [`PoolFlow::arrive`] says about a pick.
+#[derive(Debug)]
+pub enum Arrival {
+    /// Place it now.
+    Go(Passage),
+    /// It waits: until `rx` says, or its deadline passes.
+    Queued {
+        /// Its place, to withdraw it.
+        ticket: Ticket,
+        /// Where its release or expiry comes.
+        rx: oneshot::Receiver<Wake>,
+        /// When it has waited its longest.
+        deadline: Instant,
+    },
+    /// Shed it.
+    Shed(ShedCause),
+}
+
+/// A pick let through or released and not placed yet: it counts as load
+/// (in transit) until [`PoolFlow::placed`] or its drop (the caller went
+/// away after its release).
+#[derive(Debug)]
+pub struct Passage {
+    in_transit: Option<Arc<AtomicUsize>>,
+    queued: Duration,
+}
+
+impl Passage {
+    /// A pass that counts nothing (flow control off).
+    pub fn free() -> Self {
+        Passage {
+            in_transit: None,
+            queued: Duration::ZERO,
+        }
+    }
+
+    fn counted(in_transit: &Arc<AtomicUsize>, queued: Duration) -> Self {
+        in_transit.fetch_add(1, Ordering::AcqRel);
+        Passage {
+            in_transit: Some(Arc::clone(in_transit)),
+            queued,
+        }
+    }
+
+    /// How long the pick waited in the queue.
+    pub fn queued(&self) -> Duration {
+        self.queued
+    }
+}
+
+impl Drop for Passage {
+    fn drop(&mut self) {
+        if let Some(n) = self.in_transit.take() {
+            n.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A waiting pick's state in the queue: where to send its wake.
+#[derive(Debug)]
+struct Waiter {
+    tx: oneshot::Sender<Wake>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    queue: FlowQueue<Waiter>,
+    /// Placement times per endpoint since (about) its last scrape.
+    placed: HashMap<EndpointId, VecDeque<Instant>>,
+    /// Tokens waiting per tenant (tenants with picks waiting only).
+    tokens: HashMap<String, u64>,
+}
 
 /// One pool's flow-control state.
 #[derive(Debug)]
 pub struct PoolFlow {
     config: FlowControlConfig,
+    inner: Mutex<Inner>,
+    in_transit: Arc<AtomicUsize>,
+    /// Counters and the wait histogram.
+    pub metrics: FlowMetrics,
 }
 
 impl PoolFlow {
     /// Flow control with `config`.
     pub fn new(config: FlowControlConfig) -> Self {
-        PoolFlow { config }
+        PoolFlow {
+            inner: Mutex::new(Inner {
+                queue: FlowQueue::new(config.limits()),
+                placed: HashMap::new(),
+                tokens: HashMap::new(),
+            }),
+            config,
+            in_transit: Arc::new(AtomicUsize::new(0)),
+            metrics: FlowMetrics::default(),
+        }
     }
 
     /// The settings.
     pub fn config(&self) -> &FlowControlConfig {
         &self.config
     }
+
+    /// Whether picks may wait at all.
+    pub fn enabled(&self) -> bool {
+        self.config.enabled
+    }
+
+    /// Picks waiting.
+    pub fn len(&self) -> usize {
+        self.inner.lock().queue.len()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Picks let through or released and not placed yet.
+    pub fn in_transit(&self) -> usize {
+        self.in_transit.load(Ordering::Acquire)
+    }
+
+    /// Per tenant with picks waiting: (tenant, picks, tokens), sorted.
+    pub fn tenants(&self) -> Vec<(String, usize, u64)> {
+        let g = self.inner.lock();
+        let mut out: Vec<(String, usize, u64)> = g
+            .queue
+            .tenants()
+            .map(|(t, n)| (t.to_string(), n, g.tokens.get(t).copied().unwrap_or(0)))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Decides a new pick's fate: go (room, or nothing known), wait, or be
+    /// shed. `loads` are the pool's endpoints' views at `now`.
+    pub fn arrive(
+        &self,
+        loads: &[(EndpointId, LoadView)],
+        thresholds: &SaturationThresholds,
+        ask: Ask,
+        now: Instant,
+    ) -> Arrival {
+        let mut g = self.inner.lock();
+        let sat = self.saturation(&mut g, loads, thresholds, now);
+        if !should_queue(sat, self.config.threshold, !g.queue.is_empty()) {
+            return Arrival::Go(Passage::counted(&self.in_transit, Duration::ZERO));
+        }
+        let tokens = ask.tokens;
+        let wait = ask.max_wait.min(self.config.limits().max_wait);
+        if wait.is_zero() {
+            self.metrics.count_shed(ShedCause::NoWait, tokens);
+            return Arrival::Shed(ShedCause::NoWait);
+        }
+        let deadline = now + wait;
+        let (tx, rx) = oneshot::channel();
+        let tenant = ask.tenant.clone();
+        let waiting = kvasir_flowcontrol::Waiting {
+            tenant: ask.tenant,
+            priority: ask.priority,
+            weight: ask.weight,
+            tokens,
+            deadline: Some(deadline),
+            item: Waiter { tx },
+        };
+        match g.queue.push(waiting, now) {
+            Ok(ticket) => {
+                self.metrics.queued.inc();
+                self.metrics.queued_tokens.add(tokens);
+                track(&mut g.tokens, &tenant, tokens);
+                Arrival::Queued {
+                    ticket,
+                    rx,
+                    deadline,
+                }
+            }
+            Err(refused) => {
+                let cause = match refused.reason {
+                    Refusal::PoolFull { .. } => ShedCause::PoolFull,
+                    Refusal::TenantFull { .. } => ShedCause::TenantFull,
+                    Refusal::NoTime => ShedCause::NoWait,
+                };
+                self.metrics.count_shed(cause, tokens);
+                Arrival::Shed(cause)
+            }
+        }
+    }
+
+    /// Capacity may have been freed: sheds the picks past their deadline,
+    /// then releases waiting picks while an endpoint has room (picks in
+    /// transit counted), each with a [`Passage`]. A released pick whose
+    /// caller is gone is skipped.
+    pub fn release(
+        &self,
+        loads: &[(EndpointId, LoadView)],
+        thresholds: &SaturationThresholds,
+        now: Instant,
+    ) {
+        let mut g = self.inner.lock();
+        if g.queue.is_empty() {
+            return;
+        }
+        for r in g.queue.expire(now) {
+            untrack(&mut g.tokens, &r.waiting.tenant, r.waiting.tokens);
+            self.metrics
+                .count_shed(ShedCause::MaxWait, r.waiting.tokens);
+            let _ = r.waiting.item.tx.send(Wake::Expired);
+        }
+        loop {
+            let sat = self.saturation(&mut g, loads, thresholds, now);
+            let Some(r) = g.queue.pop_next(has_room(sat, self.config.threshold)) else {
+                break;
+            };
+            untrack(&mut g.tokens, &r.waiting.tenant, r.waiting.tokens);
+            let waited = now.saturating_duration_since(r.enqueued_at);
+            let passage = Passage::counted(&self.in_transit, waited);
+            if r.waiting.item.tx.send(Wake::Go(passage)).is_ok() {
+                self.metrics.released.inc();
+                self.metrics.released_tokens.add(r.waiting.tokens);
+                self.metrics.wait.observe(waited);
+            } else {
+                // Its caller went away between its last poll and now (the
+                // returned pass is dropped here, out of transit).
+                self.metrics.cancelled.inc();
+            }
+        }
+    }
+
+    /// Takes a waiting pick out at its deadline; false when it had left
+    /// already (released or expired: its wake is in its channel).
+    pub fn expire_one(&self, ticket: Ticket) -> bool {
+        self.take(ticket)
+            .inspect(|tokens| {
+                self.metrics.count_shed(ShedCause::MaxWait, *tokens);
+            })
+            .is_some()
+    }
+
+    /// Takes a waiting pick out because its caller went away; false when it
+    /// had left already.
+    pub fn cancel(&self, ticket: Ticket) -> bool {
+        self.take(ticket)
+            .inspect(|_| self.metrics.cancelled.inc())
+            .is_some()
+    }
+
+    fn take(&self, ticket: Ticket) -> Option<u64> {
+        let mut g = self.inner.lock();
+        let r = g.queue.remove(ticket)?;
+        untrack(&mut g.tokens, &r.waiting.tenant, r.waiting.tokens);
+        Some(r.waiting.tokens)
+    }
+
+    /// A pick that went through flow control was placed on `endpoint`
+    /// (none: nothing was placed): it counts as the endpoint's load until
+    /// its next scrape, and is no longer in transit.
+    pub fn placed(&self, passage: Passage, endpoint: Option<EndpointId>) {
+        if passage.in_transit.is_some() {
+            if let Some(id) = endpoint {
+                let mut g = self.inner.lock();
+                let q = g.placed.entry(id).or_default();
+                if q.len() >= MAX_PLACED_PER_ENDPOINT {
+                    q.pop_front();
+                }
+                q.push_back(Instant::now());
+            }
+        }
+        drop(passage);
+    }
+
+    /// The endpoints of `loads` below the threshold now (picks in transit
+    /// not counted): where a released pick is placed.
+    pub fn with_room(
+        &self,
+        loads: &[(EndpointId, LoadView)],
+        thresholds: &SaturationThresholds,
+        now: Instant,
+    ) -> Vec<EndpointId> {
+        let mut g = self.inner.lock();
+        let placed = placed_since_scrape(&mut g.placed, loads, now);
+        loads
+            .iter()
+            .zip(placed)
+            .filter(|((_, v), p)| {
+                v.healthy
+                    && has_room(
+                        estimate::saturation(v, *p, thresholds),
+                        self.config.threshold,
+                    )
+            })
+            .map(|((id, _), _)| *id)
+            .collect()
+    }
+
+    /// The pool's saturation for flow control (see the module docs); not a
+    /// number when no endpoint is healthy.
+    fn saturation(
+        &self,
+        g: &mut Inner,
+        loads: &[(EndpointId, LoadView)],
+        thresholds: &SaturationThresholds,
+        now: Instant,
+    ) -> f64 {
+        let placed = placed_since_scrape(&mut g.placed, loads, now);
+        let healthy: Vec<(&LoadView, u32)> = loads
+            .iter()
+            .zip(placed)
+            .filter(|((_, v), _)| v.healthy)
+            .map(|((_, v), p)| (v, p))
+            .collect();
+        estimate::least_saturation(
+            &healthy,
+            self.in_transit(),
+            thresholds,
+            self.config.threshold,
+        )
+        .unwrap_or(f64::NAN)
+    }
 }
+
+/// Placements on each endpoint of `loads` after its last scrape, forgetting
+/// older ones and the endpoints that left.
+fn placed_since_scrape(
+    placed: &mut HashMap<EndpointId, VecDeque<Instant>>,
+    loads: &[(EndpointId, LoadView)],
+    now: Instant,
+) -> Vec<u32> {
+    if placed.len() > loads.len() {
+        placed.retain(|id, _| loads.iter().any(|(l, _)| l == id));
+    }
+    loads
+        .iter()
+        .map(|(id, v)| {
+            let Some(q) = placed.get_mut(id) else {
+                return 0;
+            };
+            if let Some(scraped) = v.last_scrape_age.and_then(|a| now.checked_sub(a)) {
+                while q.front().is_some_and(|t| *t <= scraped) {
+                    q.pop_front();
+                }
+            }
+            u32::try_from(q.len()).unwrap_or(u32::MAX)
+        })
+        .collect()
+}
+
+/// Adds a waiting pick's tokens to its tenant's.
+fn track(tokens: &mut HashMap<String, u64>, tenant: &str, n: u64) {
+    *tokens.entry(tenant.to_string()).or_default() += n;
+}
+
+/// Takes a pick that left the queue out of its tenant's tokens.
+fn untrack(tokens: &mut HashMap<String, u64>, tenant: &str, n: u64) {
+    if let Some(t) = tokens.get_mut(tenant) {
+        *t = t.saturating_sub(n);
+        if *t == 0 {
+            tokens.remove(tenant);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

@@ -1,20 +1,38 @@
 //! Flow control of a pick (issue 23): when the pool is saturated, the pick
-//! waits in the pool's queue and is placed when it leaves (late binding).
+//! waits in the pool's queue ([`crate::flow`]) and is placed when it
+//! leaves (late binding): on an endpoint with room then, matched against
+//! the index as it is then.
 //!
-//! Placeholder until the flow-control wiring lands: picks never wait.
+//! A waiting pick gives its `Session` stream's permit back
+//! ([`crate::session::release_pick_permit`]): its tokenizing is done, and a
+//! full queue must not stop the stream's other calls. If its caller goes
+//! away while it waits, its queue entry is taken out with it.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use kvasir_flowcontrol::Ticket;
 use kvasir_proto::v1 as pb;
+use tokio::sync::oneshot;
 
 use super::matching::Matched;
 use super::prompt::Call;
+use super::rank::Ranked;
 use super::tokenize::{PickTokens, PrefixHashes};
 use crate::endpoint::Endpoint;
+use crate::flow::{Arrival, Ask, Passage, PoolFlow, ShedCause, Wake};
+use crate::load::LoadView;
 use crate::pool::Pool;
+use crate::types::EndpointId;
 
-/// The endpoints and prefix match a pick is ranked with once it may go.
-pub(crate) type Room<'p> = (Arc<Vec<Arc<Endpoint>>>, Matched<'p>);
+/// The endpoints and prefix match a pick is ranked with once it may go,
+/// and its pass through flow control (see [`Pool::flow_placed`]).
+pub(crate) type Room<'p> = (Arc<Vec<Arc<Endpoint>>>, Matched<'p>, Passage);
+
+/// Output tokens a pick is charged in the fair share when the request
+/// gives no `max_tokens` (`Hints.expected_output_tokens` 0): a typical
+/// chat answer. Only the order between tenants depends on it.
+pub(crate) const DEFAULT_OUTPUT_ESTIMATE: u64 = 256;
 
 impl Pool {
     /// Waits, when the pool's flow control says so, until the pick may be
@@ -23,16 +41,182 @@ impl Pool {
     /// answer to send (decision SHED).
     pub(crate) async fn wait_for_room<'p>(
         &'p self,
-        _call: &Call,
-        _tokens: &PickTokens,
+        call: &Call,
+        tokens: &PickTokens,
         endpoints: Arc<Vec<Arc<Endpoint>>>,
         matched: Matched<'p>,
-        _hashes: &mut PrefixHashes,
+        hashes: &mut PrefixHashes,
     ) -> Result<Room<'p>, pb::PickResponse> {
-        Ok((endpoints, matched))
+        if !self.flow.enabled() {
+            return Ok((endpoints, matched, Passage::free()));
+        }
+        let now = Instant::now();
+        let loads = self.flow_loads(&endpoints, now);
+        let ask = Ask {
+            tenant: call.tenant.clone(),
+            priority: call.priority,
+            weight: call.weight,
+            tokens: charge(call, tokens),
+            max_wait: Duration::from_millis(call.max_wait_ms.into()),
+        };
+        let thresholds = &self.load.config().saturation;
+        let (ticket, rx, deadline) = match self.flow.arrive(&loads, thresholds, ask, now) {
+            Arrival::Go(pass) => return Ok((endpoints, matched, pass)),
+            Arrival::Shed(cause) => return Err(self.shed(call, tokens, &loads, cause)),
+            Arrival::Queued {
+                ticket,
+                rx,
+                deadline,
+            } => (ticket, rx, deadline),
+        };
+        crate::session::release_pick_permit();
+        let Some(pass) = wait_in_queue(&self.flow, ticket, rx, deadline).await else {
+            let loads = self.flow_loads(&self.endpoints(), Instant::now());
+            return Err(self.shed(call, tokens, &loads, ShedCause::MaxWait));
+        };
+        // Late binding: the endpoints with room now, and what the index
+        // holds now (engines stored and evicted blocks while it waited).
+        let now = Instant::now();
+        let endpoints = self.endpoints();
+        let loads = self.flow_loads(&endpoints, now);
+        let room = self.flow.with_room(&loads, thresholds, now);
+        let endpoints = if room.is_empty() {
+            endpoints
+        } else {
+            Arc::new(
+                endpoints
+                    .iter()
+                    .filter(|e| room.contains(&e.id))
+                    .cloned()
+                    .collect(),
+            )
+        };
+        if let Some(chain) = &matched.chain {
+            hashes.chain = chain.to_vec();
+        }
+        drop(matched);
+        let matched = self.match_prefix(tokens, call.salted, hashes);
+        Ok((endpoints, matched, pass))
     }
 
     /// Something freed room in the pool (a report, a scrape, an endpoint
     /// change): waiting picks may go.
-    pub(crate) fn capacity_freed(&self) {}
+    pub(crate) fn capacity_freed(&self) {
+        if !self.flow.enabled() || self.flow.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let loads = self.flow_loads(&self.endpoints(), now);
+        self.flow
+            .release(&loads, &self.load.config().saturation, now);
+    }
+
+    /// A pick that went through flow control was ranked: its wait goes in
+    /// the answer, and its first endpoint counts the placement.
+    pub(crate) fn flow_placed(
+        &self,
+        pass: Passage,
+        ranked: &Ranked,
+        answer: &mut pb::PickResponse,
+    ) {
+        answer.queued_ms = u32::try_from(pass.queued().as_millis()).unwrap_or(u32::MAX);
+        let first = ranked
+            .ranking
+            .order
+            .first()
+            .map(|r| ranked.endpoints[r.candidate].id);
+        self.flow.placed(pass, first);
+    }
+
+    fn flow_loads(&self, endpoints: &[Arc<Endpoint>], now: Instant) -> Vec<(EndpointId, LoadView)> {
+        let views = self.load.views(endpoints.iter().map(|e| e.id), now);
+        endpoints.iter().map(|e| e.id).zip(views).collect()
+    }
+
+    /// The answer to a shed pick: no endpoint, the cause, the prompt's
+    /// length and the pool's saturation (as a ranked answer's).
+    fn shed(
+        &self,
+        call: &Call,
+        tokens: &PickTokens,
+        loads: &[(EndpointId, LoadView)],
+        cause: ShedCause,
+    ) -> pb::PickResponse {
+        let views: Vec<LoadView> = loads.iter().map(|(_, v)| v.clone()).collect();
+        tracing::debug!(
+            pool = %self.name,
+            tenant = %call.tenant,
+            request_id = %call.request_id,
+            cause = cause.as_str(),
+            waiting = self.flow.len(),
+            "pick shed"
+        );
+        pb::PickResponse {
+            prompt_tokens: prompt_tokens(tokens),
+            pool_saturation: crate::load::pool_saturation(&views),
+            decision: pb::Decision::Shed as i32,
+            reason: "shed".to_string(),
+            tokenize_mode: tokens.mode.as_str().to_string(),
+            shed_cause: cause.as_str().to_string(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Waits for the queue's word or the deadline: a pass when released, none
+/// when it waited its longest. Dropped while waiting (the caller went
+/// away), it takes the pick out of the queue.
+async fn wait_in_queue(
+    flow: &PoolFlow,
+    ticket: Ticket,
+    mut rx: oneshot::Receiver<Wake>,
+    deadline: Instant,
+) -> Option<Passage> {
+    let mut waiting = Waiting {
+        flow,
+        ticket: Some(ticket),
+    };
+    let wake = match tokio::time::timeout_at(deadline.into(), &mut rx).await {
+        Ok(Ok(w)) => w,
+        // The queue went away (the pool was replaced): as if expired.
+        Ok(Err(_)) => Wake::Expired,
+        Err(_) if flow.expire_one(ticket) => Wake::Expired,
+        // It left the queue just now: its wake is in the channel.
+        Err(_) => rx.try_recv().unwrap_or(Wake::Expired),
+    };
+    waiting.ticket = None;
+    match wake {
+        Wake::Go(pass) => Some(pass),
+        Wake::Expired => None,
+    }
+}
+
+/// A pick in the queue; dropped before it leaves, it cancels its entry.
+struct Waiting<'f> {
+    flow: &'f PoolFlow,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.flow.cancel(t);
+        }
+    }
+}
+
+/// The prompt's length (estimated when only its head was tokenized), as
+/// ranking counts it.
+fn prompt_tokens(tokens: &PickTokens) -> u32 {
+    u32::try_from(tokens.estimated_len.unwrap_or(tokens.ids.len())).unwrap_or(u32::MAX)
+}
+
+/// A pick's size in the fair share: its prompt tokens plus its output
+/// estimate (its `max_tokens`, else [`DEFAULT_OUTPUT_ESTIMATE`]).
+fn charge(call: &Call, tokens: &PickTokens) -> u64 {
+    let output = match call.expected_output_tokens {
+        0 => DEFAULT_OUTPUT_ESTIMATE,
+        n => u64::from(n),
+    };
+    u64::from(prompt_tokens(tokens)) + output
 }

@@ -63,7 +63,7 @@ impl Pool {
             Ok(a) => a,
             Err(refused) => return Ok(refused),
         };
-        let (endpoints, matched) = match self
+        let (endpoints, matched, pass) = match self
             .wait_for_room(&call, &tokens, endpoints, matched, &mut hashes)
             .await
         {
@@ -77,6 +77,7 @@ impl Pool {
         self.record(&call, prompt, &tokens, matched, &ranked);
         let mut answer = self.answer(&call, &ranked, tokens.mode);
         self.attach_budget(&mut answer, &admission);
+        self.flow_placed(pass, &ranked, &mut answer);
         Ok(answer)
     }
 }

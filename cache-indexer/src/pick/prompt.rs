@@ -44,6 +44,9 @@ pub(crate) struct Call {
     pub(crate) weight: u32,
     /// The flow-control band (vLLM's `priority`: lower is more urgent).
     pub(crate) priority: i32,
+    /// `Hints.expected_output_tokens` (the request's `max_tokens`; 0:
+    /// unknown): its output estimate in the flow-control fair share.
+    pub(crate) expected_output_tokens: u32,
     /// When the pick began: the clock of every load view and record.
     pub(crate) started: Instant,
 }
@@ -103,6 +106,7 @@ pub(crate) fn from_request(
     };
     let salted = hints.as_ref().is_some_and(|h| !h.cache_salt.is_empty());
     let priority = hints.as_ref().map_or(0, |h| h.priority);
+    let expected_output_tokens = hints.as_ref().map_or(0, |h| h.expected_output_tokens);
     let call = Call {
         request_id,
         tenant,
@@ -112,6 +116,7 @@ pub(crate) fn from_request(
         max_wait_ms,
         weight: weight.max(1),
         priority,
+        expected_output_tokens,
         started,
     };
     Ok((call, owned))

@@ -1,0 +1,185 @@
+//! How saturated an endpoint is *now*, for flow control: its last scrape
+//! moved forward by what this replica knows happened since.
+//!
+//! The load views' saturation is the last scrape's alone, so a DONE report
+//! or a pick placed a moment ago changes nothing in it until the next
+//! scrape. Flow control releases one pick per freed slot, so it needs both:
+//!
+//! * each request reported done that the scrape counted
+//!   ([`LoadView::done_since_scrape`]) leaves the engine;
+//! * each pick placed on the endpoint since the scrape (counted by
+//!   [`super::PoolFlow`]) joins it.
+//!
+//! The engine then runs what it ran, as far as it can: a scrape with a
+//! waiting queue says the engine is full at its running count (out of batch
+//! slots or KV), so extra requests wait; without a queue it takes new ones
+//! until its KV cache, at the scrape's KV share per running request, reaches
+//! the saturation threshold. KV usage follows the running count at that
+//! share. Nothing running and nothing known about a request's share: the
+//! new ones run and add nothing (fail open until the next scrape says more).
+
+use crate::load::{EngineLoad, LoadView, SaturationThresholds};
+
+/// The saturation (0..1) of an endpoint whose view is `view`, with
+/// `placed` picks placed on it since its last scrape. An unhealthy one is
+/// saturated.
+pub(crate) fn saturation(view: &LoadView, placed: u32, thresholds: &SaturationThresholds) -> f64 {
+    if !view.healthy {
+        return 1.0;
+    }
+    thresholds.saturation(&moved_on(
+        &view.engine,
+        view.done_since_scrape,
+        placed,
+        thresholds,
+    ))
+}
+
+/// The engine's state after `done` of its requests ended and `placed` new
+/// ones arrived (see the module docs).
+fn moved_on(
+    e: &EngineLoad,
+    done: u32,
+    placed: u32,
+    thresholds: &SaturationThresholds,
+) -> EngineLoad {
+    let total = (u64::from(e.running) + u64::from(e.waiting) + u64::from(placed))
+        .saturating_sub(u64::from(done));
+    let share = if e.running > 0 {
+        e.kv_usage / f64::from(e.running)
+    } else {
+        0.0
+    };
+    let cap = if e.waiting > 0 {
+        u64::from(e.running)
+    } else if share > 0.0 {
+        // Requests that fit below the KV threshold at that share (at least
+        // what ran: the scrape showed it could).
+        // (The epsilon keeps 0.9 / 0.09 from flooring to 9.)
+        ((thresholds.kv_usage / share + 1e-9).floor() as u64).max(u64::from(e.running))
+    } else {
+        u64::MAX
+    };
+    let running = total.min(cap);
+    let waiting = total - running;
+    EngineLoad {
+        running: u32::try_from(running).unwrap_or(u32::MAX),
+        waiting: u32::try_from(waiting).unwrap_or(u32::MAX),
+        // (As a ratio of running counts: the same count gives the scrape's
+        // figure exactly, not one rounded below the threshold.)
+        kv_usage: if share > 0.0 {
+            e.kv_usage * (running as f64 / f64::from(e.running))
+        } else {
+            e.kv_usage
+        },
+    }
+}
+
+/// The least saturated endpoint's saturation once `in_transit` picks (let
+/// through or released, not placed yet) are placed, each where it finds the
+/// most room; `None` without endpoints. `loads` are each endpoint's view
+/// and its placements since its scrape. Stops adding once every endpoint is
+/// at `threshold` (the answer is then known).
+pub(crate) fn least_saturation(
+    loads: &[(&LoadView, u32)],
+    in_transit: usize,
+    thresholds: &SaturationThresholds,
+    threshold: f64,
+) -> Option<f64> {
+    let mut placed: Vec<u32> = loads.iter().map(|(_, p)| *p).collect();
+    let sat = |i: usize, p: u32| saturation(loads[i].0, p, thresholds);
+    let mut sats: Vec<f64> = (0..loads.len()).map(|i| sat(i, placed[i])).collect();
+    for _ in 0..in_transit {
+        let (i, s) = argmin(&sats)?;
+        if s >= threshold {
+            return Some(s);
+        }
+        placed[i] = placed[i].saturating_add(1);
+        sats[i] = sat(i, placed[i]);
+    }
+    argmin(&sats).map(|(_, s)| s)
+}
+
+fn argmin(sats: &[f64]) -> Option<(usize, f64)> {
+    sats.iter()
+        .copied()
+        .enumerate()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(running: u32, waiting: u32, kv_usage: f64, done: u32) -> LoadView {
+        LoadView {
+            engine: EngineLoad {
+                running,
+                waiting,
+                kv_usage,
+            },
+            healthy: true,
+            done_since_scrape: done,
+            ..Default::default()
+        }
+    }
+
+    fn th() -> SaturationThresholds {
+        SaturationThresholds::default() // kv 0.9, waiting 5
+    }
+
+    #[test]
+    fn a_queue_shrinks_by_the_requests_done_and_grows_by_the_picks_placed() {
+        let v = view(10, 5, 0.5, 0);
+        assert_eq!(saturation(&v, 0, &th()), 1.0);
+        let freed = view(10, 5, 0.5, 1);
+        assert!((saturation(&freed, 0, &th()) - 0.8).abs() < 1e-9);
+        assert_eq!(
+            saturation(&freed, 1, &th()),
+            1.0,
+            "one freed slot, one pick"
+        );
+        assert_eq!(saturation(&view(0, 5, 0.0, 0), 0, &th()), 1.0);
+        assert!((saturation(&view(0, 5, 0.0, 2), 0, &th()) - 0.6).abs() < 1e-9);
+    }
+
+    #[test]
+    fn without_a_queue_kv_follows_the_running_count() {
+        // 10 running at 0.9: KV-full; one done frees its share.
+        let full = view(10, 0, 0.9, 0);
+        assert_eq!(saturation(&full, 0, &th()), 1.0);
+        let one_done = view(10, 0, 0.9, 1);
+        assert!((saturation(&one_done, 0, &th()) - 0.9).abs() < 1e-9);
+        assert_eq!(saturation(&one_done, 1, &th()), 1.0);
+        // Half full: room for five more before KV reaches the threshold,
+        // the sixth waits.
+        let half = view(5, 0, 0.45, 0);
+        assert!((saturation(&half, 5, &th()) - 1.0).abs() < 1e-9);
+        assert!(saturation(&half, 4, &th()) < 1.0);
+        assert!((saturation(&half, 6, &th()) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_idle_engine_takes_new_picks_until_a_scrape_says_more() {
+        let idle = view(0, 0, 0.0, 0);
+        assert_eq!(saturation(&idle, 1000, &th()), 0.0);
+        let unhealthy = LoadView::default();
+        assert_eq!(saturation(&unhealthy, 0, &th()), 1.0);
+        assert_eq!(saturation(&view(3, 0, 0.3, 10), 0, &th()), 0.0);
+    }
+
+    #[test]
+    fn picks_in_transit_take_the_most_room_first() {
+        let a = view(0, 4, 0.0, 0); // room for one
+        let b = view(0, 3, 0.0, 0); // room for two
+        let loads = [(&a, 0), (&b, 0)];
+        assert!((least_saturation(&loads, 0, &th(), 1.0).unwrap() - 0.6).abs() < 1e-9);
+        assert!((least_saturation(&loads, 2, &th(), 1.0).unwrap() - 0.8).abs() < 1e-9);
+        assert_eq!(least_saturation(&loads, 3, &th(), 1.0), Some(1.0));
+        assert_eq!(least_saturation(&loads, 1000, &th(), 1.0), Some(1.0));
+        assert_eq!(least_saturation(&[], 0, &th(), 1.0), None);
+        // Placements since the scrape count like picks in transit.
+        let loads = [(&a, 1), (&b, 2)];
+        assert_eq!(least_saturation(&loads, 0, &th(), 1.0), Some(1.0));
+    }
+}

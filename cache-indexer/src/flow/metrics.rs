@@ -1,0 +1,146 @@
+//! Flow control's counters and its queue-wait histogram (per pool; the
+//! queue's lengths per tenant are read from the queue at scrape time, so
+//! only tenants with picks waiting carry a label).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::metrics::Counter;
+
+/// Bucket bounds (seconds) of the queue-wait histogram: 1 ms .. 30 s (the
+/// default maximum wait is 10 s).
+pub const WAIT_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+];
+
+/// Why a pick was shed, as counted and sent in `PickResponse.shed_cause`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShedCause {
+    /// The pool's queue was full.
+    PoolFull,
+    /// The tenant had its most picks waiting.
+    TenantFull,
+    /// The caller cannot wait (its `max_wait_ms`, or the pool's, is 0).
+    NoWait,
+    /// It waited its longest.
+    MaxWait,
+}
+
+impl ShedCause {
+    /// Every cause, in metric label order.
+    pub const ALL: [ShedCause; 4] = [
+        ShedCause::PoolFull,
+        ShedCause::TenantFull,
+        ShedCause::NoWait,
+        ShedCause::MaxWait,
+    ];
+
+    /// The label and `shed_cause` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShedCause::PoolFull => "pool_full",
+            ShedCause::TenantFull => "tenant_full",
+            ShedCause::NoWait => "no_wait",
+            ShedCause::MaxWait => "max_wait",
+        }
+    }
+
+    /// Position in [`ShedCause::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A fixed-bucket histogram of queue waits.
+#[derive(Debug)]
+pub struct WaitHistogram {
+    buckets: [AtomicU64; WAIT_BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Default for WaitHistogram {
+    fn default() -> Self {
+        WaitHistogram {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl WaitHistogram {
+    /// Records one wait.
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        if let Some(i) = WAIT_BUCKETS.iter().position(|b| s <= *b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Observations per bucket of [`WAIT_BUCKETS`] (not cumulative).
+    pub fn buckets(&self) -> [u64; WAIT_BUCKETS.len()] {
+        std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed))
+    }
+
+    /// Sum of the observations, seconds.
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+    }
+}
+
+/// One pool's flow-control counters.
+#[derive(Debug, Default)]
+pub struct FlowMetrics {
+    /// Picks that waited in the queue (pushed).
+    pub queued: Counter,
+    /// Tokens (prompt plus output estimate) of those picks.
+    pub queued_tokens: Counter,
+    /// Queued picks released to be placed.
+    pub released: Counter,
+    /// Tokens of the released picks.
+    pub released_tokens: Counter,
+    /// Picks shed, by [`ShedCause::index`].
+    pub shed: [Counter; ShedCause::ALL.len()],
+    /// Tokens of the shed picks, by cause.
+    pub shed_tokens: [Counter; ShedCause::ALL.len()],
+    /// Queued picks whose caller went away before they left the queue.
+    pub cancelled: Counter,
+    /// How long released picks waited.
+    pub wait: WaitHistogram,
+}
+
+impl FlowMetrics {
+    /// Counts a shed pick of `tokens`.
+    pub fn count_shed(&self, cause: ShedCause, tokens: u64) {
+        self.shed[cause.index()].inc();
+        self.shed_tokens[cause.index()].add(tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_index_their_own_position_and_waits_land_in_buckets() {
+        for (i, c) in ShedCause::ALL.iter().enumerate() {
+            assert_eq!(c.index(), i);
+        }
+        let h = WaitHistogram::default();
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(60));
+        assert_eq!(h.count(), 2);
+        assert_eq!(h.buckets()[1], 1, "3 ms is in the 5 ms bucket");
+        assert_eq!(h.buckets().iter().sum::<u64>(), 1, "60 s only in +Inf");
+        assert!((h.sum_seconds() - 60.003).abs() < 1e-6);
+    }
+}

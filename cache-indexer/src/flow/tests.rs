@@ -1,0 +1,222 @@
+use super::*;
+use crate::load::EngineLoad;
+
+fn cfg(max_queued: usize, per_tenant: usize) -> FlowControlConfig {
+    FlowControlConfig {
+        enabled: true,
+        threshold: 1.0,
+        max_queued,
+        max_queued_per_tenant: per_tenant,
+        max_wait_ms: 10_000,
+    }
+}
+
+/// An endpoint scraped `age` ago with `waiting` queued, `done` reported
+/// done since.
+fn ep(id: u64, waiting: u32, done: u32) -> (EndpointId, LoadView) {
+    let view = LoadView {
+        engine: EngineLoad {
+            running: 4,
+            waiting,
+            kv_usage: 0.2,
+        },
+        healthy: true,
+        done_since_scrape: done,
+        last_scrape_age: Some(Duration::from_millis(5)),
+        ..Default::default()
+    };
+    (EndpointId(id), view)
+}
+
+fn ask(tenant: &str, tokens: u64) -> Ask {
+    Ask {
+        tenant: tenant.into(),
+        priority: 0,
+        weight: 1,
+        tokens,
+        max_wait: Duration::from_secs(10),
+    }
+}
+
+fn th() -> SaturationThresholds {
+    SaturationThresholds::default()
+}
+
+#[test]
+fn room_lets_picks_through_and_counts_them_until_placed() {
+    let f = PoolFlow::new(cfg(8, 8));
+    let now = Instant::now();
+    // Room for exactly one more (4 of 5 waiting).
+    let loads = [ep(1, 4, 0)];
+    let Arrival::Go(first) = f.arrive(&loads, &th(), ask("a", 10), now) else {
+        panic!("room for one")
+    };
+    assert_eq!(f.in_transit(), 1);
+    // The first is not placed yet, but counts: the second waits.
+    assert!(matches!(
+        f.arrive(&loads, &th(), ask("a", 10), now),
+        Arrival::Queued { .. }
+    ));
+    f.placed(first, Some(EndpointId(1)));
+    assert_eq!(f.in_transit(), 0);
+    // Placed after the scrape: still counted (no room).
+    assert!(matches!(
+        f.arrive(&loads, &th(), ask("b", 10), now),
+        Arrival::Queued { .. }
+    ));
+    assert_eq!(f.len(), 2);
+    assert_eq!(
+        f.tenants(),
+        vec![("a".to_string(), 1, 10), ("b".to_string(), 1, 10)]
+    );
+}
+
+#[test]
+fn a_freed_slot_releases_one_pick() {
+    let f = PoolFlow::new(cfg(8, 8));
+    let now = Instant::now();
+    let full = [ep(1, 5, 0)];
+    let mut rxs = Vec::new();
+    for i in 0..3 {
+        let Arrival::Queued { rx, .. } = f.arrive(&full, &th(), ask("a", 100 + i), now) else {
+            panic!("saturated: waits")
+        };
+        rxs.push(rx);
+    }
+    f.release(&full, &th(), now);
+    assert!(rxs.iter_mut().all(|rx| rx.try_recv().is_err()));
+    // One request done since the scrape: one goes, then the one in
+    // transit fills the slot.
+    let one_done = [ep(1, 5, 1)];
+    f.release(&one_done, &th(), now);
+    let Ok(Wake::Go(p)) = rxs[0].try_recv() else {
+        panic!("the first is released")
+    };
+    assert!(rxs[1].try_recv().is_err());
+    assert_eq!((f.len(), f.in_transit()), (2, 1));
+    f.placed(p, Some(EndpointId(1)));
+    f.release(&one_done, &th(), now);
+    assert!(rxs[1].try_recv().is_err(), "placed: the slot is taken");
+    assert_eq!(f.metrics.released.get(), 1);
+    assert_eq!(f.metrics.released_tokens.get(), 100);
+    // A scrape after the placement forgets it; its done count too.
+    let later = now + Duration::from_millis(50);
+    let rescraped = [(
+        EndpointId(1),
+        LoadView {
+            last_scrape_age: Some(Duration::from_millis(1)),
+            ..ep(1, 3, 0).1
+        },
+    )];
+    f.release(&rescraped, &th(), later);
+    assert!(matches!(rxs[1].try_recv(), Ok(Wake::Go(_))));
+    assert!(matches!(rxs[2].try_recv(), Ok(Wake::Go(_))));
+    assert_eq!(f.len(), 0);
+}
+
+#[test]
+fn bounds_shed_with_their_cause() {
+    let f = PoolFlow::new(cfg(3, 2));
+    let now = Instant::now();
+    let full = [ep(1, 5, 0)];
+    let mut keep = Vec::new();
+    for t in ["a", "a", "b"] {
+        keep.push(f.arrive(&full, &th(), ask(t, 1), now));
+    }
+    assert!(keep.iter().all(|a| matches!(a, Arrival::Queued { .. })));
+    assert!(matches!(
+        f.arrive(&full, &th(), ask("c", 1), now),
+        Arrival::Shed(ShedCause::PoolFull)
+    ));
+    let g = PoolFlow::new(cfg(3, 2));
+    let _a = g.arrive(&full, &th(), ask("a", 1), now);
+    let _b = g.arrive(&full, &th(), ask("a", 1), now);
+    assert!(matches!(
+        g.arrive(&full, &th(), ask("a", 1), now),
+        Arrival::Shed(ShedCause::TenantFull)
+    ));
+    let no_wait = Ask {
+        max_wait: Duration::ZERO,
+        ..ask("d", 7)
+    };
+    assert!(matches!(
+        g.arrive(&full, &th(), no_wait, now),
+        Arrival::Shed(ShedCause::NoWait)
+    ));
+    assert_eq!(g.metrics.shed[ShedCause::TenantFull.index()].get(), 1);
+    assert_eq!(g.metrics.shed_tokens[ShedCause::NoWait.index()].get(), 7);
+    // A pool whose maximum wait is 0 sheds too, even a caller that waits.
+    let zero = PoolFlow::new(FlowControlConfig {
+        max_wait_ms: 0,
+        ..cfg(3, 2)
+    });
+    assert!(matches!(
+        zero.arrive(&full, &th(), ask("a", 1), now),
+        Arrival::Shed(ShedCause::NoWait)
+    ));
+}
+
+#[test]
+fn deadlines_expire_and_cancels_leave_nothing_behind() {
+    let f = PoolFlow::new(cfg(8, 8));
+    let now = Instant::now();
+    let full = [ep(1, 5, 0)];
+    let short = Ask {
+        max_wait: Duration::from_millis(10),
+        ..ask("a", 5)
+    };
+    let Arrival::Queued {
+        mut rx, deadline, ..
+    } = f.arrive(&full, &th(), short, now)
+    else {
+        panic!()
+    };
+    assert_eq!(deadline, now + Duration::from_millis(10));
+    let Arrival::Queued { ticket, .. } = f.arrive(&full, &th(), ask("b", 5), now) else {
+        panic!()
+    };
+    f.release(&full, &th(), deadline);
+    assert!(matches!(rx.try_recv(), Ok(Wake::Expired)));
+    assert_eq!(f.metrics.shed[ShedCause::MaxWait.index()].get(), 1);
+    assert!(f.cancel(ticket));
+    assert!(!f.cancel(ticket), "once");
+    assert!(!f.expire_one(ticket));
+    assert_eq!((f.len(), f.tenants().len()), (0, 0));
+    assert_eq!(f.metrics.cancelled.get(), 1);
+}
+
+#[test]
+fn a_released_pick_whose_caller_left_is_skipped() {
+    let f = PoolFlow::new(cfg(8, 8));
+    let now = Instant::now();
+    let full = [ep(1, 5, 0)];
+    let Arrival::Queued { rx, .. } = f.arrive(&full, &th(), ask("a", 1), now) else {
+        panic!()
+    };
+    drop(rx);
+    let Arrival::Queued { rx: mut next, .. } = f.arrive(&full, &th(), ask("b", 1), now) else {
+        panic!()
+    };
+    // Room for one: the gone caller's pass is dropped, the next one goes.
+    f.release(&[ep(1, 5, 1)], &th(), now);
+    assert!(matches!(next.try_recv(), Ok(Wake::Go(_))));
+    assert_eq!(f.metrics.cancelled.get(), 1);
+    assert_eq!(f.in_transit(), 0, "the pass dropped with the channel");
+}
+
+#[test]
+fn no_healthy_endpoint_fails_open_and_with_room_lists_the_unsaturated() {
+    let f = PoolFlow::new(cfg(8, 8));
+    let now = Instant::now();
+    let down = [(EndpointId(1), LoadView::default())];
+    assert!(matches!(
+        f.arrive(&down, &th(), ask("a", 1), now),
+        Arrival::Go(_)
+    ));
+    let loads = [
+        ep(1, 5, 0),
+        ep(2, 2, 0),
+        (EndpointId(3), LoadView::default()),
+    ];
+    assert_eq!(f.with_room(&loads, &th(), now), vec![EndpointId(2)]);
+}
