@@ -121,6 +121,8 @@ impl BudgetMetrics {
                 c.limited_by[limited_index(refusal)] += 1;
             }),
             Reserved::Untracked => self.untracked.inc(),
+            // Counted by the shared store (`RedisBudgets::stats`).
+            Reserved::StoreUnavailable { .. } => {}
         }
     }
 

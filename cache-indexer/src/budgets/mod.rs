@@ -11,7 +11,8 @@
 //! * **memory** (the default): in this process ([`memory`]). Exact with one
 //!   indexer replica; bounded by [`MAX_KEYS`] keys and [`MAX_OPEN`] open
 //!   reservations.
-//! * **redis**: shared by replicas (added alongside, same API).
+//! * **redis**: shared by replicas through atomic scripts ([`redis`]),
+//!   with a local fallback while Redis is unreachable.
 //!
 //! Every operation is an `async fn` so that a store behind a network round
 //! trip fits; the memory store never awaits, so its futures are ready on
@@ -19,6 +20,7 @@
 
 mod memory;
 mod metrics;
+pub mod redis;
 
 use std::future::Future;
 use std::time::Instant;
@@ -107,6 +109,12 @@ pub enum Reserved {
     },
     /// Admitted without a budget: the store has no room to track the key.
     Untracked,
+    /// Refused because the shared store is unreachable (`onStoreDown:
+    /// closed`): `limited_by` "store".
+    StoreUnavailable {
+        /// When Redis is tried again.
+        retry_after_ms: u64,
+    },
 }
 
 /// What a report does to a reservation.
@@ -170,6 +178,7 @@ pub struct Reported {
 #[derive(Debug)]
 enum Store {
     Memory(memory::MemoryStore),
+    Redis(Box<redis::RedisBudgets>),
 }
 
 /// Every budget this replica knows (or reaches through its store).
@@ -201,10 +210,28 @@ impl Budgets {
         }
     }
 
+    /// Budgets in Redis shared by replicas (connects on first use).
+    pub fn redis(s: &redis::RedisSettings) -> Result<Self, redis::script::BudgetStoreError> {
+        Ok(Budgets {
+            store: Store::Redis(Box::new(redis::RedisBudgets::new(s)?)),
+            metrics: BudgetMetrics::default(),
+            epoch: Instant::now(),
+        })
+    }
+
     /// `memory` or `redis`, for stats.
     pub fn store_kind(&self) -> &'static str {
         match self.store {
             Store::Memory(_) => "memory",
+            Store::Redis(_) => "redis",
+        }
+    }
+
+    /// The shared store, with its counters (none in memory).
+    pub fn shared(&self) -> Option<&redis::RedisBudgets> {
+        match &self.store {
+            Store::Memory(_) => None,
+            Store::Redis(r) => Some(r),
         }
     }
 
@@ -223,6 +250,7 @@ impl Budgets {
     pub fn open_reservations(&self) -> usize {
         match &self.store {
             Store::Memory(m) => m.open(),
+            Store::Redis(r) => r.local_open(),
         }
     }
 
@@ -230,6 +258,7 @@ impl Budgets {
     pub fn keys(&self) -> usize {
         match &self.store {
             Store::Memory(m) => m.keys(),
+            Store::Redis(r) => r.local_keys(),
         }
     }
 
@@ -238,6 +267,7 @@ impl Budgets {
         let now = self.now_ms();
         let r = match &self.store {
             Store::Memory(m) => m.reserve(now, ask, &self.metrics),
+            Store::Redis(r) => r.reserve(now, ask, &self.metrics).await,
         };
         self.metrics.count_reserve(&ask.key, &r);
         r
@@ -248,6 +278,7 @@ impl Budgets {
         let now = self.now_ms();
         let r = match &self.store {
             Store::Memory(m) => m.report(now, rep),
+            Store::Redis(r) => r.report(now, rep).await,
         };
         self.metrics.count_report(rep, &r);
         r

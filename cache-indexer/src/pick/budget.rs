@@ -79,6 +79,19 @@ impl Pool {
                 status: Some(status(&headers, None)),
             }),
             Reserved::Untracked => Ok(Admission::default()),
+            // onStoreDown: closed, Redis unreachable (budgets/redis.rs).
+            Reserved::StoreUnavailable { retry_after_ms } => Err(pb::PickResponse {
+                prompt_tokens,
+                decision: pb::Decision::RateLimited as i32,
+                reason: "rate_limited".into(),
+                tokenize_mode: tokens.mode.as_str().to_string(),
+                budget: Some(pb::BudgetStatus {
+                    limited_by: "store".into(),
+                    retry_after_ms,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             Reserved::Limited { refusal, headers } => {
                 tracing::debug!(
                     pool = %self.name,

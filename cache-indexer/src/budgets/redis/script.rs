@@ -1,0 +1,756 @@
+//! The budget script in Redis: [`BudgetStore`] runs `budget.lua`, a transcription of `kvasir-budget`'s
+//! integer arithmetic, as one `EVALSHA` per reserve / settle / release /
+//! cancel (`EVAL` when Redis answers `NOSCRIPT`), so the check and the
+//! charge are atomic across replicas and a report may reach any replica.
+//! The script reads Redis's `TIME`: replicas' clocks never disagree about a
+//! refill or a retry time. A key's state is the hash
+//! `<prefix>budget:<key>` and its open reservations
+//! `<prefix>budget:<key>:open` (request id to what it holds); both expire a
+//! few idle windows after the budget is whole again.
+//!
+//! Never in the way of a pick, after the pattern of
+//! [`crate::responses::RedisStore`]: every call, the connect included, is
+//! bounded by the timeout, and after a failure Redis is left alone for the
+//! retry delay ([`BudgetStoreError::Down`] at once) and the next call
+//! after it connects anew.
+
+use std::time::{Duration, Instant};
+
+use kvasir_budget::{
+    Cost, Dimension, LimitState, Limits, RateLimitHeaders, Refusal, Released, Request, Usage,
+};
+use parking_lot::Mutex;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, ErrorKind, ServerErrorKind};
+
+/// The script (see its header for keys, arguments and replies).
+pub const SCRIPT: &str = include_str!("../budget.lua");
+/// Highest per-minute limit sent to the script: the policy's own bound,
+/// and where credit (in 1/60000 token units) stays exact in Lua's doubles.
+pub const MAX_PER_MINUTE: u64 = 1_000_000_000;
+/// Highest token count of one field sent to the script (far past any
+/// context length); keeps every figure an exact double.
+pub const MAX_TOKENS: u64 = 100_000_000;
+/// Keys live this long past the time their budget is whole again (a
+/// missing key is read as a whole budget), and an open reservation needs
+/// a report at least this often.
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(5 * 60);
+
+/// Why a call to the budget store failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetStoreError {
+    /// Left alone after an earlier failure (the retry delay).
+    #[error("budget store left alone after a failure")]
+    Down,
+    /// The call or the connect took longer than the timeout.
+    #[error("budget store timed out")]
+    Timeout,
+    /// Redis refused or the connection broke.
+    #[error("budget store: {0}")]
+    Failed(String),
+    /// The script answered something this code does not read.
+    #[error("budget store: malformed reply {0}")]
+    Malformed(String),
+}
+
+/// One dimension's state after a call, per [`Dimension::ALL`]; `None`
+/// where the budget does not limit it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DimensionStates(pub [Option<LimitState>; 4]);
+
+impl DimensionStates {
+    /// One dimension's state.
+    pub fn get(&self, d: Dimension) -> Option<LimitState> {
+        Dimension::ALL
+            .iter()
+            .position(|x| *x == d)
+            .and_then(|i| self.0[i])
+    }
+
+    /// OpenAI's `x-ratelimit-*` values, chosen as
+    /// [`RateLimitHeaders::of`] chooses them: the total token budget when
+    /// set, else the prompt or completion budget with the least share left.
+    pub fn headers(&self) -> RateLimitHeaders {
+        let tokens = self.get(Dimension::TotalTokens).or_else(|| {
+            [Dimension::PromptTokens, Dimension::CompletionTokens]
+                .into_iter()
+                .filter_map(|d| self.get(d))
+                .min_by(|a, b| {
+                    (u128::from(a.remaining) * u128::from(b.limit))
+                        .cmp(&(u128::from(b.remaining) * u128::from(a.limit)))
+                })
+        });
+        RateLimitHeaders {
+            requests: self.get(Dimension::Requests),
+            tokens,
+        }
+    }
+}
+
+/// What a reserve did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reserved {
+    /// What the reservation holds, or why it was refused.
+    pub outcome: Result<Cost, Refusal>,
+    /// The request id was already open (a repeated pick): admitted, as
+    /// held before, and not charged again.
+    pub repeated: bool,
+    /// The budget after the call.
+    pub states: DimensionStates,
+}
+
+/// What a release did, and the request's final cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    /// Given back and taken beyond the hold.
+    pub released: Released,
+    /// The final cost (one request plus the final usage's tokens).
+    pub settled: Cost,
+}
+
+/// A settle, release or cancel's result and the budget after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer<T> {
+    /// `None` when the request id was not open.
+    pub value: Option<T>,
+    /// The budget after the call.
+    pub states: DimensionStates,
+}
+
+/// Budgets in one Redis server, shared by the replicas that use it.
+pub struct BudgetStore {
+    client: redis::Client,
+    url: String,
+    timeout: Duration,
+    retry_after: Duration,
+    key_prefix: String,
+    idle: Duration,
+    state: Mutex<Conn>,
+    /// One connect at a time: calls that find no connection wait for that
+    /// connect (bounded) rather than each opening a socket.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct Conn {
+    conn: Option<MultiplexedConnection>,
+    down_until: Option<Instant>,
+    /// The script's SHA1 as Redis reported it (`SCRIPT LOAD`).
+    sha: Option<String>,
+}
+
+impl std::fmt::Debug for BudgetStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BudgetStore")
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .field("key_prefix", &self.key_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One script call: the op and its own arguments.
+enum Op<'a> {
+    Reserve {
+        id: &'a str,
+        req: &'a Request,
+        max_age_ms: Option<u64>,
+    },
+    Settle {
+        id: &'a str,
+        usage: &'a Usage,
+    },
+    /// `usage` `None`: the prompt as reserved, the completion as last
+    /// settled.
+    Release {
+        id: &'a str,
+        usage: Option<&'a Usage>,
+    },
+    Cancel {
+        id: &'a str,
+    },
+    Expire {
+        max_age_ms: u64,
+    },
+}
+
+impl Op<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::Reserve { .. } => "reserve",
+            Op::Settle { .. } => "settle",
+            Op::Release { .. } => "release",
+            Op::Cancel { .. } => "cancel",
+            Op::Expire { .. } => "expire",
+        }
+    }
+
+    /// ARGV[10..]: the request id, then three figures, then reserve's
+    /// max age.
+    fn tail(&self) -> (&str, [i64; 3], i64) {
+        let t = |x: u64| clamp(x, MAX_TOKENS);
+        let u = |u: &Usage| {
+            [
+                t(u.prompt_tokens),
+                t(u.cached_tokens),
+                t(u.completion_tokens),
+            ]
+        };
+        let ms = |m: u64| clamp(m, i64::MAX as u64);
+        match self {
+            Op::Reserve {
+                id,
+                req,
+                max_age_ms,
+            } => (
+                id,
+                [
+                    t(req.prompt_tokens),
+                    t(req.cached_tokens),
+                    t(req.output_tokens),
+                ],
+                max_age_ms.map_or(-1, ms),
+            ),
+            Op::Settle { id, usage } => (id, u(usage), -1),
+            Op::Release { id, usage } => (id, usage.map_or([-1, 0, 0], u), -1),
+            Op::Cancel { id } => (id, [0; 3], -1),
+            Op::Expire { max_age_ms } => ("", [ms(*max_age_ms), 0, 0], -1),
+        }
+    }
+}
+
+fn clamp(x: u64, max: u64) -> i64 {
+    i64::try_from(x.min(max)).unwrap_or(i64::MAX)
+}
+
+/// ARGV[3..8]: the limits as the script reads them (-1: unlimited),
+/// clamped to [`MAX_PER_MINUTE`]; `None`: those the last reserve stored.
+fn limit_args(l: Option<&Limits>) -> [String; 6] {
+    let Some(l) = l else {
+        return std::array::from_fn(|_| String::new());
+    };
+    let per = |d| l.per_minute(d).map_or(-1, |v| clamp(v, MAX_PER_MINUTE));
+    [
+        per(Dimension::Requests),
+        per(Dimension::PromptTokens),
+        per(Dimension::CompletionTokens),
+        per(Dimension::TotalTokens),
+        l.max_concurrent.map_or(-1, i64::from),
+        i64::from(l.cached_token_weight.permille()),
+    ]
+    .map(|x| x.to_string())
+}
+
+impl BudgetStore {
+    /// A store at `url` (`redis://host:port[/db]`) with keys under
+    /// `key_prefix`; connects on first use. `timeout` bounds each call,
+    /// `retry_after` is how long a failed store is left alone.
+    pub fn new(
+        url: &str,
+        timeout: Duration,
+        retry_after: Duration,
+        key_prefix: &str,
+    ) -> Result<Self, BudgetStoreError> {
+        let client =
+            redis::Client::open(url).map_err(|e| BudgetStoreError::Failed(e.to_string()))?;
+        Ok(BudgetStore {
+            client,
+            url: url.to_string(),
+            timeout,
+            retry_after,
+            key_prefix: key_prefix.to_string(),
+            idle: DEFAULT_IDLE,
+            state: Mutex::new(Conn::default()),
+            connecting: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The same store with keys living `idle` past a whole budget.
+    pub fn with_idle(mut self, idle: Duration) -> Self {
+        self.idle = idle;
+        self
+    }
+
+    /// The bound of one call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// How long a failed store is left alone.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// The state hash of budget `key` (its open reservations: the same
+    /// with `:open`).
+    pub fn state_key(&self, key: &str) -> String {
+        format!("{}budget:{key}", self.key_prefix)
+    }
+
+    /// Whether calls are answered [`BudgetStoreError::Down`] now (the
+    /// retry delay after a failure).
+    pub fn resting(&self) -> bool {
+        self.state
+            .lock()
+            .down_until
+            .is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Reserves `req` under request id `id` with `limits` (stored for the
+    /// reports); an open reservation older than `max_age_ms` is dropped
+    /// first (at most once a second). `now_ms` replaces Redis's clock
+    /// (tests only).
+    pub async fn reserve(
+        &self,
+        key: &str,
+        limits: &Limits,
+        id: &str,
+        req: &Request,
+        max_age_ms: Option<u64>,
+        now_ms: Option<u64>,
+    ) -> Result<Reserved, BudgetStoreError> {
+        let op = Op::Reserve {
+            id,
+            req,
+            max_age_ms,
+        };
+        let v = self.call(key, Some(limits), &op, now_ms).await?;
+        decode_reserve(&v)
+    }
+
+    /// Settles request `id` to the usage so far (monotone). `limits`
+    /// `None`: those of the key's last reserve.
+    pub async fn settle(
+        &self,
+        key: &str,
+        limits: Option<&Limits>,
+        id: &str,
+        usage: &Usage,
+        now_ms: Option<u64>,
+    ) -> Result<Answer<Cost>, BudgetStoreError> {
+        let v = self
+            .call(key, limits, &Op::Settle { id, usage }, now_ms)
+            .await?;
+        decode_cost_answer(&v)
+    }
+
+    /// Releases request `id` with its final usage (idempotent); `usage`
+    /// `None`: the prompt as reserved and the completion as last settled.
+    pub async fn release(
+        &self,
+        key: &str,
+        limits: Option<&Limits>,
+        id: &str,
+        usage: Option<&Usage>,
+        now_ms: Option<u64>,
+    ) -> Result<Answer<Ended>, BudgetStoreError> {
+        let v = self
+            .call(key, limits, &Op::Release { id, usage }, now_ms)
+            .await?;
+        let (found, rest) = split_found(&v, 12)?;
+        let ended = Ended {
+            released: Released {
+                refunded: cost(&rest[..4])?,
+                charged: cost(&rest[4..8])?,
+            },
+            settled: cost(&rest[8..12])?,
+        };
+        Ok(Answer {
+            value: found.then_some(ended),
+            states: states(&rest[12..])?,
+        })
+    }
+
+    /// Cancels request `id`: everything it holds goes back.
+    pub async fn cancel(
+        &self,
+        key: &str,
+        limits: Option<&Limits>,
+        id: &str,
+        now_ms: Option<u64>,
+    ) -> Result<Answer<Cost>, BudgetStoreError> {
+        let v = self.call(key, limits, &Op::Cancel { id }, now_ms).await?;
+        decode_cost_answer(&v)
+    }
+
+    /// Drops budget `key`'s reservations opened more than `max_age_ms`
+    /// ago; returns how many.
+    pub async fn expire(
+        &self,
+        key: &str,
+        max_age_ms: u64,
+        now_ms: Option<u64>,
+    ) -> Result<usize, BudgetStoreError> {
+        let v = self
+            .call(key, None, &Op::Expire { max_age_ms }, now_ms)
+            .await?;
+        match v.as_slice() {
+            [n] => usize::try_from(*n).map_err(|_| malformed(&v)),
+            _ => Err(malformed(&v)),
+        }
+    }
+
+    /// Runs one script call, bounded.
+    async fn call(
+        &self,
+        key: &str,
+        limits: Option<&Limits>,
+        op: &Op<'_>,
+        now_ms: Option<u64>,
+    ) -> Result<Vec<i64>, BudgetStoreError> {
+        let state = self.state_key(key);
+        let (id, figures, max_age) = op.tail();
+        let mut args: Vec<String> = vec![
+            "2".into(),
+            format!("{state}:open"),
+            op.name().into(),
+            now_ms.map_or(-1, |n| clamp(n, i64::MAX as u64)).to_string(),
+        ];
+        args.insert(1, state);
+        args.extend(limit_args(limits));
+        args.push(self.idle.as_millis().to_string());
+        args.push(id.to_string());
+        args.extend(figures.iter().map(i64::to_string));
+        args.push(max_age.to_string());
+        self.eval(args).await
+    }
+
+    /// `EVALSHA` with the script's SHA1; `EVAL` when Redis does not have
+    /// it (first call, or a restarted / flushed server), loading it in the
+    /// same round trip.
+    async fn eval(&self, args: Vec<String>) -> Result<Vec<i64>, BudgetStoreError> {
+        let mut conn = self.connection().await?;
+        let sha = self.state.lock().sha.clone();
+        if let Some(sha) = sha {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(sha).arg(&args);
+            match self.bounded(cmd.query_async::<Vec<i64>>(&mut conn)).await {
+                Err(Ok(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {}
+                other => return self.settled(other),
+            }
+        }
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(SCRIPT).arg(&args);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SCRIPT").arg("LOAD").arg(SCRIPT).add_command(eval);
+        let r = self
+            .bounded(pipe.query_async::<(String, Vec<i64>)>(&mut conn))
+            .await;
+        let (sha, v) = self.settled(r)?;
+        self.state.lock().sha = Some(sha);
+        Ok(v)
+    }
+
+    /// `fut` within the timeout: `Err(Err(()))` when it ran out.
+    async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, Result<redis::RedisError, ()>> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(Ok(e)),
+            Err(_) => Err(Err(())),
+        }
+    }
+
+    /// A bounded call's result; a failure leaves the store alone. An error
+    /// the script itself raised (a general error reply) is not the store's
+    /// failure.
+    fn settled<T>(
+        &self,
+        r: Result<T, Result<redis::RedisError, ()>>,
+    ) -> Result<T, BudgetStoreError> {
+        match r {
+            Ok(v) => Ok(v),
+            Err(Ok(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) => {
+                Err(BudgetStoreError::Malformed(e.to_string()))
+            }
+            Err(Ok(e)) => Err(self.failed(BudgetStoreError::Failed(e.to_string()))),
+            Err(Err(())) => Err(self.failed(BudgetStoreError::Timeout)),
+        }
+    }
+
+    /// The open connection, or a new one; `Down` while in the retry delay.
+    async fn connection(&self) -> Result<MultiplexedConnection, BudgetStoreError> {
+        if let Some(c) = self.ready()? {
+            return Ok(c);
+        }
+        let _one = tokio::time::timeout(self.timeout, self.connecting.lock())
+            .await
+            .map_err(|_| BudgetStoreError::Timeout)?;
+        // Another call may have connected, or failed, while this one waited.
+        if let Some(c) = self.ready()? {
+            return Ok(c);
+        }
+        let cfg = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let conn = tokio::time::timeout(
+            self.timeout,
+            self.client
+                .get_multiplexed_async_connection_with_config(&cfg),
+        )
+        .await;
+        match conn {
+            Ok(Ok(c)) => {
+                self.state.lock().conn = Some(c.clone());
+                tracing::info!(url = %self.url, "budgets: connected to redis");
+                Ok(c)
+            }
+            Ok(Err(e)) => Err(self.failed(BudgetStoreError::Failed(e.to_string()))),
+            Err(_) => Err(self.failed(BudgetStoreError::Timeout)),
+        }
+    }
+
+    fn ready(&self) -> Result<Option<MultiplexedConnection>, BudgetStoreError> {
+        let s = self.state.lock();
+        if s.down_until.is_some_and(|t| Instant::now() < t) {
+            return Err(BudgetStoreError::Down);
+        }
+        Ok(s.conn.clone())
+    }
+
+    /// Drops the connection and leaves the store alone for the retry
+    /// delay; returns `e` for the caller.
+    fn failed(&self, e: BudgetStoreError) -> BudgetStoreError {
+        let mut s = self.state.lock();
+        if s.down_until.is_none_or(|t| Instant::now() >= t) {
+            tracing::warn!(url = %self.url, error = %e, retry_in = ?self.retry_after, "budgets: redis unavailable");
+        }
+        s.conn = None;
+        s.down_until = Some(Instant::now() + self.retry_after);
+        e
+    }
+}
+
+fn malformed(v: &[i64]) -> BudgetStoreError {
+    BudgetStoreError::Malformed(format!("{v:?}"))
+}
+
+fn dimension(d: i64) -> Option<Dimension> {
+    Dimension::ALL
+        .get(usize::try_from(d).ok()?.checked_sub(1)?)
+        .copied()
+}
+
+fn nonneg(x: i64) -> Result<u64, BudgetStoreError> {
+    u64::try_from(x).map_err(|_| BudgetStoreError::Malformed(format!("negative figure {x}")))
+}
+
+fn cost(v: &[i64]) -> Result<Cost, BudgetStoreError> {
+    let mut c = [0u64; 4];
+    for (slot, x) in c.iter_mut().zip(v) {
+        *slot = nonneg(*x)?;
+    }
+    Ok(Cost(c))
+}
+
+/// The trailing per-dimension limit / remaining / reset triples.
+fn states(v: &[i64]) -> Result<DimensionStates, BudgetStoreError> {
+    if v.len() != 12 {
+        return Err(malformed(v));
+    }
+    let mut out = DimensionStates::default();
+    for (i, t) in v.chunks_exact(3).enumerate() {
+        out.0[i] = match *t {
+            [-1, -1, -1] => None,
+            [limit, remaining, reset_ms] => Some(LimitState {
+                limit: nonneg(limit)?,
+                remaining: nonneg(remaining)?,
+                reset_ms: nonneg(reset_ms)?,
+            }),
+            _ => return Err(malformed(v)),
+        };
+    }
+    Ok(out)
+}
+
+/// `{found, n figures, states}`.
+fn split_found(v: &[i64], n: usize) -> Result<(bool, &[i64]), BudgetStoreError> {
+    match v.split_first() {
+        Some((&f, rest)) if (f == 0 || f == 1) && rest.len() == n + 12 => Ok((f == 1, rest)),
+        _ => Err(malformed(v)),
+    }
+}
+
+fn decode_cost_answer(v: &[i64]) -> Result<Answer<Cost>, BudgetStoreError> {
+    let (found, rest) = split_found(v, 4)?;
+    Ok(Answer {
+        value: if found { Some(cost(&rest[..4])?) } else { None },
+        states: states(&rest[4..])?,
+    })
+}
+
+fn decode_reserve(v: &[i64]) -> Result<Reserved, BudgetStoreError> {
+    if v.len() != 20 {
+        return Err(malformed(v));
+    }
+    let (code, a, b, c) = (v[0], v[1], v[2], v[3]);
+    let held = cost(&v[4..8])?;
+    let dim = || dimension(a).ok_or_else(|| malformed(v));
+    let outcome = match code {
+        0 | 4 => Ok(held),
+        1 => Err(Refusal::Limited {
+            dimension: dim()?,
+            retry_after_ms: nonneg(b)?,
+        }),
+        2 => Err(Refusal::Concurrency {
+            limit: u32::try_from(a).map_err(|_| malformed(v))?,
+        }),
+        3 => Err(Refusal::TooLarge {
+            dimension: dim()?,
+            requested: nonneg(b)?,
+            limit: nonneg(c)?,
+        }),
+        _ => return Err(malformed(v)),
+    };
+    Ok(Reserved {
+        outcome,
+        repeated: code == 4,
+        states: states(&v[8..])?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_unreachable_server_fails_fast_then_is_left_alone() {
+        // Port 1 on loopback: nothing listens, the connect is refused.
+        let s = BudgetStore::new(
+            "redis://127.0.0.1:1",
+            Duration::from_millis(200),
+            Duration::from_secs(30),
+            "t:",
+        )
+        .unwrap();
+        let started = Instant::now();
+        let l = Limits {
+            requests_per_minute: Some(1),
+            ..Limits::default()
+        };
+        let r = s
+            .reserve("k", &l, "r1", &Request::default(), None, None)
+            .await;
+        assert!(
+            matches!(
+                r,
+                Err(BudgetStoreError::Failed(_) | BudgetStoreError::Timeout)
+            ),
+            "{r:?}"
+        );
+        assert!(s.resting());
+        assert_eq!(
+            s.cancel("k", None, "r1", None).await,
+            Err(BudgetStoreError::Down)
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    const NONE3: [i64; 3] = [-1, -1, -1];
+
+    fn with_states(head: &[i64], states: [[i64; 3]; 4]) -> Vec<i64> {
+        let mut v = head.to_vec();
+        v.extend(states.concat());
+        v
+    }
+
+    #[test]
+    fn replies_are_read_strictly() {
+        let st = [[10, 9, 6000], NONE3, NONE3, NONE3];
+        let ok = with_states(&[0, 0, 0, 0, 1, 5, 7, 12], st);
+        let r = decode_reserve(&ok).unwrap();
+        assert_eq!(r.outcome, Ok(Cost([1, 5, 7, 12])));
+        assert!(!r.repeated);
+        let h = r.states.headers();
+        assert_eq!(
+            h.requests,
+            Some(LimitState {
+                limit: 10,
+                remaining: 9,
+                reset_ms: 6000
+            })
+        );
+        assert_eq!(h.tokens, None);
+        let limited = with_states(&[1, 1, 6000, 0, 0, 0, 0, 0], st);
+        assert_eq!(
+            decode_reserve(&limited).unwrap().outcome,
+            Err(Refusal::Limited {
+                dimension: Dimension::Requests,
+                retry_after_ms: 6000
+            })
+        );
+        let too_large = with_states(&[3, 4, 700, 600, 0, 0, 0, 0], st);
+        assert_eq!(
+            decode_reserve(&too_large).unwrap().outcome,
+            Err(Refusal::TooLarge {
+                dimension: Dimension::TotalTokens,
+                requested: 700,
+                limit: 600
+            })
+        );
+        // A half-unlimited state, a bad code, a short reply, a dimension
+        // out of range, a bad found flag: all refused.
+        let bad = with_states(
+            &[0, 0, 0, 0, 1, 5, 7, 12],
+            [[10, -1, -1], NONE3, NONE3, NONE3],
+        );
+        assert!(decode_reserve(&bad).is_err());
+        let mut bad = ok.clone();
+        bad[0] = 9;
+        assert!(decode_reserve(&bad).is_err());
+        assert!(decode_reserve(&ok[..19]).is_err());
+        let mut bad = limited.clone();
+        bad[1] = 5;
+        assert!(decode_reserve(&bad).is_err());
+        assert!(decode_cost_answer(&with_states(&[2, 0, 0, 0, 0], st)).is_err());
+        assert!(decode_cost_answer(&with_states(&[1, 0, 0, 0, 0], st)).is_ok());
+    }
+
+    #[test]
+    fn headers_pick_the_least_share_left_without_a_total() {
+        let s = |limit, remaining| {
+            Some(LimitState {
+                limit,
+                remaining,
+                reset_ms: 1,
+            })
+        };
+        let st = DimensionStates([None, s(1000, 500), s(100, 40), None]);
+        assert_eq!(st.headers().tokens, s(100, 40));
+        assert_eq!(st.get(Dimension::PromptTokens), s(1000, 500));
+        let st = DimensionStates([None, s(1000, 500), s(100, 40), s(5, 5)]);
+        assert_eq!(st.headers().tokens, s(5, 5));
+    }
+
+    #[test]
+    fn arguments_are_clamped_to_exact_doubles() {
+        let l = Limits {
+            total_tokens_per_minute: Some(u64::MAX),
+            max_concurrent: Some(3),
+            ..Limits::default()
+        };
+        assert_eq!(
+            limit_args(Some(&l)),
+            ["-1", "-1", "-1", "1000000000", "3", "1000"].map(String::from)
+        );
+        assert_eq!(limit_args(None), std::array::from_fn(|_| String::new()));
+        let req = Request {
+            prompt_tokens: u64::MAX,
+            cached_tokens: 1,
+            output_tokens: 2,
+        };
+        let op = Op::Reserve {
+            id: "x",
+            req: &req,
+            max_age_ms: None,
+        };
+        assert_eq!(op.tail(), ("x", [100_000_000, 1, 2], -1));
+        let op = Op::Release {
+            id: "y",
+            usage: None,
+        };
+        assert_eq!(op.tail(), ("y", [-1, 0, 0], -1));
+    }
+}
