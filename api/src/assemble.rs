@@ -269,6 +269,7 @@ fn assemble(res: &Resources, target: &TargetRef, opts: &Options) -> Result<Assem
     let set = PolicySet {
         tenants,
         class_budgets: settings.spec.class_budgets.clone().unwrap_or_default(),
+        class_weights: settings.spec.class_weights.clone().unwrap_or_default(),
         tenant_source: settings.spec.tenant_source.clone(),
         pools: pools
             .into_iter()
@@ -411,6 +412,7 @@ fn tenants(
                 api_key_hashes,
                 header_value,
                 budget: t.spec.budget.clone(),
+                weight: t.spec.weight,
             }
         })
         .collect()
@@ -514,6 +516,16 @@ fn pools(
                 "required: the model names this pool serves, comma separated (a route's rewriteModel must be one of them)",
             ));
         }
+        let flow_control = crate::flow::flow_control(pool).unwrap_or_else(|errs| {
+            findings.extend(errs.into_iter().map(|(key, message)| {
+                Finding::error(
+                    obj("InferencePool", pool.name_any()),
+                    format!("metadata.annotations[\"{key}\"]"),
+                    message,
+                )
+            }));
+            None
+        });
         origins.pools.push(pool.name_any());
         out.push(Pool {
             name: pool.name_any(),
@@ -522,6 +534,7 @@ fn pools(
             indexer_cluster: String::new(),
             indexer_pool: ann.get(INDEXER_POOL_ANNOTATION).cloned(),
             indexer_timeout_ms: None,
+            flow_control,
         });
     }
     out
@@ -603,6 +616,14 @@ fn map_path(o: &Origins, path: &str) -> (Option<ObjectRef>, String) {
         }
         "pools" => {
             let field = match rest.split(['.', '[']).next().unwrap_or("") {
+                // The flow-control keys are annotations of their own.
+                "flowControl" => {
+                    let key = rest.trim_start_matches("flowControl");
+                    match crate::flow::annotation_of(key.trim_start_matches('.')) {
+                        Some(a) => format!("metadata.annotations[\"{a}\"]"),
+                        None => "metadata.annotations".to_owned(),
+                    }
+                }
                 "name" => "metadata.name".to_owned(),
                 "models" => format!("metadata.annotations[\"{MODELS_ANNOTATION}\"]"),
                 "cluster" => format!("metadata.annotations[\"{CLUSTER_ANNOTATION}\"]"),

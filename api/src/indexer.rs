@@ -17,6 +17,7 @@
 //! | `kvasir.dev/kv-events-port` | `discovery.eventsPort` | see below |
 //! | `kvasir.dev/kv-replay-port` | `discovery.replayPort` | see below (`none`: no replay) |
 //! | `kvasir.dev/kv-events-topic` | `discovery.topic` | see below |
+//! | `kvasir.dev/flow-control*` | `flowControl` | none written: off |
 //!
 //! Without any of the three KV-event annotations the file names no port
 //! and no topic: the indexer then reads each engine's sockets from its own
@@ -24,6 +25,12 @@
 //! offsets and whether replay runs. With any of them, the ports are fixed
 //! for every pod of the pool: the one given, else 5557 for events and 5558
 //! for replay, and the topic given (else empty).
+//!
+//! With any flow-control annotation ([`crate::flow`]) the pool's
+//! `flowControl` is written whole, every default filled in, from the same
+//! section the filter's `maxQueueWaitMs` is compiled from; without one it
+//! is not written (the indexer's default: off), so pools that do not use
+//! it keep the bytes, and the hash, they had.
 //!
 //! The keys and ranges are the indexer's own (`PoolConfig` and
 //! `DiscoveryConfig` in `cache-indexer/src/config.rs`): a file generated
@@ -33,10 +40,12 @@
 use std::collections::BTreeMap;
 
 use kube_core::ResourceExt;
+use kvasir_policy::flow::{check_flow_control, resolve, FlowControlConfig};
 use kvasir_policy::Severity;
 use serde::{Deserialize, Serialize};
 
 use crate::assemble::{Finding, ObjectRef, Resources};
+use crate::flow::FLOW_CONTROL_ANNOTATION;
 use crate::types::{InferencePool, INDEXER_POOL_ANNOTATION, MODELS_ANNOTATION};
 
 /// Annotation on an `InferencePool`: tokens per KV block; must equal the
@@ -71,7 +80,7 @@ pub const DEFAULT_EVENTS_PORT: u16 = 5557;
 pub const DEFAULT_REPLAY_PORT: u16 = 5558;
 
 /// The pools file: the indexer's `poolsFile` schema.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct IndexerPools {
     /// One pool per annotated `InferencePool`, sorted by name.
@@ -80,7 +89,7 @@ pub struct IndexerPools {
 
 /// One indexer pool (the indexer's `PoolConfig`, the keys it needs; the
 /// rest keep the indexer's defaults).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct IndexerPool {
     /// The name the filter's picks carry (`PickRequest.pool`).
@@ -93,6 +102,10 @@ pub struct IndexerPool {
     pub tokenizer: String,
     /// Endpoints from the `InferencePool`.
     pub discovery: IndexerDiscovery,
+    /// The pool's flow control, from its `kvasir.dev/flow-control*`
+    /// annotations; none: the indexer's default (off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_control: Option<FlowControlConfig>,
 }
 
 /// Where a pool's endpoints come from (the indexer's `DiscoveryConfig`).
@@ -120,9 +133,9 @@ pub struct IndexerDiscovery {
 impl IndexerPools {
     /// The file's text; the same pools give the same bytes.
     pub fn to_yaml(&self) -> String {
-        // Only strings, integers and sequences: serde_yaml has no way to
-        // fail on them.
-        serde_yaml::to_string(self).expect("strings and integers serialize to YAML")
+        // Only strings, numbers, booleans and sequences: serde_yaml has no
+        // way to fail on them.
+        serde_yaml::to_string(self).expect("plain values serialize to YAML")
     }
 
     /// `sha256:<hex>` of [`IndexerPools::to_yaml`]: the controller puts it on
@@ -279,6 +292,7 @@ fn indexer_pool(
         .get(KV_EVENTS_TOPIC_ANNOTATION)
         .cloned()
         .unwrap_or_default();
+    let flow_control = flow_control(pool, &mut bad);
 
     if findings.len() > before {
         return None;
@@ -295,7 +309,33 @@ fn indexer_pool(
             replay_port,
             topic,
         },
+        flow_control,
     })
+}
+
+/// The pool's `flowControl` from its annotations, checked with the
+/// policy's rules (errors only: warnings show when a target is compiled).
+fn flow_control(
+    pool: &InferencePool,
+    bad: &mut impl FnMut(&str, String),
+) -> Option<FlowControlConfig> {
+    let fc = match crate::flow::flow_control(pool) {
+        Ok(fc) => fc?,
+        Err(errs) => {
+            errs.into_iter().for_each(|(key, m)| bad(key, m));
+            return None;
+        }
+    };
+    let mut ok = true;
+    for e in check_flow_control("", &fc) {
+        if e.severity == Severity::Error {
+            let field = e.path.rsplit('.').next().unwrap_or("");
+            let key = crate::flow::annotation_of(field).unwrap_or(FLOW_CONTROL_ANNOTATION);
+            bad(key, e.message);
+            ok = false;
+        }
+    }
+    ok.then(|| resolve(&fc))
 }
 
 /// An annotation's number in `lo..=hi`, or `default` when it is absent.
@@ -369,6 +409,7 @@ mod tests {
                     replay_port: None,
                     topic: String::new(),
                 },
+                flow_control: None,
             }]
         );
         assert_eq!(
@@ -551,6 +592,93 @@ mod tests {
 
         let empty = indexer_pools(&res(vec![InferencePool::annotated("p", &[])])).unwrap();
         assert_eq!(empty.to_yaml(), "pools: []\n");
+    }
+
+    #[test]
+    fn flow_control_annotations_write_the_whole_section() {
+        use crate::flow::*;
+        let out = indexer_pools(&res(vec![
+            InferencePool::annotated(
+                "a",
+                &[
+                    (MODELS_ANNOTATION, "m"),
+                    (FLOW_CONTROL_ANNOTATION, "true"),
+                    (FLOW_CONTROL_THRESHOLD_ANNOTATION, "0.9"),
+                    (FLOW_CONTROL_MAX_WAIT_MS_ANNOTATION, "2500"),
+                ],
+            ),
+            InferencePool::annotated("b", &[(MODELS_ANNOTATION, "m")]),
+        ]))
+        .unwrap();
+        let d = FlowControlConfig::default();
+        assert_eq!(
+            out.pools[0].flow_control,
+            Some(FlowControlConfig {
+                enabled: true,
+                threshold: 0.9,
+                max_wait_ms: 2500,
+                ..d.clone()
+            })
+        );
+        assert_eq!(out.pools[1].flow_control, None);
+        let yaml = out.to_yaml();
+        let want = format!(
+            "  flowControl:\n    \
+               enabled: true\n    \
+               threshold: 0.9\n    \
+               maxQueued: {}\n    \
+               maxQueuedPerTenant: {}\n    \
+               maxWaitMs: 2500\n",
+            d.max_queued, d.max_queued_per_tenant
+        );
+        assert!(yaml.contains(&want), "{yaml}");
+        assert_eq!(yaml.matches("flowControl").count(), 1, "{yaml}");
+        let back: IndexerPools = serde_yaml::from_str(&yaml).unwrap();
+        assert_eq!(back, out);
+    }
+
+    #[test]
+    fn bad_flow_control_annotations_are_findings_on_them() {
+        use crate::flow::*;
+        let errs = findings(vec![
+            InferencePool::annotated(
+                "a",
+                &[(MODELS_ANNOTATION, "m"), (FLOW_CONTROL_ANNOTATION, "on")],
+            ),
+            InferencePool::annotated(
+                "b",
+                &[
+                    (MODELS_ANNOTATION, "m"),
+                    (FLOW_CONTROL_ANNOTATION, "true"),
+                    (FLOW_CONTROL_MAX_QUEUED_ANNOTATION, "10"),
+                    (FLOW_CONTROL_MAX_QUEUED_PER_TENANT_ANNOTATION, "20"),
+                ],
+            ),
+            InferencePool::annotated(
+                "c",
+                &[
+                    (MODELS_ANNOTATION, "m"),
+                    (FLOW_CONTROL_THRESHOLD_ANNOTATION, "0"),
+                ],
+            ),
+            InferencePool::annotated(
+                "d",
+                &[
+                    (MODELS_ANNOTATION, "m"),
+                    (FLOW_CONTROL_MAX_WAIT_MS_ANNOTATION, "600001"),
+                ],
+            ),
+        ]);
+        let got: Vec<String> = errs.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            [
+                "InferencePool/a: metadata.annotations[\"kvasir.dev/flow-control\"]: `on` must be `true` or `false`",
+                "InferencePool/b: metadata.annotations[\"kvasir.dev/flow-control-max-queued-per-tenant\"]: must be at most maxQueued (10), got 20",
+                "InferencePool/c: metadata.annotations[\"kvasir.dev/flow-control-threshold\"]: must be a number > 0, got 0",
+                "InferencePool/d: metadata.annotations[\"kvasir.dev/flow-control-max-wait-ms\"]: must be at most 600000, got 600001",
+            ]
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod assemble;
 pub mod crds;
 pub mod document;
 pub mod eep;
+pub mod flow;
 pub mod indexer;
 pub mod schema;
 pub mod status;

@@ -14,6 +14,7 @@
 //! here is one serde accepts, so the schemas cannot drift from the types.
 
 use kvasir_policy::budget::{MAX_CONCURRENT, MAX_OUTPUT_TOKENS, MAX_PER_MINUTE};
+use kvasir_policy::flow::MAX_WEIGHT;
 use schemars::{json_schema, Schema, SchemaGenerator};
 use serde_json::{json, Value};
 
@@ -254,6 +255,29 @@ fn class_budgets_value() -> Value {
     })
 }
 
+fn class_weights_value() -> Value {
+    json!({
+        "description": "Default fair-share weights by tenant class: a tenant of the class without a weight of its own gets this one.",
+        "type": "array",
+        "maxItems": 64,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["class"],
+        "items": {
+            "type": "object",
+            "required": ["class", "weight"],
+            "properties": {
+                "class": label(),
+                "weight": {"type": "integer", "format": "int32", "minimum": 1, "maximum": MAX_WEIGHT},
+            },
+        },
+    })
+}
+
+/// Schema of `Option<Vec<kvasir_policy::ClassWeight>>`.
+pub fn class_weights(_: &mut SchemaGenerator) -> Schema {
+    schema(class_weights_value())
+}
+
 /// Schema of `Option<kvasir_policy::Budget>`.
 pub fn budget(_: &mut SchemaGenerator) -> Schema {
     schema(budget_value())
@@ -387,6 +411,11 @@ mod tests {
         let keys: Vec<_> = item["properties"].as_object().unwrap().keys().collect();
         assert_eq!(keys, sample.as_object().unwrap().keys().collect::<Vec<_>>());
         serde_json::from_value::<ClassBudget>(sample).unwrap();
+        let item = &class_weights_value()["items"];
+        let sample = json!({"class": "gold", "weight": 2});
+        let keys: Vec<_> = item["properties"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, sample.as_object().unwrap().keys().collect::<Vec<_>>());
+        serde_json::from_value::<kvasir_policy::ClassWeight>(sample).unwrap();
     }
 
     #[test]

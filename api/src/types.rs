@@ -12,7 +12,9 @@
 use std::collections::BTreeMap;
 
 use kube_derive::CustomResource;
-use kvasir_policy::{Action, Budget, ClassBudget, Classification, Match, TenantSource};
+use kvasir_policy::{
+    Action, Budget, ClassBudget, ClassWeight, Classification, Match, TenantSource,
+};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -163,6 +165,7 @@ impl TargetKind {
     shortname = "itenant",
     category = "kvasir",
     printcolumn(name = "Class", type_ = "string", json_path = ".spec.class"),
+    printcolumn(name = "Weight", type_ = "integer", json_path = ".spec.weight"),
     printcolumn(
         name = "Accepted",
         type_ = "string",
@@ -193,6 +196,14 @@ pub struct InferenceTenantSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::budget")]
     pub budget: Option<Budget>,
+    /// The tenant's weight in a saturated pool's fair share (1 to 1000):
+    /// when a pool's flow control holds requests back, each priority band
+    /// releases them in proportion to their tenants' weights, counted in
+    /// tokens (prompt plus expected output), not requests. Default: its
+    /// class's (`InferenceSettings.spec.classWeights`), else 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub weight: Option<u32>,
 }
 
 /// A tenant's identities, one per tenant source.
@@ -389,6 +400,12 @@ pub struct InferenceSettingsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::class_budgets")]
     pub class_budgets: Option<Vec<ClassBudget>>,
+    /// Default fair-share weights by tenant class: a tenant of the class
+    /// without a `weight` of its own gets the class's (each tenant still
+    /// has its own share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::class_weights")]
+    pub class_weights: Option<Vec<ClassWeight>>,
 }
 
 /// The Gateway API Inference Extension's `InferencePool`

@@ -169,3 +169,27 @@ fn a_budget_needs_a_limit() {
         "{errs:?}"
     );
 }
+
+#[test]
+fn weights_are_bounded_in_the_schema() {
+    use kvasir_policy::flow::MAX_WEIGHT;
+    let tenant = schema("InferenceTenant");
+    let w = &tenant["properties"]["spec"]["properties"]["weight"];
+    assert_eq!(
+        (w["minimum"].as_f64(), w["maximum"].as_f64()),
+        (Some(1.0), Some(f64::from(MAX_WEIGHT)))
+    );
+    let settings = schema("InferenceSettings");
+    let cw = &settings["properties"]["spec"]["properties"]["classWeights"];
+    assert_eq!(cw["x-kubernetes-list-map-keys"], json!(["class"]));
+    let w = &cw["items"]["properties"]["weight"];
+    assert_eq!(
+        (w["minimum"].as_f64(), w["maximum"].as_f64()),
+        (Some(1.0), Some(f64::from(MAX_WEIGHT)))
+    );
+    // A tenant with a weight passes the tenant's CEL rules (kube-cel
+    // checks rules only; the bounds above are the API server's).
+    let t = json!({"apiVersion": "kvasir.dev/v1alpha1", "kind": "InferenceTenant",
+                   "metadata": {"name": "t"}, "spec": {"weight": 4}});
+    assert_eq!(errors("InferenceTenant", &t), Vec::<String>::new());
+}
