@@ -49,10 +49,11 @@ crds:
 bench: build
 	bash scripts/bench.sh
 
-## bench-full: the whole routing benchmark (the whole trace, four trace loads, two chat loads), single-proxy and deployed-like (about 75 minutes each on 2 cores)
+## bench-full: the whole routing benchmark (the whole trace, four trace loads, two chat loads), single-proxy and deployed-like (about 75 minutes each on 2 cores), then the governance benchmarks' full run
 bench-full: build
 	.tools/venv/bin/python bench/routing.py --preset full
 	.tools/venv/bin/python bench/routing.py --preset full --deployment deployed
+	.tools/venv/bin/python bench/governance.py --preset full
 	python3 scripts/bench_report.py
 
 ## demo: build and run the local stack, then show routing and metrics

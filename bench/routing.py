@@ -323,7 +323,7 @@ class Cluster:
                            for i in range(sh.proxies)]
         else:
             self._start_indexers()
-            plugin = h.compile_plugin(POLICY, SETTINGS)
+            plugin = h.compile_plugin(self.policy(), SETTINGS)
             addrs = [ix.address for ix in self.indexers]
             self.envoys = [self.procs.add(h.start_envoy(self.logdir, plugin, pool, addrs[0], "127.0.0.1:9",
                                                         name=f"envoy{i}", indexers=addrs, log_level="warning"))
@@ -341,12 +341,7 @@ class Cluster:
         overrides = VARIANTS.get(self.mode)
         redis = self.procs.add(h.start_redis(self.logdir)) if sh.replicas > 1 else None
         for i in range(sh.replicas):
-            cfg: dict = {}
-            if overrides:
-                # A scoring variant: the same pool, other settings.
-                cfg["pools"] = [{"name": "main", "model": h.MODEL, "tokenizer": str(h.TOKENIZER), **overrides}]
-            if redis is not None:
-                cfg["sharedLoad"] = {"redisUrl": redis.url, "replicaId": f"indexer-{i}"}
+            cfg = self.indexer_config(i, redis, overrides)
             args = list(extra_ix)
             if cfg:
                 path = self.logdir / f"indexer{i}.json"
@@ -358,6 +353,22 @@ class Cluster:
                                               events_from_engine=sh.deployed))
             ix.start()
             self.indexers.append(ix)
+
+    def policy(self) -> dict:
+        """The policy set the filter runs (bench/governance.py's cluster
+        gives other modes their own)."""
+        return POLICY
+
+    def indexer_config(self, i: int, redis: h.Redis | None, overrides: dict | None) -> dict:
+        """Replica `i`'s config file ({}: none): a variant's pool settings,
+        the shared load through `redis` with several replicas."""
+        cfg: dict = {}
+        if overrides:
+            # A scoring variant: the same pool, other settings.
+            cfg["pools"] = [{"name": "main", "model": h.MODEL, "tokenizer": str(h.TOKENIZER), **overrides}]
+        if redis is not None:
+            cfg["sharedLoad"] = {"redisUrl": redis.url, "replicaId": f"indexer-{i}"}
+        return cfg
 
     def __exit__(self, *exc) -> None:
         self.procs.stop_all()
@@ -496,11 +507,12 @@ def arrival_window_s(workload: str, rate: float, p: dict) -> float:
 
 
 def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Path, logroot: Path,
-            progress: bool, shape: Shape = SINGLE) -> dict:
+            progress: bool, shape: Shape = SINGLE, cluster: type | None = None) -> dict:
+    """One run; `cluster`: the Cluster class to start (default Cluster)."""
     logdir = Path(tempfile.mkdtemp(prefix=f"{workload}-{mode}-", dir=logroot))
     ts = p[f"{workload}_time_scale"]
     restart_unix = None
-    with Cluster(mode, logdir, ts, shape) as c:
+    with (cluster or Cluster)(mode, logdir, ts, shape) as c:
         common = ["--time-scale", str(ts), "--mode", mode, "--load", str(load), "--out-dir", str(out)]
         for e in c.envoys:
             common += ["--url", f"http://127.0.0.1:{e.port}"]

@@ -194,7 +194,24 @@ fn check_budgets(f: &Figures, out: &mut Vec<TargetCheck>) {
                 pct(w.whole_ratio())
             ),
             met: Some(worst <= 1.0 + BUDGET_OVERSHOOT),
-            why: String::new(),
+            why: if worst <= 1.0 + BUDGET_OVERSHOOT {
+                String::new()
+            } else {
+                over.iter()
+                    .map(|r| {
+                        format!(
+                            "{}: {} / {} (max_tokens {}), {} of {} answered 429",
+                            r.tenant.name,
+                            pct(r.steady_ratio()),
+                            pct(r.whole_ratio()),
+                            if r.tenant.max_tokens { "sent" } else { "left out" },
+                            r.limited,
+                            r.sent
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            },
         });
     }
     let under: Vec<&BudgetRow> = f.budgets.iter().filter(|r| r.tenant.demand < 1.0).collect();
