@@ -181,7 +181,10 @@ fn states(cfg: &FilterConfig, s: &Sample) -> Result<PoolStates, String> {
     Ok(st)
 }
 
-fn decision_json(d: &Decision<'_>) -> Value {
+/// The decision as JSON; a route's hints are what the filter sends with
+/// its pick (the tenant's fair-share `weight`, the pool's
+/// `maxQueueWaitMs`).
+fn decision_json(d: &Decision<'_>, weight: u32) -> Value {
     match d {
         Decision::RoutePool {
             pool,
@@ -192,7 +195,8 @@ fn decision_json(d: &Decision<'_>) -> Value {
         } => json!({
             "action": "route", "pool": pool.name, "cluster": pool.cluster,
             "rewriteModel": rewrite_model,
-            "hints": {"indexerPool": pool.indexer_pool, "priority": priority},
+            "hints": {"indexerPool": pool.indexer_pool, "priority": priority,
+                      "weight": weight, "maxQueueWaitMs": pool.max_queue_wait_ms},
             "includeUsage": include_usage,
         }),
         Decision::Provider {
@@ -360,6 +364,9 @@ pub fn explain(target: &str, c: &Compiled, s: &Sample) -> Result<Explanation, St
     };
     request["tenant"] = json!(tenant);
     request["tenantVia"] = json!(tenant_via);
+    let weight = cfg
+        .tenant_index(tenant)
+        .map_or(1, |i| cfg.tenants()[i].weight);
     let facts = RequestFacts {
         tenant: Some(tenant),
         api,
@@ -391,7 +398,7 @@ pub fn explain(target: &str, c: &Compiled, s: &Sample) -> Result<Explanation, St
         policies: lines(c, &facts, s, &out)?,
         decided_by: decided_by.into(),
         policy: (decided_by != "default").then(|| out.policy_name().to_owned()),
-        decision: decision_json(&out.decision),
+        decision: decision_json(&out.decision, weight),
     })
 }
 

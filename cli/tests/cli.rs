@@ -254,6 +254,9 @@ fn explain_the_four_example_policies() {
     );
     assert_eq!(v["policy"], "pii-stays-inside");
     assert_eq!(v["decision"]["pool"], "main");
+    // What the pick carries: acme's class weight, main's flow-control wait.
+    assert_eq!(v["decision"]["hints"]["weight"], 4);
+    assert_eq!(v["decision"]["hints"]["maxQueueWaitMs"], 5000);
     assert_eq!(v["request"]["pii"], serde_json::json!(["email"]));
     // A wrong key: tenant identification rejects before any policy.
     let v = explain(&[&m[..], &["--api-key", "nope"]].concat());
