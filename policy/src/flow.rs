@@ -14,7 +14,9 @@
 
 use std::collections::BTreeMap;
 
-use kvasir_flowcontrol::FlowControlConfig;
+/// The indexer's pool section, re-exported so users of this crate (the
+/// pools file kvasir-api writes) name the same type.
+pub use kvasir_flowcontrol::FlowControlConfig;
 
 use crate::syntax::is_name;
 use crate::types::{FlowControl, PolicySet, Tenant};
