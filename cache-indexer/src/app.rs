@@ -78,7 +78,7 @@ pub fn build_pools(cfg: &Config, client: &reqwest::Client) -> Result<Vec<Arc<Poo
     let mut pools = Vec::new();
     // One store (one Redis connection) for every pool; keys name the pool.
     let shared = cfg.responses.shared_store()?;
-    let budgets = Arc::new(crate::budgets::Budgets::memory());
+    let budgets = Arc::new(cfg.budgets.build()?);
     for pc in &cfg.pools {
         let tokenizer = match &pc.tokenizer {
             TokenizerSource::Dir(dir) => {
