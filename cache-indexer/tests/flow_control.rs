@@ -1,0 +1,393 @@
+//! Flow control in the pick path (issue 23), in process: pools whose
+//! engines' load is set by recorded scrapes, picks that wait while every
+//! engine is saturated, and DONE reports of picks the scrape counted that
+//! free one slot each. Late binding (a released pick goes where the room
+//! is, not where its prefix was), priority bands, token-weighted fair
+//! share, the bounds (maximum wait, pool and tenant queue lengths, callers
+//! that cannot wait), a caller that goes away, flow control off, and the
+//! config's checks.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvasir_cache_indexer::config;
+use kvasir_cache_indexer::load::{EngineLoad, LoadConfig, LoadTracker};
+use kvasir_cache_indexer::scoring::Weights;
+use kvasir_cache_indexer::tokenize::RequestTokenizer;
+use kvasir_cache_indexer::types::IndexSource;
+use kvasir_cache_indexer::Pool;
+use kvasir_flowcontrol::FlowControlConfig;
+use kvasir_proto::v1 as pb;
+use tokio::task::JoinHandle;
+
+/// Bound of every wait for something the test caused (a busy machine).
+const BOUND: Duration = Duration::from_secs(10);
+
+fn flow_on(max_queued: usize, per_tenant: usize, max_wait_ms: u64) -> FlowControlConfig {
+    FlowControlConfig {
+        enabled: true,
+        threshold: 1.0,
+        max_queued,
+        max_queued_per_tenant: per_tenant,
+        max_wait_ms,
+    }
+}
+
+/// A pool of `n` idle engines whose index is its own picks (block size 16).
+fn pool(flow: FlowControlConfig, n: usize) -> Arc<Pool> {
+    let pool = Pool::new(
+        "p",
+        "m",
+        16,
+        RequestTokenizer::Approx,
+        LoadTracker::new(LoadConfig::default()),
+        Weights::default(),
+    )
+    .with_index(IndexSource::Picks, 1 << 20)
+    .with_flow_control(flow);
+    pool.set_idle_loopback_endpoints(n);
+    Arc::new(pool)
+}
+
+/// Every engine of `pool` scraped now with this load.
+fn scrape_all(pool: &Pool, running: u32, waiting: u32, kv_usage: f64) {
+    let load = EngineLoad {
+        running,
+        waiting,
+        kv_usage,
+    };
+    for e in pool.endpoints().iter() {
+        pool.load.record_scrape(e.id, Some(load), Instant::now());
+    }
+}
+
+fn ids(start: u32, len: u32) -> Vec<u32> {
+    (start..start + len).collect()
+}
+
+fn req(request_id: &str, tenant: &str, prompt: Vec<u32>) -> pb::PickRequest {
+    pb::PickRequest {
+        pool: "p".into(),
+        tenant: tenant.into(),
+        request_id: request_id.into(),
+        prompt: Some(pb::pick_request::Prompt::TokenIds(pb::TokenIds {
+            ids: prompt,
+        })),
+        max_wait_ms: 60_000,
+        ..Default::default()
+    }
+}
+
+fn with_priority(mut r: pb::PickRequest, priority: i32) -> pb::PickRequest {
+    r.hints = Some(pb::Hints {
+        priority,
+        ..Default::default()
+    });
+    r
+}
+
+async fn pick(pool: &Pool, r: pb::PickRequest) -> pb::PickResponse {
+    pool.pick(r).await.expect("a valid pick")
+}
+
+fn done(pool: &Pool, request_id: &str) {
+    pool.report(&pb::ReportRequest {
+        pool: "p".into(),
+        request_id: request_id.into(),
+        phase: pb::ReportPhase::Done as i32,
+        outcome: pb::Outcome::Success as i32,
+        ..Default::default()
+    })
+    .expect("a valid report");
+}
+
+/// Starts a pick as its own task and waits until it is in the queue.
+async fn queued(pool: &Arc<Pool>, r: pb::PickRequest) -> JoinHandle<pb::PickResponse> {
+    let before = pool.flow.len();
+    let p = Arc::clone(pool);
+    let task = tokio::spawn(async move { pick(&p, r).await });
+    wait_len(pool, before + 1).await;
+    task
+}
+
+async fn wait_len(pool: &Pool, n: usize) {
+    let start = Instant::now();
+    while pool.flow.len() != n {
+        assert!(
+            start.elapsed() < BOUND,
+            "queue length {} never became {n}",
+            pool.flow.len()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn answer(task: JoinHandle<pb::PickResponse>) -> pb::PickResponse {
+    tokio::time::timeout(BOUND, task)
+        .await
+        .expect("answered in time")
+        .expect("the pick task ran")
+}
+
+/// Places `n` picks on idle engines (ids `f0`..) before the engines are
+/// scraped busy: the scrape counts them, so each DONE frees a slot.
+async fn fillers(pool: &Pool, n: usize) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let id = format!("f{i}");
+        let a = pick(
+            pool,
+            req(&id, "filler", ids(1_000_000 + 1000 * i as u32, 32)),
+        )
+        .await;
+        out.push((id, a.endpoints[0].address.clone()));
+    }
+    out
+}
+
+fn is_shed(a: &pb::PickResponse, cause: &str) -> bool {
+    a.decision == pb::Decision::Shed as i32
+        && a.reason == "shed"
+        && a.shed_cause == cause
+        && a.endpoints.is_empty()
+}
+
+/// Late binding: a pick whose prompt's prefix is on engine `home` arrives
+/// while both engines are saturated; a DONE frees a slot on the other.
+/// Returns where it went.
+async fn late_binding_scenario(flow: FlowControlConfig) -> (String, String, pb::PickResponse) {
+    let pool = pool(flow, 2);
+    let prompt = ids(0, 64);
+    let home = pick(&pool, req("r0", "t", prompt.clone())).await.endpoints[0]
+        .address
+        .clone();
+    // A pick on the other engine, in flight when the engines saturate.
+    let mut other = None;
+    for i in 0..16u32 {
+        let id = format!("o{i}");
+        let a = pick(&pool, req(&id, "t", ids(10_000 * (i + 1), 32))).await;
+        if a.endpoints[0].address != home {
+            other = Some((id, a.endpoints[0].address.clone()));
+            break;
+        }
+    }
+    let (other_id, other) = other.expect("a pick landed on the other engine");
+    scrape_all(&pool, 2, 5, 0.3);
+    let mut longer = prompt;
+    longer.extend(ids(500, 64));
+    let r = req("late", "t", longer);
+    let a = if pool.flow.enabled() {
+        let task = queued(&pool, r).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!task.is_finished(), "no room: it waits");
+        done(&pool, &other_id);
+        answer(task).await
+    } else {
+        pick(&pool, r).await
+    };
+    (home, other, a)
+}
+
+#[tokio::test]
+async fn a_waiting_pick_is_released_by_a_done_and_placed_where_the_room_is() {
+    let (home, other, a) = late_binding_scenario(flow_on(64, 64, 10_000)).await;
+    assert_eq!(a.endpoints.len(), 1, "only the engine with room: {a:?}");
+    assert_eq!(a.endpoints[0].address, other);
+    assert_ne!(other, home);
+    assert_eq!(a.endpoints[0].predicted_cached_tokens, 0);
+    assert!(a.queued_ms >= 25, "queued_ms {}", a.queued_ms);
+    assert_ne!(a.decision, pb::Decision::Shed as i32);
+    // Without flow control the same pick goes at once where its prefix is
+    // (both engines saturated).
+    let (home, _, a) = late_binding_scenario(FlowControlConfig::default()).await;
+    assert_eq!(a.endpoints[0].address, home);
+    assert!(a.endpoints[0].predicted_cached_tokens >= 48, "{a:?}");
+    assert_eq!(a.queued_ms, 0);
+}
+
+#[tokio::test]
+async fn the_more_urgent_band_is_released_first() {
+    let pool = pool(flow_on(64, 64, 10_000), 1);
+    let f = fillers(&pool, 2).await;
+    scrape_all(&pool, 2, 5, 0.3);
+    let batch = queued(&pool, with_priority(req("batch", "a", ids(0, 48)), 1)).await;
+    let urgent = queued(&pool, with_priority(req("urgent", "b", ids(100, 48)), 0)).await;
+    done(&pool, &f[0].0);
+    let a = answer(urgent).await;
+    assert_eq!(a.endpoints.len(), 1);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(!batch.is_finished(), "one freed slot, one release");
+    assert_eq!(pool.flow.len(), 1);
+    done(&pool, &f[1].0);
+    let b = answer(batch).await;
+    assert_eq!(b.endpoints.len(), 1);
+    assert_eq!(pool.flow.metrics.released.get(), 2);
+}
+
+#[tokio::test]
+async fn tenants_of_equal_weight_get_equal_tokens_not_equal_requests() {
+    const RELEASES: usize = 50;
+    let pool = pool(flow_on(1024, 512, 60_000), 1);
+    let f = fillers(&pool, RELEASES).await;
+    scrape_all(&pool, RELEASES as u32, 5, 0.5);
+    let mut tasks = Vec::new();
+    for i in 0..4u32 {
+        let r = req(&format!("x{i}"), "x", ids(2_000_000 + 40_000 * i, 30_000));
+        tasks.push(("x", queued(&pool, r).await));
+    }
+    for i in 0..100u32 {
+        let r = req(&format!("y{i}"), "y", ids(4_000_000 + 2_000 * i, 1_000));
+        tasks.push(("y", queued(&pool, r).await));
+    }
+    for (id, _) in &f {
+        done(&pool, id);
+    }
+    wait_len(&pool, 104 - RELEASES).await;
+    let start = Instant::now();
+    while tasks.iter().filter(|(_, t)| t.is_finished()).count() < RELEASES {
+        assert!(start.elapsed() < BOUND, "released picks answer");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (mut tokens, mut requests) = ([0u64; 2], [0usize; 2]);
+    for (tenant, t) in tasks {
+        if !t.is_finished() {
+            t.abort();
+            continue;
+        }
+        let a = answer(t).await;
+        assert!(!a.endpoints.is_empty());
+        let i = usize::from(tenant == "y");
+        // Charged as prompt + the default output estimate (no max_tokens).
+        tokens[i] += u64::from(a.prompt_tokens) + 256;
+        requests[i] += 1;
+    }
+    assert_eq!(requests[0] + requests[1], RELEASES);
+    let gap = tokens[0].abs_diff(tokens[1]);
+    assert!(
+        gap <= 30_256,
+        "tokens released x {} y {} (requests {requests:?}): within one large request",
+        tokens[0],
+        tokens[1]
+    );
+    assert!(requests[1] >= 10 * requests[0], "requests {requests:?}");
+    assert!(requests[0] >= 1, "the large tenant is not starved");
+}
+
+#[tokio::test]
+async fn a_pick_that_waits_its_longest_is_shed_within_the_bound() {
+    let pool = pool(flow_on(64, 64, 10_000), 2);
+    scrape_all(&pool, 4, 5, 0.3);
+    let mut r = req("w", "t", ids(0, 40));
+    r.max_wait_ms = 200;
+    let start = Instant::now();
+    let a = pick(&pool, r).await;
+    let waited = start.elapsed();
+    assert!(is_shed(&a, "max_wait"), "{a:?}");
+    assert!(
+        waited >= Duration::from_millis(190) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    assert_eq!(a.prompt_tokens, 40);
+    assert_eq!(a.pool_saturation, 1.0);
+    assert_eq!(pool.flow.len(), 0);
+    let m = &pool.flow.metrics;
+    assert_eq!(m.shed[3].get(), 1, "max_wait counted once");
+    // The pool's own maximum holds for a caller that would wait longer.
+    let short = pool_with_wait(100);
+    let start = Instant::now();
+    let a = pick(&short, req("w2", "t", ids(0, 40))).await;
+    assert!(is_shed(&a, "max_wait"), "{a:?}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+}
+
+fn pool_with_wait(max_wait_ms: u64) -> Arc<Pool> {
+    let p = pool(flow_on(64, 64, max_wait_ms), 1);
+    scrape_all(&p, 4, 5, 0.3);
+    p
+}
+
+#[tokio::test]
+async fn full_queues_and_callers_that_cannot_wait_are_shed() {
+    let pool = pool(flow_on(2, 1, 10_000), 1);
+    scrape_all(&pool, 4, 5, 0.3);
+    let a1 = queued(&pool, req("a1", "a", ids(0, 20))).await;
+    let a2 = pick(&pool, req("a2", "a", ids(100, 20))).await;
+    assert!(is_shed(&a2, "tenant_full"), "{a2:?}");
+    let b1 = queued(&pool, req("b1", "b", ids(200, 20))).await;
+    let c1 = pick(&pool, req("c1", "c", ids(300, 20))).await;
+    assert!(is_shed(&c1, "pool_full"), "{c1:?}");
+    assert_eq!(c1.prompt_tokens, 20);
+    let mut now = req("d1", "d", ids(400, 20));
+    now.max_wait_ms = 0;
+    let d1 = pick(&pool, now).await;
+    assert!(is_shed(&d1, "no_wait"), "{d1:?}");
+    assert_eq!(pool.flow.len(), 2);
+    let shed: Vec<u64> = pool.flow.metrics.shed.iter().map(|c| c.get()).collect();
+    assert_eq!(
+        shed,
+        [1, 1, 1, 0],
+        "pool_full, tenant_full, no_wait, max_wait"
+    );
+    a1.abort();
+    b1.abort();
+    wait_len(&pool, 0).await;
+}
+
+#[tokio::test]
+async fn a_caller_that_goes_away_leaves_the_queue() {
+    let pool = pool(flow_on(8, 8, 10_000), 1);
+    let f = fillers(&pool, 1).await;
+    scrape_all(&pool, 1, 5, 0.3);
+    let gone = queued(&pool, req("gone", "t", ids(0, 20))).await;
+    let stays = queued(&pool, req("stays", "u", ids(100, 20))).await;
+    gone.abort();
+    wait_len(&pool, 1).await;
+    assert_eq!(pool.flow.metrics.cancelled.get(), 1);
+    assert_eq!(pool.flow.tenants().len(), 1);
+    done(&pool, &f[0].0);
+    assert_eq!(answer(stays).await.endpoints.len(), 1);
+    assert_eq!((pool.flow.len(), pool.flow.in_transit()), (0, 0));
+}
+
+#[tokio::test]
+async fn flow_control_off_changes_nothing() {
+    let pool = pool(FlowControlConfig::default(), 2);
+    scrape_all(&pool, 4, 5, 0.3);
+    let start = Instant::now();
+    for i in 0..20u32 {
+        let a = pick(&pool, req(&format!("r{i}"), "t", ids(100 * i, 20))).await;
+        assert_eq!(a.endpoints.len(), 2);
+        assert_eq!((a.queued_ms, a.shed_cause.as_str()), (0, ""));
+        assert_eq!(a.decision, pb::Decision::AllSaturated as i32);
+    }
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(pool.flow.len(), 0);
+    assert_eq!(pool.flow.metrics.queued.get(), 0);
+}
+
+#[test]
+fn the_config_names_the_bad_flow_control_setting() {
+    let yaml = |flow: &str| {
+        format!(
+            "pools:\n  - name: a\n    tokenizer: approx\n    endpoints:\n      - {{ address: \"127.0.0.1:8001\", events: \"tcp://127.0.0.1:5557\" }}\n    flowControl: {flow}\n"
+        )
+    };
+    let check = |flow: &str| {
+        let cfg = config::parse(&yaml(flow), Path::new("t.yaml")).expect("parses");
+        cfg.validate().map_err(|e| e.to_string())
+    };
+    let ok = config::parse(
+        &yaml("{ enabled: true, threshold: 0.8, maxWaitMs: 2000 }"),
+        Path::new("t.yaml"),
+    )
+    .unwrap();
+    ok.validate().unwrap();
+    assert!(ok.pools[0].flow_control.enabled);
+    assert_eq!(ok.pools[0].flow_control.max_wait_ms, 2000);
+    let e = check("{ enabled: true, threshold: 0 }").unwrap_err();
+    assert!(e.contains("pools[0].flowControl.threshold"), "{e}");
+    let e = check("{ maxQueued: 4, maxQueuedPerTenant: 5 }").unwrap_err();
+    assert!(e.contains("pools[0].flowControl.maxQueuedPerTenant"), "{e}");
+    assert!(config::parse(&yaml("{ treshold: 1 }"), Path::new("t.yaml")).is_err());
+}
