@@ -219,6 +219,14 @@ impl Budgets {
         })
     }
 
+    /// Notes how many replicas `sharedLoad` sees (the Redis store's local
+    /// fallback divides limits by it); nothing in memory.
+    pub fn note_peers(&self, s: &crate::load::PeerStats) {
+        if let Store::Redis(r) = &self.store {
+            r.note_peers(s);
+        }
+    }
+
     /// `memory` or `redis`, for stats.
     pub fn store_kind(&self) -> &'static str {
         match self.store {

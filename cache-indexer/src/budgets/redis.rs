@@ -35,6 +35,7 @@ use parking_lot::Mutex;
 use self::script::{BudgetStore, BudgetStoreError};
 use super::memory::MemoryStore;
 use super::{Ask, BudgetMetrics, Report, ReportOp, Reported, Reserved, MAX_KEYS, MAX_OPEN};
+use crate::load::PeerStats;
 use crate::metrics::Counter;
 
 /// What a replica does with a budgeted pick while Redis is unreachable.
@@ -170,6 +171,17 @@ impl RedisBudgets {
     /// knows), for the `local` fallback when `replicas` is not configured.
     pub fn note_live_replicas(&self, n: u32) {
         self.live_replicas.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// Notes the live replica count from `sharedLoad`'s view of its peers,
+    /// only while that view is fresh: during an outage of the same Redis it
+    /// goes stale, and the count from before the outage is the one to
+    /// divide by.
+    pub fn note_peers(&self, s: &PeerStats) {
+        if s.enabled && !s.local_only && s.read_age.is_some() {
+            let n = u32::try_from(s.peers.saturating_add(1)).unwrap_or(u32::MAX);
+            self.note_live_replicas(n);
+        }
     }
 
     /// Replicas the fallback divides each limit by.
@@ -454,5 +466,18 @@ mod tests {
         b.note_live_replicas(0);
         assert_eq!(b.replicas(), 1);
         assert_eq!(unreachable(OnStoreDown::Local, Some(4)).replicas(), 4);
+        // sharedLoad's view counts only while it is fresh.
+        let mut s = PeerStats {
+            enabled: true,
+            peers: 2,
+            read_age: Some(Duration::from_millis(10)),
+            ..PeerStats::default()
+        };
+        b.note_peers(&s);
+        assert_eq!(b.replicas(), 3);
+        s.peers = 0;
+        s.local_only = true;
+        b.note_peers(&s);
+        assert_eq!(b.replicas(), 3);
     }
 }
