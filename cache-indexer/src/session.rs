@@ -138,6 +138,7 @@ mod tests {
     use crate::scoring::Weights;
     use crate::tokenize::RequestTokenizer;
     use crate::types::EndpointSpec;
+    use kvasir_flowcontrol::FlowControlConfig;
     use std::time::{Duration, Instant};
 
     fn pools() -> Arc<Pools> {
@@ -218,6 +219,94 @@ mod tests {
         let m = pools.session_metrics();
         assert_eq!((m.picks.get(), m.invalid.get()), (3, 1));
         assert_eq!(m.open(), 0);
+    }
+
+    /// Pool `p`, flow-controlled and saturated (its picks wait), and pool
+    /// `q`, idle without flow control.
+    fn saturated_and_idle() -> Arc<Pools> {
+        let make = |name: &str, flow: FlowControlConfig| {
+            let pool = Pool::new(
+                name,
+                "m",
+                4,
+                RequestTokenizer::Approx,
+                LoadTracker::new(LoadConfig::default()),
+                Weights::default(),
+            )
+            .with_flow_control(flow);
+            pool.set_idle_loopback_endpoints(1);
+            pool
+        };
+        let p = make(
+            "p",
+            FlowControlConfig {
+                enabled: true,
+                max_queued: 512,
+                max_queued_per_tenant: 512,
+                max_wait_ms: 60_000,
+                ..FlowControlConfig::default()
+            },
+        );
+        let busy = EngineLoad {
+            running: 8,
+            waiting: 5,
+            kv_usage: 0.5,
+        };
+        for e in p.endpoints().iter() {
+            p.load.record_scrape(e.id, Some(busy), Instant::now());
+        }
+        let q = make("q", FlowControlConfig::default());
+        Arc::new(Pools::new(vec![Arc::new(p), Arc::new(q)]))
+    }
+
+    #[tokio::test]
+    async fn picks_waiting_for_room_do_not_hold_the_stream() {
+        const WAITING: usize = MAX_CONCURRENT_PICKS + 44;
+        let pools = saturated_and_idle();
+        let (tx, inbound) = futures::channel::mpsc::unbounded();
+        let mut out = serve(Arc::clone(&pools), inbound.map(Ok));
+        for i in 0..WAITING {
+            let mut m = pick(i as u64, "p", &format!("w{i}"));
+            if let Some(pb::session_request::Call::Pick(r)) = &mut m.call {
+                r.max_wait_ms = 60_000;
+            }
+            tx.unbounded_send(m).unwrap();
+        }
+        let p = Arc::clone(pools.get("p").unwrap());
+        let start = Instant::now();
+        while p.flow.len() < WAITING {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{}",
+                p.flow.len()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Another pool's pick, then a report, on the same stream.
+        tx.unbounded_send(pick(9_000, "q", "q1")).unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), out.next())
+            .await
+            .expect("the other pool's pick is answered while picks wait")
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.id, 9_000);
+        let report = pb::SessionRequest {
+            id: 9_001,
+            call: Some(pb::session_request::Call::Report(pb::ReportRequest {
+                pool: "q".into(),
+                request_id: "q1".into(),
+                phase: pb::ReportPhase::Done as i32,
+                ..Default::default()
+            })),
+        };
+        tx.unbounded_send(report).unwrap();
+        let q = Arc::clone(pools.get("q").unwrap());
+        let start = Instant::now();
+        while q.metrics.reports_matched.get() < 1 {
+            assert!(start.elapsed() < Duration::from_secs(5), "report applied");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(p.flow.len(), WAITING, "they still wait");
     }
 
     #[tokio::test]
