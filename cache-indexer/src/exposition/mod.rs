@@ -13,6 +13,7 @@
 //! label values series and dashboards know (`0.00001`, `1`).
 
 mod budgets;
+mod flow;
 mod histograms;
 mod lifecycle;
 mod pools;
@@ -50,6 +51,7 @@ impl Exposition {
         }));
         registry.register_collector(Box::new(responses::ResponsesCollector(Arc::clone(&pools))));
         registry.register_collector(Box::new(budgets::BudgetsCollector(Arc::clone(&pools))));
+        registry.register_collector(Box::new(flow::FlowCollector(Arc::clone(&pools))));
         registry.register_collector(Box::new(shared_load::SharedLoadCollector(Arc::clone(
             &pools,
         ))));
@@ -66,6 +68,7 @@ impl Exposition {
             tracing::warn!(error = %e, "/metrics: encoding stopped early");
         }
         histograms::render(&mut out, &self.pools);
+        flow::render_wait(&mut out, &self.pools);
         out
     }
 }

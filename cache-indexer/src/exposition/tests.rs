@@ -98,7 +98,7 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 90] = [
+const FAMILIES: [(&str, &str); 103] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
@@ -140,6 +140,19 @@ const FAMILIES: [(&str, &str); 90] = [
     ("kvasir_indexer_event_messages_total", "counter"),
     ("kvasir_indexer_events_applied_total", "counter"),
     ("kvasir_indexer_events_skipped_total", "counter"),
+    ("kvasir_indexer_flow_cancelled_total", "counter"),
+    ("kvasir_indexer_flow_control_enabled", "gauge"),
+    ("kvasir_indexer_flow_in_transit", "gauge"),
+    ("kvasir_indexer_flow_queue_length", "gauge"),
+    ("kvasir_indexer_flow_queue_tenant_length", "gauge"),
+    ("kvasir_indexer_flow_queue_tenant_tokens", "gauge"),
+    ("kvasir_indexer_flow_queue_wait_seconds", "histogram"),
+    ("kvasir_indexer_flow_queued_tokens_total", "counter"),
+    ("kvasir_indexer_flow_queued_total", "counter"),
+    ("kvasir_indexer_flow_released_tokens_total", "counter"),
+    ("kvasir_indexer_flow_released_total", "counter"),
+    ("kvasir_indexer_flow_shed_tokens_total", "counter"),
+    ("kvasir_indexer_flow_shed_total", "counter"),
     ("kvasir_indexer_grpc_unauthenticated_total", "counter"),
     ("kvasir_indexer_grpc_unavailable_total", "counter"),
     ("kvasir_indexer_in_flight_expired_total", "counter"),

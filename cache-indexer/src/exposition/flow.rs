@@ -1,0 +1,245 @@
+//! Flow control's families, per pool (see [`crate::flow`]): whether it is
+//! on, picks and tokens waiting (in all and per tenant with picks waiting,
+//! so the tenant label is bounded by the queue), picks in transit, and the
+//! counters of picks queued, released, shed (by cause) and cancelled. Written
+//! for every pool, zeros when flow control is off, so the page's families do
+//! not depend on the configuration. The queue-wait histogram is written by
+//! hand ([`render_wait`]), as the latency histograms are.
+
+use std::fmt;
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType::{Counter, Gauge};
+
+use super::family;
+use super::histograms::TextWriter;
+use crate::flow::metrics::{ShedCause, WaitHistogram, WAIT_BUCKETS};
+use crate::flow::FlowMetrics;
+use crate::pools::Pools;
+
+/// A per-pool counter family: name, help, and its value.
+type CounterFamily = (&'static str, &'static str, fn(&FlowMetrics) -> u64);
+
+/// Reads each pool's flow control at each scrape.
+#[derive(Debug)]
+pub(super) struct FlowCollector(pub(super) Arc<Pools>);
+
+impl Collector for FlowCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {
+        let enc = &mut enc;
+        self.gauges(enc)?;
+        let counters: [CounterFamily; 5] = [
+            (
+                "kvasir_indexer_flow_queued_total",
+                "Picks that waited in the pool's flow-control queue (the pool was saturated).",
+                |m| m.queued.get(),
+            ),
+            (
+                "kvasir_indexer_flow_queued_tokens_total",
+                "Tokens (prompt plus output estimate) of the picks that waited.",
+                |m| m.queued_tokens.get(),
+            ),
+            (
+                "kvasir_indexer_flow_released_total",
+                "Waiting picks released to be placed (an endpoint had room).",
+                |m| m.released.get(),
+            ),
+            (
+                "kvasir_indexer_flow_released_tokens_total",
+                "Tokens of the released picks.",
+                |m| m.released_tokens.get(),
+            ),
+            (
+                "kvasir_indexer_flow_cancelled_total",
+                "Waiting picks whose caller went away before they left the queue.",
+                |m| m.cancelled.get(),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut f = family(enc, name, Counter, help)?;
+            for p in self.0.iter() {
+                f.sample(&[("pool", &p.name)], value(&p.flow.metrics))?;
+            }
+        }
+        let shed: [(&str, &str, fn(&FlowMetrics, ShedCause) -> u64); 2] = [
+            (
+                "kvasir_indexer_flow_shed_total",
+                "Picks shed (answered SHED, 429) by cause: pool_full, tenant_full, no_wait (the caller or the pool allows no wait), max_wait (waited its longest).",
+                |m, c| m.shed[c.index()].get(),
+            ),
+            (
+                "kvasir_indexer_flow_shed_tokens_total",
+                "Tokens of the picks shed, by cause.",
+                |m, c| m.shed_tokens[c.index()].get(),
+            ),
+        ];
+        for (name, help, value) in shed {
+            let mut f = family(enc, name, Counter, help)?;
+            for p in self.0.iter() {
+                for c in ShedCause::ALL {
+                    let labels = [("pool", p.name.as_str()), ("cause", c.as_str())];
+                    f.sample(&labels, value(&p.flow.metrics, c))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FlowCollector {
+    fn gauges(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let per_pool: [(&str, &str, fn(&crate::Pool) -> u64); 3] = [
+            (
+                "kvasir_indexer_flow_control_enabled",
+                "1 when the pool's flowControl is enabled (picks wait while it is saturated).",
+                |p| u64::from(p.flow.enabled()),
+            ),
+            (
+                "kvasir_indexer_flow_queue_length",
+                "Picks waiting in the pool's flow-control queue now.",
+                |p| p.flow.len() as u64,
+            ),
+            (
+                "kvasir_indexer_flow_in_transit",
+                "Picks let through or released and not placed yet (counted as load).",
+                |p| p.flow.in_transit() as u64,
+            ),
+        ];
+        for (name, help, value) in per_pool {
+            let mut f = family(enc, name, Gauge, help)?;
+            for p in self.0.iter() {
+                f.sample(&[("pool", &p.name)], value(p))?;
+            }
+        }
+        let tenants: Vec<(String, Vec<(String, usize, u64)>)> = self
+            .0
+            .iter()
+            .map(|p| (p.name.clone(), p.flow.tenants()))
+            .collect();
+        let name = "kvasir_indexer_flow_queue_tenant_length";
+        let help = "Picks waiting per tenant (only tenants with picks waiting).";
+        let mut f = family(enc, name, Gauge, help)?;
+        for (pool, ts) in &tenants {
+            for (tenant, n, _) in ts {
+                f.sample(&[("pool", pool), ("tenant", tenant)], *n as u64)?;
+            }
+        }
+        let name = "kvasir_indexer_flow_queue_tenant_tokens";
+        let help = "Tokens (prompt plus output estimate) waiting per tenant (only tenants with picks waiting).";
+        let mut f = family(enc, name, Gauge, help)?;
+        for (pool, ts) in &tenants {
+            for (tenant, _, tokens) in ts {
+                f.sample(&[("pool", pool), ("tenant", tenant)], *tokens)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Appends the queue-wait histogram of every pool.
+pub(super) fn render_wait(out: &mut String, pools: &Pools) {
+    let name = "kvasir_indexer_flow_queue_wait_seconds";
+    let mut w = TextWriter { out };
+    w.header(
+        name,
+        "histogram",
+        "How long released picks waited in the pool's flow-control queue.",
+    );
+    for p in pools.iter() {
+        write_histogram(&mut w, &p.flow.metrics.wait, name, &p.name);
+    }
+}
+
+fn write_histogram(w: &mut TextWriter<'_>, h: &WaitHistogram, name: &str, pool: &str) {
+    let bucket = format!("{name}_bucket");
+    let mut cumulative = 0;
+    for (bound, n) in WAIT_BUCKETS.iter().zip(h.buckets()) {
+        cumulative += n;
+        let le = format!("{bound}");
+        w.sample(&bucket, &[("pool", pool), ("le", &le)], cumulative as f64);
+    }
+    let count = h.count();
+    w.sample(&bucket, &[("pool", pool), ("le", "+Inf")], count as f64);
+    w.sample(&format!("{name}_sum"), &[("pool", pool)], h.sum_seconds());
+    w.sample(&format!("{name}_count"), &[("pool", pool)], count as f64);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use kvasir_flowcontrol::FlowControlConfig;
+
+    use crate::flow::Ask;
+    use crate::load::{EngineLoad, LoadConfig, LoadTracker, LoadView};
+    use crate::pool::Pool;
+    use crate::pools::Pools;
+    use crate::scoring::Weights;
+    use crate::tokenize::RequestTokenizer;
+    use crate::types::EndpointId;
+
+    #[test]
+    fn flow_families_are_written_per_pool_and_waiting_tenant() {
+        let pool = Pool::new(
+            "p",
+            "m",
+            4,
+            RequestTokenizer::Approx,
+            LoadTracker::new(LoadConfig::default()),
+            Weights::default(),
+        )
+        .with_flow_control(FlowControlConfig {
+            enabled: true,
+            ..FlowControlConfig::default()
+        });
+        let full = [(
+            EndpointId(1),
+            LoadView {
+                engine: EngineLoad {
+                    running: 1,
+                    waiting: 5,
+                    kv_usage: 0.1,
+                },
+                healthy: true,
+                ..Default::default()
+            },
+        )];
+        let ask = Ask {
+            tenant: "acme \"a\"".into(),
+            priority: 0,
+            weight: 1,
+            tokens: 1234,
+            max_wait: Duration::from_secs(5),
+        };
+        let th = pool.load.config().saturation.clone();
+        let _waiting = pool.flow.arrive(&full, &th, ask, Instant::now());
+        pool.flow.metrics.wait.observe(Duration::from_millis(30));
+        let pools = Arc::new(Pools::new(vec![Arc::new(pool)]));
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(super::FlowCollector(Arc::clone(&pools))));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode_registry(&mut text, &registry).unwrap();
+        super::render_wait(&mut text, &pools);
+        for want in [
+            "kvasir_indexer_flow_control_enabled{pool=\"p\"} 1\n",
+            "kvasir_indexer_flow_queue_length{pool=\"p\"} 1\n",
+            "kvasir_indexer_flow_queue_tenant_length{pool=\"p\",tenant=\"acme \\\"a\\\"\"} 1\n",
+            "kvasir_indexer_flow_queue_tenant_tokens{pool=\"p\",tenant=\"acme \\\"a\\\"\"} 1234\n",
+            "kvasir_indexer_flow_queued_total{pool=\"p\"} 1\n",
+            "kvasir_indexer_flow_queued_tokens_total{pool=\"p\"} 1234\n",
+            "kvasir_indexer_flow_shed_total{pool=\"p\",cause=\"max_wait\"} 0\n",
+            "# TYPE kvasir_indexer_flow_queue_wait_seconds histogram\n",
+            "kvasir_indexer_flow_queue_wait_seconds_bucket{pool=\"p\",le=\"0.025\"} 0\n",
+            "kvasir_indexer_flow_queue_wait_seconds_bucket{pool=\"p\",le=\"0.05\"} 1\n",
+            "kvasir_indexer_flow_queue_wait_seconds_count{pool=\"p\"} 1\n",
+        ] {
+            assert!(text.contains(want), "{want} in\n{text}");
+        }
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            crate::load::parse_sample(line).unwrap();
+        }
+    }
+}
