@@ -21,6 +21,16 @@ use crate::pools::Pools;
 
 /// A per-pool counter family: name, help, and its value.
 type CounterFamily = (&'static str, &'static str, fn(&FlowMetrics) -> u64);
+/// A per-pool and cause counter family.
+type CauseFamily = (
+    &'static str,
+    &'static str,
+    fn(&FlowMetrics, ShedCause) -> u64,
+);
+/// A per-pool gauge family.
+type GaugeFamily = (&'static str, &'static str, fn(&crate::Pool) -> u64);
+/// Per tenant with picks waiting: (tenant, picks, tokens).
+type Waiting = Vec<(String, usize, u64)>;
 
 /// Reads each pool's flow control at each scrape.
 #[derive(Debug)]
@@ -63,7 +73,7 @@ impl Collector for FlowCollector {
                 f.sample(&[("pool", &p.name)], value(&p.flow.metrics))?;
             }
         }
-        let shed: [(&str, &str, fn(&FlowMetrics, ShedCause) -> u64); 2] = [
+        let shed: [CauseFamily; 2] = [
             (
                 "kvasir_indexer_flow_shed_total",
                 "Picks shed (answered SHED, 429) by cause: pool_full, tenant_full, no_wait (the caller or the pool allows no wait), max_wait (waited its longest).",
@@ -90,7 +100,7 @@ impl Collector for FlowCollector {
 
 impl FlowCollector {
     fn gauges(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
-        let per_pool: [(&str, &str, fn(&crate::Pool) -> u64); 3] = [
+        let per_pool: [GaugeFamily; 3] = [
             (
                 "kvasir_indexer_flow_control_enabled",
                 "1 when the pool's flowControl is enabled (picks wait while it is saturated).",
@@ -113,7 +123,7 @@ impl FlowCollector {
                 f.sample(&[("pool", &p.name)], value(p))?;
             }
         }
-        let tenants: Vec<(String, Vec<(String, usize, u64)>)> = self
+        let tenants: Vec<(String, Waiting)> = self
             .0
             .iter()
             .map(|p| (p.name.clone(), p.flow.tenants()))
