@@ -290,6 +290,7 @@ async fn a_pick_that_waits_its_longest_is_shed_within_the_bound() {
     );
     assert_eq!(a.prompt_tokens, 40);
     assert_eq!(a.pool_saturation, 1.0);
+    assert!(a.queued_ms >= 190, "queued_ms {}", a.queued_ms);
     assert_eq!(pool.flow.len(), 0);
     let m = &pool.flow.metrics;
     assert_eq!(m.shed[3].get(), 1, "max_wait counted once");

@@ -72,7 +72,9 @@ impl Pool {
         crate::session::release_pick_permit();
         let Some(pass) = wait_in_queue(&self.flow, ticket, rx, deadline).await else {
             let loads = self.flow_loads(&self.endpoints(), Instant::now());
-            return Err(self.shed(call, tokens, &loads, ShedCause::MaxWait));
+            let mut shed = self.shed(call, tokens, &loads, ShedCause::MaxWait);
+            shed.queued_ms = millis(now.elapsed());
+            return Err(shed);
         };
         // Late binding: the endpoints with room now, and what the index
         // holds now (engines stored and evicted blocks while it waited).
@@ -119,7 +121,7 @@ impl Pool {
         ranked: &Ranked,
         answer: &mut pb::PickResponse,
     ) {
-        answer.queued_ms = u32::try_from(pass.queued().as_millis()).unwrap_or(u32::MAX);
+        answer.queued_ms = millis(pass.queued());
         let first = ranked
             .ranking
             .order
@@ -203,6 +205,10 @@ impl Drop for Waiting<'_> {
             self.flow.cancel(t);
         }
     }
+}
+
+fn millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
 /// The prompt's length (estimated when only its head was tokenized), as

@@ -35,7 +35,10 @@ impl Pool {
             Ok(resp) => {
                 self.metrics
                     .count_pick(answer::decision_from_pb(resp.decision));
-                self.metrics.pick_latency.observe(started.elapsed());
+                // (Time waiting for room is the queue-wait histogram's.)
+                let waited = std::time::Duration::from_millis(resp.queued_ms.into());
+                let took = started.elapsed().saturating_sub(waited);
+                self.metrics.pick_latency.observe(took);
             }
             Err(_) => self.metrics.pick_invalid.inc(),
         }
