@@ -34,6 +34,7 @@ impl Pool {
             pb::ReportPhase::Done | pb::ReportPhase::Unspecified => Phase::Done,
         };
         let m = self.load.report(&req.request_id, phase);
+        self.flow_settle(req, phase == Phase::Done);
         // A first token or an end frees room a waiting pick may take.
         self.capacity_freed();
         if !req.response_id.is_empty() {

@@ -218,6 +218,7 @@ mod tests {
             },
         )];
         let ask = Ask {
+            request_id: "r1".into(),
             tenant: "acme \"a\"".into(),
             priority: 0,
             weight: 1,

@@ -39,9 +39,16 @@ pub use metrics::{FlowMetrics, ShedCause};
 /// oldest are forgotten (the endpoint looks less loaded until the scrape).
 const MAX_PLACED_PER_ENDPOINT: usize = 4096;
 
+/// Released picks whose charge waits for their DONE report; past it the
+/// oldest are forgotten (their charge stays the estimate).
+const MAX_CHARGES: usize = 65_536;
+
 /// A pick that asks to wait (the queue's `Waiting` without its state).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ask {
+    /// Its request id: a released pick's charge is settled by its DONE
+    /// report's usage ([`PoolFlow::settle`]).
+    pub request_id: String,
     /// Whose pick it is.
     pub tenant: String,
     /// Its band (lower is more urgent).
@@ -88,6 +95,18 @@ pub enum Arrival {
 pub struct Passage {
     in_transit: Option<Arc<AtomicUsize>>,
     queued: Duration,
+    /// What the fair share charged a released pick, to settle later.
+    charge: Option<Charge>,
+}
+
+/// A released pick's fair-share charge.
+#[derive(Debug, Clone, PartialEq)]
+struct Charge {
+    request_id: String,
+    tenant: String,
+    priority: i32,
+    weight: u32,
+    tokens: u64,
 }
 
 impl Passage {
@@ -96,14 +115,16 @@ impl Passage {
         Passage {
             in_transit: None,
             queued: Duration::ZERO,
+            charge: None,
         }
     }
 
-    fn counted(in_transit: &Arc<AtomicUsize>, queued: Duration) -> Self {
+    fn counted(in_transit: &Arc<AtomicUsize>, queued: Duration, charge: Option<Charge>) -> Self {
         in_transit.fetch_add(1, Ordering::AcqRel);
         Passage {
             in_transit: Some(Arc::clone(in_transit)),
             queued,
+            charge,
         }
     }
 
@@ -125,6 +146,7 @@ impl Drop for Passage {
 #[derive(Debug)]
 struct Waiter {
     tx: oneshot::Sender<Wake>,
+    request_id: String,
 }
 
 #[derive(Debug)]
@@ -134,6 +156,9 @@ struct Inner {
     placed: HashMap<EndpointId, VecDeque<Instant>>,
     /// Tokens waiting per tenant (tenants with picks waiting only).
     tokens: HashMap<String, u64>,
+    /// Released and placed picks' charges by request id, oldest first.
+    charges: HashMap<String, Charge>,
+    charge_order: VecDeque<String>,
 }
 
 /// One pool's flow-control state.
@@ -154,6 +179,8 @@ impl PoolFlow {
                 queue: FlowQueue::new(config.limits()),
                 placed: HashMap::new(),
                 tokens: HashMap::new(),
+                charges: HashMap::new(),
+                charge_order: VecDeque::new(),
             }),
             config,
             in_transit: Arc::new(AtomicUsize::new(0)),
@@ -210,7 +237,7 @@ impl PoolFlow {
         let mut g = self.inner.lock();
         let sat = self.saturation(&mut g, loads, thresholds, now);
         if !should_queue(sat, self.config.threshold, !g.queue.is_empty()) {
-            return Arrival::Go(Passage::counted(&self.in_transit, Duration::ZERO));
+            return Arrival::Go(Passage::counted(&self.in_transit, Duration::ZERO, None));
         }
         let tokens = ask.tokens;
         let wait = ask.max_wait.min(self.config.limits().max_wait);
@@ -227,7 +254,10 @@ impl PoolFlow {
             weight: ask.weight,
             tokens,
             deadline: Some(deadline),
-            item: Waiter { tx },
+            item: Waiter {
+                tx,
+                request_id: ask.request_id,
+            },
         };
         match g.queue.push(waiting, now) {
             Ok(ticket) => {
@@ -279,10 +309,18 @@ impl PoolFlow {
             };
             untrack(&mut g.tokens, &r.waiting.tenant, r.waiting.tokens);
             let waited = now.saturating_duration_since(r.enqueued_at);
-            let passage = Passage::counted(&self.in_transit, waited);
-            if r.waiting.item.tx.send(Wake::Go(passage)).is_ok() {
+            let w = r.waiting;
+            let charge = Charge {
+                request_id: w.item.request_id,
+                tenant: w.tenant,
+                priority: w.priority,
+                weight: w.weight,
+                tokens: w.tokens,
+            };
+            let passage = Passage::counted(&self.in_transit, waited, Some(charge));
+            if w.item.tx.send(Wake::Go(passage)).is_ok() {
                 self.metrics.released.inc();
-                self.metrics.released_tokens.add(r.waiting.tokens);
+                self.metrics.released_tokens.add(w.tokens);
                 self.metrics.wait.observe(waited);
             } else {
                 // Its caller went away between its last poll and now (the
@@ -320,18 +358,44 @@ impl PoolFlow {
     /// A pick that went through flow control was placed on `endpoint`
     /// (none: nothing was placed): it counts as the endpoint's load until
     /// its next scrape, and is no longer in transit.
-    pub fn placed(&self, passage: Passage, endpoint: Option<EndpointId>) {
-        if passage.in_transit.is_some() {
-            if let Some(id) = endpoint {
-                let mut g = self.inner.lock();
-                let q = g.placed.entry(id).or_default();
-                if q.len() >= MAX_PLACED_PER_ENDPOINT {
-                    q.pop_front();
-                }
-                q.push_back(Instant::now());
-            }
+    pub fn placed(&self, mut passage: Passage, endpoint: Option<EndpointId>) {
+        if passage.in_transit.is_none() {
+            return;
         }
+        let Some(id) = endpoint else {
+            return;
+        };
+        let mut g = self.inner.lock();
+        let q = g.placed.entry(id).or_default();
+        if q.len() >= MAX_PLACED_PER_ENDPOINT {
+            q.pop_front();
+        }
+        q.push_back(Instant::now());
+        if let Some(c) = passage.charge.take().filter(|c| !c.request_id.is_empty()) {
+            remember_charge(&mut g, c);
+        }
+        drop(g);
         drop(passage);
+    }
+
+    /// A released pick's request is done: its fair-share charge (prompt
+    /// plus output estimate) becomes `actual` (prompt plus the output it
+    /// produced; 0: unknown, the estimate stands). Unknown ids (not
+    /// released, or forgotten) change nothing.
+    pub fn settle(&self, request_id: &str, actual: u64) {
+        let mut g = self.inner.lock();
+        let Some(c) = g.charges.remove(request_id) else {
+            return;
+        };
+        if actual > 0 {
+            g.queue
+                .settle(&c.tenant, c.priority, c.weight, c.tokens, actual);
+        }
+    }
+
+    /// Released picks whose charge waits for their report.
+    pub fn charges_open(&self) -> usize {
+        self.inner.lock().charges.len()
     }
 
     /// The endpoints of `loads` below the threshold now (picks in transit
@@ -408,6 +472,31 @@ fn placed_since_scrape(
             u32::try_from(q.len()).unwrap_or(u32::MAX)
         })
         .collect()
+}
+
+/// Keeps a placed pick's charge for its report, forgetting the oldest past
+/// [`MAX_CHARGES`] (and ids settled already, met on the way).
+fn remember_charge(g: &mut Inner, c: Charge) {
+    while g.charges.len() >= MAX_CHARGES {
+        match g.charge_order.pop_front() {
+            Some(old) => {
+                g.charges.remove(&old);
+            }
+            None => break,
+        }
+    }
+    // (Settled ids stay in the order until met; it is bounded by twice
+    // the map's size, compacted when it passes it.)
+    if g.charge_order.len() >= 2 * MAX_CHARGES {
+        let Inner {
+            charges,
+            charge_order,
+            ..
+        } = g;
+        charge_order.retain(|id| charges.contains_key(id));
+    }
+    g.charge_order.push_back(c.request_id.clone());
+    g.charges.insert(c.request_id.clone(), c);
 }
 
 /// Adds a waiting pick's tokens to its tenant's.

@@ -30,6 +30,7 @@ fn ep(id: u64, waiting: u32, done: u32) -> (EndpointId, LoadView) {
 
 fn ask(tenant: &str, tokens: u64) -> Ask {
     Ask {
+        request_id: format!("{tenant}-{tokens}"),
         tenant: tenant.into(),
         priority: 0,
         weight: 1,
@@ -219,4 +220,40 @@ fn no_healthy_endpoint_fails_open_and_with_room_lists_the_unsaturated() {
         (EndpointId(3), LoadView::default()),
     ];
     assert_eq!(f.with_room(&loads, &th(), now), vec![EndpointId(2)]);
+}
+
+/// Releases a1 (charged 10,000 tokens), settles it at `actual`, then frees
+/// two more slots: whether a's next pick goes before b's second.
+fn second_release_after_settling(actual: u64) -> (bool, bool, usize) {
+    let f = PoolFlow::new(cfg(8, 8));
+    let now = Instant::now();
+    let full = [ep(1, 5, 0)];
+    let mut rx = Vec::new();
+    for (t, n) in [("a", 10_000), ("a", 100), ("b", 100), ("b", 101)] {
+        let Arrival::Queued { rx: r, .. } = f.arrive(&full, &th(), ask(t, n), now) else {
+            panic!()
+        };
+        rx.push(r);
+    }
+    f.release(&[ep(1, 5, 1)], &th(), now);
+    let Ok(Wake::Go(a1)) = rx[0].try_recv() else {
+        panic!("a1 first (earliest of the tied)")
+    };
+    f.placed(a1, Some(EndpointId(1)));
+    assert_eq!(f.charges_open(), 1);
+    f.settle("a-10000", actual);
+    f.settle("nobody", 5);
+    f.release(&[ep(1, 5, 3)], &th(), now);
+    assert!(matches!(rx[2].try_recv(), Ok(Wake::Go(_))), "b1 next");
+    let a2 = matches!(rx[1].try_recv(), Ok(Wake::Go(_)));
+    let b2 = matches!(rx[3].try_recv(), Ok(Wake::Go(_)));
+    (a2, b2, f.charges_open())
+}
+
+#[test]
+fn a_done_report_settles_a_released_picks_charge() {
+    // Charged its estimate, a owes 10,000 tokens: b goes twice first.
+    assert_eq!(second_release_after_settling(0), (false, true, 0));
+    // It used 100: a's next pick is back in turn.
+    assert_eq!(second_release_after_settling(100), (true, false, 0));
 }

@@ -53,6 +53,7 @@ impl Pool {
         let now = Instant::now();
         let loads = self.flow_loads(&endpoints, now);
         let ask = Ask {
+            request_id: call.request_id.clone(),
             tenant: call.tenant.clone(),
             priority: call.priority,
             weight: call.weight,
@@ -128,6 +129,15 @@ impl Pool {
             .first()
             .map(|r| ranked.endpoints[r.candidate].id);
         self.flow.placed(pass, first);
+    }
+
+    /// A request's report: a DONE with usage settles its fair-share charge
+    /// if it waited (see [`PoolFlow::settle`]).
+    pub(crate) fn flow_settle(&self, req: &pb::ReportRequest, done: bool) {
+        if done && self.flow.enabled() {
+            let actual = u64::from(req.prompt_tokens) + u64::from(req.completion_tokens);
+            self.flow.settle(&req.request_id, actual);
+        }
     }
 
     fn flow_loads(&self, endpoints: &[Arc<Endpoint>], now: Instant) -> Vec<(EndpointId, LoadView)> {
