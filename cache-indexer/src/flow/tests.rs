@@ -257,3 +257,34 @@ fn a_done_report_settles_a_released_picks_charge() {
     // It used 100: a's next pick is back in turn.
     assert_eq!(second_release_after_settling(100), (true, false, 0));
 }
+
+#[test]
+fn two_replicas_each_release_into_the_room_they_see() {
+    // Partitioned queues: each replica releases against its own view (the
+    // same scrape), so room for two seen by both at once takes four picks:
+    // the overshoot is the other replicas' releases into the same room,
+    // until the next scrape shows it (see the README).
+    let now = Instant::now();
+    let full = [ep(1, 5, 0)];
+    let replicas = [PoolFlow::new(cfg(8, 8)), PoolFlow::new(cfg(8, 8))];
+    let mut rx = Vec::new();
+    for f in &replicas {
+        for i in 0..3 {
+            let Arrival::Queued { rx: r, .. } = f.arrive(&full, &th(), ask("t", i), now) else {
+                panic!()
+            };
+            rx.push(r);
+        }
+    }
+    let room_for_two = [ep(1, 3, 0)];
+    for f in &replicas {
+        f.release(&room_for_two, &th(), now);
+    }
+    let released = rx
+        .iter_mut()
+        .map(|r| r.try_recv())
+        .filter(|w| matches!(w, Ok(Wake::Go(_))))
+        .count();
+    assert_eq!(released, 4);
+    assert_eq!(replicas.iter().map(PoolFlow::len).sum::<usize>(), 2);
+}
