@@ -190,6 +190,7 @@ async fn tokens_per_minute_reserves_prompt_and_max_tokens_and_release_gives_the_
         "kvasir_indexer_budget_reports_total{op=\"settle\",result=\"matched\"} 1\n",
         "kvasir_indexer_budget_reports_total{op=\"release\",result=\"matched\"} 1\n",
         "kvasir_indexer_budget_limited_total{tenant=\"a\",limited_by=\"tokens\"} 1\n",
+        "kvasir_indexer_budget_tokens_limited_total{tenant=\"a\"} 800\n",
     ] {
         assert!(m.contains(line), "no `{line}` in\n{m}");
     }

@@ -5,7 +5,8 @@
 //! Lost reports: a reservation whose end is never reported expires after
 //! its key's max age (the longest in-flight timeout of the pools that
 //! reserved under the key), keeping what it holds (`TenantBudget::expire`).
-//! Expiry runs lazily, at most once a second, on the next reservation.
+//! Expiry runs lazily, at most once a second, on the next reservation or
+//! report.
 
 use std::collections::HashMap;
 
@@ -113,12 +114,7 @@ impl MemoryStore {
 
     pub(super) fn reserve(&self, now: u64, ask: &Ask, metrics: &BudgetMetrics) -> Reserved {
         let mut st = self.state.lock();
-        if st
-            .last_sweep_ms
-            .is_none_or(|t| now >= t.saturating_add(SWEEP_EVERY_MS))
-        {
-            st.sweep(now, IDLE_MS, metrics);
-        }
+        st.sweep_due(now, metrics);
         if let Some(r) = st.repeated(now, ask) {
             return r;
         }
@@ -170,6 +166,13 @@ impl MemoryStore {
                 headers: RateLimitHeaders::of(&key.budget, now),
             },
         }
+    }
+
+    /// A report, after the sweep when one is due (the memory store's own
+    /// path; the Redis store's local fallback sweeps on reservations).
+    pub(super) fn report_swept(&self, now: u64, rep: &Report, metrics: &BudgetMetrics) -> Reported {
+        self.state.lock().sweep_due(now, metrics);
+        self.report(now, rep)
     }
 
     pub(super) fn report(&self, now: u64, rep: &Report) -> Reported {
@@ -239,6 +242,16 @@ fn final_cost(open: &Open, r: &Released) -> Cost {
 }
 
 impl State {
+    /// Sweeps when the last sweep is a second old.
+    fn sweep_due(&mut self, now: u64, metrics: &BudgetMetrics) {
+        if self
+            .last_sweep_ms
+            .is_none_or(|t| now >= t.saturating_add(SWEEP_EVERY_MS))
+        {
+            self.sweep(now, IDLE_MS, metrics);
+        }
+    }
+
     /// Expires lost reservations and forgets keys with nothing in flight
     /// unused for `idle_ms`.
     fn sweep(&mut self, now: u64, idle_ms: u64, metrics: &BudgetMetrics) {

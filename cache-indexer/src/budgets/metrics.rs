@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use kvasir_budget::{Dimension, Refusal};
 use parking_lot::Mutex;
 
-use super::{Report, Reported, Reserved};
+use super::{Ask, Report, Reported, Reserved};
 use crate::metrics::Counter;
 
 /// Tenants with their own series on `/metrics`.
@@ -63,6 +63,9 @@ pub struct TenantCounts {
     pub tokens_refunded: u64,
     /// Total tokens taken beyond reservations (usage above the estimate).
     pub tokens_overrun: u64,
+    /// Tokens of refused picks: prompt plus `max_tokens` (else the key's
+    /// default output estimate; the learned one is the store's).
+    pub tokens_limited: u64,
 }
 
 /// Budget counters of one indexer.
@@ -109,7 +112,8 @@ impl BudgetMetrics {
         f(t.entry(label.to_owned()).or_default());
     }
 
-    pub(super) fn count_reserve(&self, key: &str, r: &Reserved) {
+    pub(super) fn count_reserve(&self, ask: &Ask, r: &Reserved) {
+        let key = ask.key.as_str();
         match r {
             Reserved::Admitted { repeated: true, .. } => {}
             Reserved::Admitted { held, .. } => self.with_tenant(key, |c| {
@@ -118,6 +122,10 @@ impl BudgetMetrics {
             }),
             Reserved::Limited { refusal, .. } => self.with_tenant(key, |c| {
                 c.limited += 1;
+                let output = ask.max_tokens.unwrap_or(ask.default_output_tokens);
+                c.tokens_limited = c
+                    .tokens_limited
+                    .saturating_add(ask.prompt_tokens.saturating_add(output));
                 c.limited_by[limited_index(refusal)] += 1;
             }),
             Reserved::Untracked => self.untracked.inc(),

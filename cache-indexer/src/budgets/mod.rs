@@ -277,7 +277,7 @@ impl Budgets {
             Store::Memory(m) => m.reserve(now, ask, &self.metrics),
             Store::Redis(r) => r.reserve(now, ask, &self.metrics).await,
         };
-        self.metrics.count_reserve(&ask.key, &r);
+        self.metrics.count_reserve(ask, &r);
         r
     }
 
@@ -285,7 +285,7 @@ impl Budgets {
     pub async fn report(&self, rep: &Report) -> Reported {
         let now = self.now_ms();
         let r = match &self.store {
-            Store::Memory(m) => m.report(now, rep),
+            Store::Memory(m) => m.report_swept(now, rep, &self.metrics),
             Store::Redis(r) => r.report(now, rep).await,
         };
         self.metrics.count_report(rep, &r);

@@ -201,7 +201,23 @@ fn lost_reservations_expire_with_their_charge() {
             train: true,
         },
     };
-    assert_eq!(s.report(2_000, &rep).key, None);
+    assert_eq!(s.report_swept(2_000, &rep, &m).key, None);
+}
+
+#[test]
+fn a_report_sweeps_lost_reservations_too() {
+    let s = memory::MemoryStore::new(10, 10);
+    let m = BudgetMetrics::default();
+    let mut a = ask("a", "r1", tpm(1000), 5, Some(5));
+    a.max_age_ms = 1_000;
+    assert!(admitted(&s.reserve(0, &a, &m)));
+    let rep = Report {
+        key: None,
+        request_id: "other".into(),
+        op: ReportOp::Cancel,
+    };
+    assert_eq!(s.report_swept(1_500, &rep, &m).key, None);
+    assert_eq!((s.open(), m.expired.get()), (0, 1));
 }
 
 #[test]

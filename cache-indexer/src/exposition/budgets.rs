@@ -24,7 +24,7 @@ use crate::pools::Pools;
 /// A per-tenant counter family: name, help, and its value.
 type TenantFamily = (&'static str, &'static str, fn(&TenantCounts) -> u64);
 
-const TOKEN_FAMILIES: [TenantFamily; 4] = [
+const TOKEN_FAMILIES: [TenantFamily; 5] = [
     (
         "kvasir_indexer_budget_tokens_reserved_total",
         "Tokens (weighted prompt + completion estimate) reserved at admission, by tenant.",
@@ -44,6 +44,11 @@ const TOKEN_FAMILIES: [TenantFamily; 4] = [
         "kvasir_indexer_budget_tokens_overrun_total",
         "Tokens taken beyond reservations (usage above the estimate), by tenant.",
         |c| c.tokens_overrun,
+    ),
+    (
+        "kvasir_indexer_budget_tokens_limited_total",
+        "Tokens of picks refused by the budget (prompt + max_tokens, else the default output estimate), by tenant.",
+        |c| c.tokens_limited,
     ),
 ];
 
