@@ -12,6 +12,7 @@
 //! first and its bounds as `1e-5` / `1.0`, which would change the `le`
 //! label values series and dashboards know (`0.00001`, `1`).
 
+mod budget_store;
 mod budgets;
 mod flow;
 mod histograms;
@@ -51,6 +52,9 @@ impl Exposition {
         }));
         registry.register_collector(Box::new(responses::ResponsesCollector(Arc::clone(&pools))));
         registry.register_collector(Box::new(budgets::BudgetsCollector(Arc::clone(&pools))));
+        registry.register_collector(Box::new(budget_store::BudgetStoreCollector(Arc::clone(
+            &pools,
+        ))));
         registry.register_collector(Box::new(flow::FlowCollector(Arc::clone(&pools))));
         registry.register_collector(Box::new(shared_load::SharedLoadCollector(Arc::clone(
             &pools,
