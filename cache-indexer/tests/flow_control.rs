@@ -392,3 +392,49 @@ fn the_config_names_the_bad_flow_control_setting() {
     assert!(e.contains("pools[0].flowControl.maxQueuedPerTenant"), "{e}");
     assert!(config::parse(&yaml("{ treshold: 1 }"), Path::new("t.yaml")).is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reports_release_exactly_one_pick_per_freed_slot() {
+    const FREED: usize = 40;
+    const WAITING: usize = 100;
+    let pool = pool(flow_on(1024, 1024, 60_000), 1);
+    let f = fillers(&pool, FREED).await;
+    scrape_all(&pool, FREED as u32, 5, 0.5);
+    let tasks: Vec<JoinHandle<pb::PickResponse>> = (0..WAITING)
+        .map(|i| {
+            let p = Arc::clone(&pool);
+            let tenant = format!("t{}", i % 7);
+            let r = req(&format!("w{i}"), &tenant, ids(100_000 * (i as u32 + 1), 64));
+            tokio::spawn(async move { pick(&p, r).await })
+        })
+        .collect();
+    wait_len(&pool, WAITING).await;
+    let reports: Vec<JoinHandle<()>> = f
+        .into_iter()
+        .map(|(id, _)| {
+            let p = Arc::clone(&pool);
+            tokio::spawn(async move { done(&p, &id) })
+        })
+        .collect();
+    for r in reports {
+        r.await.unwrap();
+    }
+    wait_len(&pool, WAITING - FREED).await;
+    let start = Instant::now();
+    while tasks.iter().filter(|t| t.is_finished()).count() < FREED || pool.flow.in_transit() > 0 {
+        assert!(start.elapsed() < BOUND, "released picks answer");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(pool.flow.metrics.released.get(), FREED as u64);
+    assert_eq!(
+        pool.flow.len(),
+        WAITING - FREED,
+        "no more room: the rest wait"
+    );
+    assert_eq!(tasks.iter().filter(|t| t.is_finished()).count(), FREED);
+    for t in tasks {
+        t.abort();
+    }
+    wait_len(&pool, 0).await;
+}
