@@ -264,6 +264,12 @@ impl PoolFlow {
                 self.metrics.queued.inc();
                 self.metrics.queued_tokens.add(tokens);
                 track(&mut g.tokens, &tenant, tokens);
+                // Queued behind others while there is room (room no
+                // report or scrape announced: a released pick that went
+                // away, say): release now rather than at the next one.
+                if has_room(sat, self.config.threshold) {
+                    self.release_locked(&mut g, loads, thresholds, now);
+                }
                 Arrival::Queued {
                     ticket,
                     rx,
@@ -293,6 +299,16 @@ impl PoolFlow {
         now: Instant,
     ) {
         let mut g = self.inner.lock();
+        self.release_locked(&mut g, loads, thresholds, now);
+    }
+
+    fn release_locked(
+        &self,
+        g: &mut Inner,
+        loads: &[(EndpointId, LoadView)],
+        thresholds: &SaturationThresholds,
+        now: Instant,
+    ) {
         if g.queue.is_empty() {
             return;
         }
@@ -303,7 +319,7 @@ impl PoolFlow {
             let _ = r.waiting.item.tx.send(Wake::Expired);
         }
         loop {
-            let sat = self.saturation(&mut g, loads, thresholds, now);
+            let sat = self.saturation(g, loads, thresholds, now);
             let Some(r) = g.queue.pop_next(has_room(sat, self.config.threshold)) else {
                 break;
             };

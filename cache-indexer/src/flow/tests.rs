@@ -288,3 +288,23 @@ fn two_replicas_each_release_into_the_room_they_see() {
     assert_eq!(released, 4);
     assert_eq!(replicas.iter().map(PoolFlow::len).sum::<usize>(), 2);
 }
+
+#[test]
+fn room_nobody_announced_is_used_when_the_next_pick_arrives() {
+    let f = PoolFlow::new(cfg(8, 8));
+    let now = Instant::now();
+    let full = [ep(1, 5, 0)];
+    let Arrival::Queued { rx: mut first, .. } = f.arrive(&full, &th(), ask("a", 1), now) else {
+        panic!()
+    };
+    // Room now (a slot freed without a release pass): the newcomer queues
+    // behind the first (no overtaking) and the first goes.
+    let room = [ep(1, 5, 1)];
+    let Arrival::Queued { rx: mut second, .. } = f.arrive(&room, &th(), ask("b", 1), now) else {
+        panic!("no overtaking")
+    };
+    assert_eq!((f.len(), f.in_transit()), (1, 1));
+    assert!(matches!(first.try_recv(), Ok(Wake::Go(_))));
+    assert!(second.try_recv().is_err(), "one slot, one release");
+    assert_eq!(f.in_transit(), 0, "its pass dropped unplaced");
+}
