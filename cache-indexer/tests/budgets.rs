@@ -5,11 +5,22 @@
 //! reservation (unary and over a `Session` stream). The endpoints are
 //! loopback addresses nothing serves: admission comes before ranking, so
 //! the answers past it are NO_ENDPOINTS, which is not what is tested.
+//! In process, with flow control: a pick shed from the queue, or whose
+//! caller goes away while it waits, gives its reservation back.
 
 mod responses_support;
 mod service_support;
 
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
 use kvasir_cache_indexer::config::ResponsesConfig;
+use kvasir_cache_indexer::load::{EngineLoad, LoadConfig, LoadTracker};
+use kvasir_cache_indexer::scoring::Weights;
+use kvasir_cache_indexer::tokenize::RequestTokenizer;
+use kvasir_cache_indexer::types::IndexSource;
+use kvasir_cache_indexer::Pool;
+use kvasir_flowcontrol::FlowControlConfig;
 use kvasir_proto::v1 as pb;
 use responses_support::{indexer, Session};
 use service_support::{ids_pick, metric_value, Running, POOL};
@@ -298,4 +309,80 @@ async fn too_large_unknown_reports_and_missing_ids() {
     ] {
         assert!(m.contains(line), "no `{line}` in\n{m}");
     }
+}
+
+/// A pool of one engine scraped saturated, with flow control on: every
+/// pick waits (at most `max_wait_ms`).
+fn saturated_pool(max_wait_ms: u64) -> Arc<Pool> {
+    let pool = Pool::new(
+        "p",
+        "m",
+        16,
+        RequestTokenizer::Approx,
+        LoadTracker::new(LoadConfig::default()),
+        Weights::default(),
+    )
+    .with_index(IndexSource::Picks, 1 << 20)
+    .with_flow_control(FlowControlConfig {
+        enabled: true,
+        threshold: 1.0,
+        max_queued: 8,
+        max_queued_per_tenant: 8,
+        max_wait_ms,
+    });
+    pool.set_idle_loopback_endpoints(1);
+    let busy = EngineLoad {
+        running: 4,
+        waiting: 5,
+        kv_usage: 0.3,
+    };
+    for e in pool.endpoints().iter() {
+        pool.load.record_scrape(e.id, Some(busy), Instant::now());
+    }
+    Arc::new(pool)
+}
+
+fn waiting_pick(rid: &str, b: &pb::Budget) -> pb::PickRequest {
+    let mut p = pick(rid, "a", 10, b);
+    p.pool = "p".into();
+    p.max_wait_ms = 60_000;
+    p
+}
+
+#[tokio::test]
+async fn a_pick_shed_from_the_queue_gives_its_reservation_back() {
+    let pool = saturated_pool(50);
+    let b = rpm(1);
+    let a = pool.pick(waiting_pick("s1", &b)).await.unwrap();
+    assert_eq!(a.decision, pb::Decision::Shed as i32, "{a:?}");
+    assert_eq!(a.shed_cause, "max_wait");
+    assert_eq!(pool.budgets.open_reservations(), 0);
+    // The request itself came back: the one a minute is free again.
+    let a = pool.pick(waiting_pick("s2", &b)).await.unwrap();
+    assert_eq!(a.decision, pb::Decision::Shed as i32, "{a:?}");
+    let c = pool.budgets.metrics().tenant("a");
+    assert_eq!((c.admitted, c.limited), (2, 0));
+}
+
+#[tokio::test]
+async fn a_caller_gone_from_the_queue_gives_its_reservation_back() {
+    let pool = saturated_pool(60_000);
+    let p = Arc::clone(&pool);
+    let task = tokio::spawn(async move { p.pick(waiting_pick("g1", &rpm(1))).await });
+    let start = Instant::now();
+    while pool.flow.len() != 1 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never queued");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(pool.budgets.open_reservations(), 1);
+    task.abort();
+    while pool.budgets.open_reservations() != 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let m = &pool.budgets.metrics().reports_matched;
+    assert_eq!(m[2].get(), 1, "one cancel");
 }

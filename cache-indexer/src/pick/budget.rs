@@ -9,6 +9,7 @@
 //! budgeted pick needs a budget key and a request id (reports settle the
 //! reservation by it): without them it is INVALID_ARGUMENT ([`check`]).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kvasir_budget::{RateLimitHeaders, Refusal};
@@ -17,17 +18,63 @@ use kvasir_proto::v1 as pb;
 use super::matching::Matched;
 use super::prompt::Call;
 use super::tokenize::PickTokens;
-use crate::budgets::{self, Ask, Reserved};
+use crate::budgets::{self, Ask, Budgets, Reserved};
 use crate::pool::{invalid, Pool, ServiceError};
 use crate::scoring::predicted_cached_tokens;
 
-/// What admission reserved for a pick.
+/// What admission reserved for a pick. Dropped before the pick was
+/// answered (its caller went away while it waited in the flow-control
+/// queue), it gives the reservation back: no report will ever end it.
 #[derive(Debug, Default)]
 pub(crate) struct Admission {
-    /// The budget key a reservation was made under (none: nothing held).
-    key: Option<String>,
+    /// The reservation, while the pick has not been answered with it.
+    held: Option<Held>,
     /// The budget's status after the reservation.
     status: Option<pb::BudgetStatus>,
+    /// Set once the answer carries the reservation: the reports end it.
+    answered: AtomicBool,
+}
+
+/// A reservation to give back if its pick is never answered.
+#[derive(Debug)]
+struct Held {
+    budgets: Arc<Budgets>,
+    key: String,
+    request_id: String,
+}
+
+impl Held {
+    fn cancel(self) {
+        let Held {
+            budgets,
+            key,
+            request_id,
+        } = self;
+        budgets::run_detached(async move {
+            budgets.cancel(Some(&key), &request_id).await;
+        });
+    }
+}
+
+impl Admission {
+    fn reserved(held: Held, status: pb::BudgetStatus) -> Admission {
+        Admission {
+            held: Some(held),
+            status: Some(status),
+            answered: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if self.answered.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(h) = self.held.take() {
+            h.cancel();
+        }
+    }
 }
 
 /// Refuses a budget a reservation could not be settled by: no key, or no
@@ -74,10 +121,14 @@ impl Pool {
                 .unwrap_or(u64::MAX),
         };
         match self.budgets.reserve(&ask).await {
-            Reserved::Admitted { headers, .. } => Ok(Admission {
-                key: Some(ask.key),
-                status: Some(status(&headers, None)),
-            }),
+            Reserved::Admitted { headers, .. } => {
+                let held = Held {
+                    budgets: Arc::clone(&self.budgets),
+                    key: ask.key,
+                    request_id: ask.request_id,
+                };
+                Ok(Admission::reserved(held, status(&headers, None)))
+            }
             Reserved::Untracked => Ok(Admission::default()),
             // onStoreDown: closed, Redis unreachable (budgets/redis.rs).
             Reserved::StoreUnavailable { retry_after_ms } => Err(pb::PickResponse {
@@ -126,19 +177,16 @@ impl Pool {
     }
 
     /// Gives back what `admission` reserved (the pick was shed).
-    pub(crate) fn give_back(&self, call: &Call, admission: Admission) {
-        let Some(key) = admission.key else {
-            return;
-        };
-        let b = Arc::clone(&self.budgets);
-        let request_id = call.request_id.clone();
-        budgets::run_detached(async move {
-            b.cancel(Some(&key), &request_id).await;
-        });
+    pub(crate) fn give_back(&self, _call: &Call, mut admission: Admission) {
+        if let Some(h) = admission.held.take() {
+            h.cancel();
+        }
     }
 
-    /// Adds the budget's status to an admitted pick's answer.
+    /// Adds the budget's status to an admitted pick's answer; from now on
+    /// the reports end the reservation.
     pub(crate) fn attach_budget(&self, answer: &mut pb::PickResponse, admission: &Admission) {
+        admission.answered.store(true, Ordering::Relaxed);
         if let Some(s) = &admission.status {
             answer.budget = Some(s.clone());
         }
@@ -175,6 +223,38 @@ mod tests {
     use kvasir_budget::{Dimension, LimitState};
 
     use super::*;
+
+    fn reserve(b: &Arc<Budgets>, rid: &str) -> Admission {
+        let ask = Ask {
+            key: "a".into(),
+            request_id: rid.into(),
+            limits: kvasir_budget::Limits::default(),
+            default_output_tokens: 1,
+            max_tokens: None,
+            prompt_tokens: 1,
+            cached_tokens: 0,
+            max_age_ms: 60_000,
+        };
+        let r = futures::FutureExt::now_or_never(b.reserve(&ask)).unwrap();
+        assert!(matches!(r, Reserved::Admitted { .. }), "{r:?}");
+        let held = Held {
+            budgets: Arc::clone(b),
+            key: ask.key,
+            request_id: ask.request_id,
+        };
+        Admission::reserved(held, pb::BudgetStatus::default())
+    }
+
+    #[test]
+    fn an_admission_dropped_unanswered_gives_its_reservation_back() {
+        let b = Arc::new(Budgets::memory());
+        drop(reserve(&b, "gone"));
+        assert_eq!(b.open_reservations(), 0);
+        let a = reserve(&b, "answered");
+        a.answered.store(true, Ordering::Relaxed);
+        drop(a);
+        assert_eq!(b.open_reservations(), 1, "the reports end it");
+    }
 
     #[test]
     fn a_budget_needs_a_key_and_a_request_id() {
