@@ -235,7 +235,13 @@ impl PoolFlow {
         now: Instant,
     ) -> Arrival {
         let mut g = self.inner.lock();
-        let sat = self.saturation(&mut g, loads, thresholds, now);
+        let mut sat = self.saturation(&mut g, loads, thresholds, now);
+        if has_room(sat, self.config.threshold) && !g.queue.is_empty() {
+            // Room no report or scrape announced (a released pick whose
+            // caller went away, say): the picks waiting take it first.
+            self.release_locked(&mut g, loads, thresholds, now);
+            sat = self.saturation(&mut g, loads, thresholds, now);
+        }
         if !should_queue(sat, self.config.threshold, !g.queue.is_empty()) {
             return Arrival::Go(Passage::counted(&self.in_transit, Duration::ZERO, None));
         }
@@ -264,12 +270,6 @@ impl PoolFlow {
                 self.metrics.queued.inc();
                 self.metrics.queued_tokens.add(tokens);
                 track(&mut g.tokens, &tenant, tokens);
-                // Queued behind others while there is room (room no
-                // report or scrape announced: a released pick that went
-                // away, say): release now rather than at the next one.
-                if has_room(sat, self.config.threshold) {
-                    self.release_locked(&mut g, loads, thresholds, now);
-                }
                 Arrival::Queued {
                     ticket,
                     rx,

@@ -297,14 +297,45 @@ fn room_nobody_announced_is_used_when_the_next_pick_arrives() {
     let Arrival::Queued { rx: mut first, .. } = f.arrive(&full, &th(), ask("a", 1), now) else {
         panic!()
     };
-    // Room now (a slot freed without a release pass): the newcomer queues
-    // behind the first (no overtaking) and the first goes.
+    // Room now (a slot freed without a release pass): the first takes it,
+    // and the newcomer, finding none left, queues.
     let room = [ep(1, 5, 1)];
     let Arrival::Queued { rx: mut second, .. } = f.arrive(&room, &th(), ask("b", 1), now) else {
-        panic!("no overtaking")
+        panic!("the room is the first's")
     };
     assert_eq!((f.len(), f.in_transit()), (1, 1));
     assert!(matches!(first.try_recv(), Ok(Wake::Go(_))));
     assert!(second.try_recv().is_err(), "one slot, one release");
     assert_eq!(f.in_transit(), 0, "its pass dropped unplaced");
+}
+
+#[test]
+fn a_caller_that_cannot_wait_goes_when_room_is_left_after_the_queue() {
+    let f = PoolFlow::new(cfg(8, 8));
+    let now = Instant::now();
+    let Arrival::Queued { rx: mut first, .. } = f.arrive(&[ep(1, 5, 0)], &th(), ask("a", 1), now)
+    else {
+        panic!()
+    };
+    let no_wait = Ask {
+        max_wait: Duration::ZERO,
+        ..ask("b", 1)
+    };
+    // Two slots: the waiting pick takes one, the newcomer the other.
+    let two = [ep(1, 5, 2)];
+    assert!(matches!(
+        f.arrive(&two, &th(), no_wait.clone(), now),
+        Arrival::Go(_)
+    ));
+    assert!(matches!(first.try_recv(), Ok(Wake::Go(_))));
+    // One slot: the waiting pick's; the newcomer, who cannot wait, is shed.
+    let Arrival::Queued { rx: mut again, .. } = f.arrive(&[ep(1, 5, 0)], &th(), ask("a", 2), now)
+    else {
+        panic!()
+    };
+    assert!(matches!(
+        f.arrive(&[ep(1, 5, 1)], &th(), no_wait, now),
+        Arrival::Shed(ShedCause::NoWait)
+    ));
+    assert!(matches!(again.try_recv(), Ok(Wake::Go(_))));
 }
