@@ -77,12 +77,26 @@ impl Pool {
             shed.queued_ms = millis(now.elapsed());
             return Err(shed);
         };
-        // Late binding: the endpoints with room now, and what the index
-        // holds now (engines stored and evicted blocks while it waited).
+        let (endpoints, matched) = self.bind_late(call, tokens, matched, hashes);
+        Ok((endpoints, matched, pass))
+    }
+
+    /// Late binding of a released pick: the endpoints with room now (all of
+    /// them if none has), and the prefix matched against the index as it is
+    /// now (engines stored and evicted blocks while the pick waited).
+    fn bind_late<'p>(
+        &'p self,
+        call: &Call,
+        tokens: &PickTokens,
+        matched: Matched<'p>,
+        hashes: &mut PrefixHashes,
+    ) -> (Arc<Vec<Arc<Endpoint>>>, Matched<'p>) {
         let now = Instant::now();
         let endpoints = self.endpoints();
         let loads = self.flow_loads(&endpoints, now);
-        let room = self.flow.with_room(&loads, thresholds, now);
+        let room = self
+            .flow
+            .with_room(&loads, &self.load.config().saturation, now);
         let endpoints = if room.is_empty() {
             endpoints
         } else {
@@ -94,12 +108,12 @@ impl Pool {
                     .collect(),
             )
         };
+        // (The chain was handed to the first match; its hashes stay valid.)
         if let Some(chain) = &matched.chain {
             hashes.chain = chain.to_vec();
         }
         drop(matched);
-        let matched = self.match_prefix(tokens, call.salted, hashes);
-        Ok((endpoints, matched, pass))
+        (endpoints, self.match_prefix(tokens, call.salted, hashes))
     }
 
     /// Something freed room in the pool (a report, a scrape, an endpoint
