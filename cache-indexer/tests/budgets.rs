@@ -386,3 +386,50 @@ async fn a_caller_gone_from_the_queue_gives_its_reservation_back() {
     let m = &pool.budgets.metrics().reports_matched;
     assert_eq!(m[2].get(), 1, "one cancel");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_bound_to_a_stored_response_is_budgeted_too() {
+    // A Responses API follow-up (previous_response_id) takes the affinity
+    // path, not the prompt stages: it must still reserve, or a tenant
+    // chaining every call would never be limited.
+    let ix = start().await;
+    let holder = responses_support::addr(1);
+    ix.report(responses_support::report("first", "resp_budget1", &holder))
+        .await;
+    let follow = |rid: &str| {
+        let mut p = responses_support::response_pick(rid, "resp_budget1");
+        p.tenant = "a".into();
+        p.prompt = Some(pb::pick_request::Prompt::Text("and now? ".repeat(10)));
+        p.budget = Some(pb::Budget {
+            key: "a".into(),
+            ..rpm(2)
+        });
+        p
+    };
+    let a = ix.pick(follow("f1")).await;
+    assert_eq!(responses_support::routed(&a), holder);
+    let s = admitted(&a);
+    assert_eq!((s.limit_requests, s.remaining_requests), (2, 1));
+    admitted(&ix.pick(follow("f2")).await);
+    let s = limited(&ix.pick(follow("f3")).await).clone();
+    assert_eq!(s.limited_by, "requests");
+    assert!(s.retry_after_ms > 0, "{s:?}");
+
+    // An id no engine holds: nothing is served, so the reservation goes
+    // back at once, the request count included (as with any cancel): a
+    // tenant allowed one request a minute can ask twice.
+    let lost = |rid: &str| {
+        let mut p = follow(rid);
+        p.response_id = "resp_nobody".into();
+        p.tenant = "b".into();
+        p.budget = Some(pb::Budget {
+            key: "b".into(),
+            ..rpm(1)
+        });
+        p
+    };
+    for rid in ["l1", "l2"] {
+        let p = ix.pick(lost(rid)).await;
+        responses_support::assert_unknown(&p);
+    }
+}

@@ -3,7 +3,10 @@
 //! (decision RESPONSE) or none (UNKNOWN_RESPONSE), see [`crate::responses`].
 //! The request is accounted on that endpoint like any pick, with no prefill
 //! estimate (a GET or cancel has none; a follow-up's history is on that
-//! engine already).
+//! engine already). A budgeted follow-up reserves against its tenant's
+//! budget like any pick, its prompt counted from its bytes
+//! ([`super::prompt::bound_call`]); it does not wait in the flow-control
+//! queue (only one engine can serve it, so there is no placement to defer).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,8 +24,13 @@ impl Pool {
         req: pb::PickRequest,
         started: Instant,
     ) -> Result<pb::PickResponse, ServiceError> {
+        check_id(&req.response_id).map_err(|m| invalid("response_id", m))?;
+        let (call, prompt_tokens) = super::prompt::bound_call(&req, started)?;
+        let admission = match self.admit_counted(&call, prompt_tokens, 0, "approx").await {
+            Ok(a) => a,
+            Err(refused) => return Ok(refused),
+        };
         let id = req.response_id;
-        check_id(&id).map_err(|m| invalid("response_id", m))?;
         let holder = self.responses.resolve(&id, || self.endpoints()).await;
         tracing::debug!(
             pool = %self.name,
@@ -37,12 +45,16 @@ impl Pool {
                 self.failures.picked(e.id, started);
                 self.load
                     .record_pick(&req.request_id, e.id, 0, 0, None, started);
-                self.response_answer(Some(&e), started)
+                let mut answer = self.response_answer(Some(&e), started);
+                self.attach_budget(&mut answer, &admission);
+                answer
             }
             Err(why) => {
                 if why != Lost::NotRecorded {
                     tracing::info!(pool = %self.name, response_id = %id, why = why.as_str(), "response pick: its engine no longer holds it");
                 }
+                // Nothing will be served: the reservation goes back now.
+                self.give_back(&call, admission);
                 self.response_answer(None, started)
             }
         })

@@ -104,11 +104,25 @@ impl Pool {
         tokens: &PickTokens,
         matched: &Matched<'_>,
     ) -> Result<Admission, pb::PickResponse> {
+        let prompt_tokens =
+            u32::try_from(tokens.estimated_len.unwrap_or(tokens.ids.len())).unwrap_or(u32::MAX);
+        let cached = self.best_cached(prompt_tokens, matched);
+        self.admit_counted(call, prompt_tokens, cached, tokens.mode.as_str())
+            .await
+    }
+
+    /// Reserves `prompt_tokens` (`cached_tokens` of them expected cached)
+    /// plus the output estimate; `mode` says how the prompt was counted.
+    pub(crate) async fn admit_counted(
+        &self,
+        call: &Call,
+        prompt_tokens: u32,
+        cached_tokens: u32,
+        mode: &str,
+    ) -> Result<Admission, pb::PickResponse> {
         let Some(b) = &call.budget else {
             return Ok(Admission::default());
         };
-        let prompt_tokens =
-            u32::try_from(tokens.estimated_len.unwrap_or(tokens.ids.len())).unwrap_or(u32::MAX);
         let ask = Ask {
             key: b.key.clone(),
             request_id: call.request_id.clone(),
@@ -116,7 +130,7 @@ impl Pool {
             default_output_tokens: u64::from(b.default_output_tokens),
             max_tokens: (b.max_tokens > 0).then_some(u64::from(b.max_tokens)),
             prompt_tokens: u64::from(prompt_tokens),
-            cached_tokens: u64::from(self.best_cached(prompt_tokens, matched)),
+            cached_tokens: u64::from(cached_tokens),
             max_age_ms: u64::try_from(self.load.config().in_flight_timeout.as_millis())
                 .unwrap_or(u64::MAX),
         };
@@ -135,7 +149,7 @@ impl Pool {
                 prompt_tokens,
                 decision: pb::Decision::RateLimited as i32,
                 reason: "rate_limited".into(),
-                tokenize_mode: tokens.mode.as_str().to_string(),
+                tokenize_mode: mode.to_string(),
                 budget: Some(pb::BudgetStatus {
                     limited_by: "store".into(),
                     retry_after_ms,
@@ -156,7 +170,7 @@ impl Pool {
                     prompt_tokens,
                     decision: pb::Decision::RateLimited as i32,
                     reason: "rate_limited".into(),
-                    tokenize_mode: tokens.mode.as_str().to_string(),
+                    tokenize_mode: mode.to_string(),
                     budget: Some(status(&headers, Some(&refusal))),
                     ..Default::default()
                 })

@@ -121,3 +121,39 @@ pub(crate) fn from_request(
     };
     Ok((call, owned))
 }
+
+/// The call of a pick bound to a stored response, and its prompt's length
+/// estimated from its bytes (4 per token, as the `approx` mode counts):
+/// such a pick is not tokenized (the engine holding the response renders
+/// the stored conversation too, which the caller does not send), so its
+/// budget reservation is an estimate the reports settle.
+pub(crate) fn bound_call(
+    req: &pb::PickRequest,
+    started: Instant,
+) -> Result<(Call, u32), ServiceError> {
+    super::budget::check(&req.request_id, req.budget.as_ref())?;
+    let bytes = match &req.prompt {
+        Some(pb::pick_request::Prompt::Chat(c)) => c
+            .messages
+            .iter()
+            .map(|m| m.role.len() + m.content.len())
+            .sum(),
+        Some(pb::pick_request::Prompt::Text(t)) => t.len(),
+        Some(pb::pick_request::Prompt::TokenIds(ids)) => ids.ids.len() * 4,
+        None => 0,
+    };
+    let hints = req.hints.as_ref();
+    let call = Call {
+        request_id: req.request_id.clone(),
+        tenant: req.tenant.clone(),
+        salted: hints.is_some_and(|h| !h.cache_salt.is_empty()),
+        max_endpoints: req.max_endpoints,
+        budget: req.budget.clone(),
+        max_wait_ms: req.max_wait_ms,
+        weight: req.weight.max(1),
+        priority: hints.map_or(0, |h| h.priority),
+        expected_output_tokens: hints.map_or(0, |h| h.expected_output_tokens),
+        started,
+    };
+    Ok((call, u32::try_from(bytes.div_ceil(4)).unwrap_or(u32::MAX)))
+}
