@@ -337,6 +337,26 @@ def test_the_indexer_reads_its_pools_from_the_controllers_configmap():
     assert not [d for _, d in documents() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kvasir-indexer-pools"]
 
 
+def test_the_indexer_replicas_share_budgets_load_and_responses_through_the_redis_shipped():
+    """Two replicas must act as one (issue 23: one budget per tenant, not one
+    per replica): budgets, shared load and the Responses store all point at
+    the Service of the Redis Deployment base/ ships, which keeps nothing on
+    disk (soft state) and runs unprivileged."""
+    cfg = yaml.safe_load(doc("ConfigMap", "kvasir-indexer")["data"]["indexer.yaml"])
+    svc = doc("Service", "kvasir-redis")
+    port = svc["spec"]["ports"][0]["port"]
+    url = f"redis://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local:{port}"
+    assert cfg["budgets"] == {"store": "redis", "redisUrl": url}
+    assert cfg["sharedLoad"]["redisUrl"] == url
+    assert cfg["responses"] == {"store": "redis", "redisUrl": url}
+    dep = doc("Deployment", "kvasir-redis")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][:4] == ["--save", "", "--appendonly", "no"], c["args"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
 def pools_file_for_the_example_pools() -> str:
     """What the controller's pools.yaml holds for base/inferencepools.yaml,
     restated here from the annotation table of api/src/indexer.rs (a
