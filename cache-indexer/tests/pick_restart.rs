@@ -1,0 +1,275 @@
+//! A restarted engine at the pick level (issue 22, deliverable 5): three
+//! real `vllm-sim` processes over real ZMQ and HTTP, a real indexer (KV-event
+//! index, the Qwen3 tokenizer), every pick served on the engine it chose so
+//! that engine's KV events fill the index.
+//!
+//! One engine, X, is killed and restarted on the same ports (its cache gone,
+//! its event sequence back at 0). While it is down no pick lists it; once it
+//! is back (healthy, in sync) it is never credited with a prefix it lost,
+//! and it takes new conversations again: it is the idle engine that has
+//! started the fewest conversations lately.
+
+mod service_support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use kvasir_proto::v1 as pb;
+use service_support::*;
+
+/// Engines in the pool.
+const ENGINES: usize = 3;
+/// Conversations started before the restart: two per engine.
+const CONVERSATIONS: usize = 6;
+/// Completion tokens of every request.
+const MAX_TOKENS: u32 = 16;
+
+/// A conversation: its messages so far, and where it was last served.
+struct Conversation {
+    name: String,
+    messages: Vec<(&'static str, String)>,
+    turns: usize,
+    home: Option<String>,
+}
+
+impl Conversation {
+    /// A conversation whose first block is its own (its name comes first),
+    /// so no two conversations share a cached block.
+    fn new(name: &str, seed: u64) -> Conversation {
+        let first = format!("Conversation {name} opens: {}", filler(seed, 220));
+        Conversation {
+            name: name.to_string(),
+            messages: vec![("user", first)],
+            turns: 0,
+            home: None,
+        }
+    }
+
+    /// Adds the next question (the first turn already has one).
+    fn ask(&mut self) {
+        if self.turns > 0 {
+            let q = format!(
+                "{} asks question {}: {}",
+                self.name,
+                self.turns,
+                filler(1000 + self.turns as u64, 40)
+            );
+            self.messages.push(("user", q));
+        }
+    }
+
+    fn request_id(&self) -> String {
+        format!("{}-t{}", self.name, self.turns)
+    }
+}
+
+/// The pool under test: the simulators and the indexer over them.
+struct Bench {
+    sims: Vec<Sim>,
+    ix: Running,
+}
+
+impl Bench {
+    async fn start() -> Bench {
+        let sims = Sim::start_many(ENGINES).await;
+        let ix = start_indexer(&config(&sims.iter().collect::<Vec<_>>())).await;
+        ix.wait_ready().await;
+        Bench { sims, ix }
+    }
+
+    fn sim(&self, address: &str) -> &Sim {
+        self.sims
+            .iter()
+            .find(|s| s.address() == address)
+            .unwrap_or_else(|| panic!("no simulator at {address}"))
+    }
+
+    /// Picks the conversation's next turn (not served).
+    async fn pick(&self, conv: &Conversation) -> pb::PickResponse {
+        let pick = self
+            .ix
+            .pick(chat_pick(&conv.request_id(), &conv.messages))
+            .await;
+        assert!(!pick.endpoints.is_empty(), "no endpoint: {pick:?}");
+        pick
+    }
+
+    /// Serves a picked turn on the first endpoint, reports it done, keeps
+    /// the answer in the conversation and waits until the engine's events
+    /// are indexed and every engine is idle again (turns are sent one at a
+    /// time, as a user types them).
+    async fn serve(&self, conv: &mut Conversation, pick: &pb::PickResponse) -> String {
+        let address = pick.endpoints[0].address.clone();
+        let resp = self.sim(&address).chat(&conv.messages, MAX_TOKENS).await;
+        self.ix
+            .report(pb::ReportRequest {
+                pool: POOL.into(),
+                request_id: conv.request_id(),
+                endpoint: address.clone(),
+                prompt_tokens: prompt_tokens(&resp) as u32,
+                cached_tokens: cached_tokens(&resp) as u32,
+                completion_tokens: MAX_TOKENS,
+                outcome: pb::Outcome::Success as i32,
+                phase: pb::ReportPhase::Done as i32,
+                ..Default::default()
+            })
+            .await;
+        conv.messages.push(("assistant", reply(&resp)));
+        conv.turns += 1;
+        conv.home = Some(address.clone());
+        self.ix.wait_settled(&address).await;
+        self.wait_idle().await;
+        address
+    }
+
+    /// Picks and serves the conversation's next turn.
+    async fn turn(&self, conv: &mut Conversation) -> (String, pb::PickResponse) {
+        conv.ask();
+        let pick = self.pick(conv).await;
+        (self.serve(conv, &pick).await, pick)
+    }
+
+    /// Waits until the indexer's last scrapes show every engine idle and
+    /// none of its picks in flight.
+    async fn wait_idle(&self) {
+        wait_for("every engine idle", Duration::from_secs(10), || async {
+            self.ix
+                .state()
+                .await
+                .endpoints
+                .iter()
+                .all(|e| e.running == 0 && e.waiting == 0 && e.in_flight == 0)
+        })
+        .await;
+    }
+}
+
+/// The endpoint's entry in a pick's list.
+fn entry<'a>(pick: &'a pb::PickResponse, address: &str) -> Option<&'a pb::PickedEndpoint> {
+    pick.endpoints.iter().find(|e| e.address == address)
+}
+
+/// Starts [`CONVERSATIONS`] conversations one at a time on the idle pool;
+/// returns them and how many each engine started.
+async fn start_conversations(b: &Bench) -> (Vec<Conversation>, HashMap<String, usize>) {
+    let mut convs: Vec<Conversation> = (0..CONVERSATIONS)
+        .map(|i| Conversation::new(&format!("c{i}"), 10 + i as u64))
+        .collect();
+    let mut per: HashMap<String, usize> = HashMap::new();
+    for conv in &mut convs {
+        let (address, _) = b.turn(conv).await;
+        *per.entry(address).or_default() += 1;
+    }
+    (convs, per)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_engine_loses_its_prefixes_and_takes_new_conversations() {
+    let mut b = Bench::start().await;
+    let (mut convs, per) = start_conversations(&b).await;
+    eprintln!("conversations started per engine: {per:?}");
+    assert_eq!(per.len(), ENGINES, "every engine starts some: {per:?}");
+
+    // A is served by X; a pick of A's next turn goes back to X for its
+    // prefix. B is X's other conversation, never served anywhere else.
+    let x = convs[0].home.clone().expect("served");
+    let b_idx = (1..CONVERSATIONS)
+        .find(|&i| convs[i].home.as_deref() == Some(x.as_str()))
+        .unwrap_or_else(|| panic!("X ({x}) started only one conversation: {per:?}"));
+    let (to, pick) = b.turn(&mut convs[0]).await;
+    assert_eq!(to, x, "A's second turn goes back to X: {pick:?}");
+    assert_eq!(pick.decision, pb::Decision::Prefix as i32, "{pick:?}");
+    assert!(pick.endpoints[0].predicted_cached_tokens > 0, "{pick:?}");
+    let x_blocks = b.ix.endpoint_state(&x).await.indexed_blocks;
+    assert!(x_blocks > 0);
+
+    // X dies. The indexer sees it unhealthy after a few failed scrapes.
+    let xi = b.sims.iter().position(|s| s.address() == x).expect("X");
+    let killed = Instant::now();
+    b.sims[xi].kill();
+    wait_for("X unhealthy", Duration::from_secs(10), || async {
+        !b.ix.endpoint_state(&x).await.healthy
+    })
+    .await;
+    eprintln!("X ({x}) unhealthy {:?} after the kill", killed.elapsed());
+    let down = b.ix.endpoint_state(&x).await;
+    assert_eq!(down.indexed_blocks, 0, "X's blocks dropped: {down:?}");
+
+    // (1) While X is down no pick lists it: A's next turn (X held its
+    // history) is served elsewhere, and so are new conversations.
+    let (a_home, pick) = b.turn(&mut convs[0]).await;
+    assert!(entry(&pick, &x).is_none(), "X listed while down: {pick:?}");
+    assert_ne!(a_home, x);
+    for i in 0..3 {
+        let mut conv = Conversation::new(&format!("down{i}"), 100 + i);
+        let (to, pick) = b.turn(&mut conv).await;
+        assert!(entry(&pick, &x).is_none(), "X listed while down: {pick:?}");
+        assert_ne!(to, x);
+        convs.push(conv);
+    }
+
+    // X comes back on the same ports: empty cache, event sequence from 0.
+    b.sims[xi].spawn();
+    b.sims[xi].wait_healthy().await;
+    wait_for("X healthy and in sync", Duration::from_secs(20), || async {
+        let s = b.ix.endpoint_state(&x).await;
+        s.healthy && s.sync_state == pb::SyncState::InSync as i32
+    })
+    .await;
+    b.ix.wait_ready().await;
+    eprintln!("X back {:?} after the kill", killed.elapsed());
+    let back = b.ix.endpoint_state(&x).await;
+    assert_eq!(back.indexed_blocks, 0, "X holds nothing yet: {back:?}");
+
+    // (2) A's next turn: X is listed (healthy) and credited with nothing;
+    // A's history now lives where it was served while X was down.
+    let (to, pick) = b.turn(&mut convs[0]).await;
+    let on_x = entry(&pick, &x).unwrap_or_else(|| panic!("X not listed: {pick:?}"));
+    assert_eq!(
+        on_x.predicted_cached_tokens, 0,
+        "X credited with A: {pick:?}"
+    );
+    assert_eq!(to, a_home, "A stays where it was re-served: {pick:?}");
+    assert_eq!(pick.decision, pb::Decision::Prefix as i32, "{pick:?}");
+
+    // (3) A new conversation goes to X: every engine is idle and nobody
+    // holds its prefix, and X is the one that started the fewest
+    // conversations lately (its count went with its cache). Its next turn
+    // stays on X, found in the events of X's new process.
+    let mut fresh = Conversation::new("after", 200);
+    let (to, pick) = b.turn(&mut fresh).await;
+    assert_eq!(to, x, "the new conversation starts on X: {pick:?}");
+    let placement = |address: &str| {
+        entry(&pick, address)
+            .and_then(|e| e.score.as_ref())
+            .map_or(f64::NAN, |s| s.placement)
+    };
+    assert_eq!(placement(&x), 0.0, "{pick:?}");
+    for s in b.sims.iter().filter(|s| s.address() != x) {
+        assert!(placement(&s.address()) > 0.0, "{pick:?}");
+    }
+    let (to, pick) = b.turn(&mut fresh).await;
+    assert_eq!(to, x, "the new conversation stays on X: {pick:?}");
+    assert_eq!(pick.decision, pb::Decision::Prefix as i32, "{pick:?}");
+    assert!(pick.endpoints[0].predicted_cached_tokens > 0, "{pick:?}");
+
+    // (2) again for B, which only X ever held: nobody is credited with it,
+    // X least of all.
+    let conv_b = &mut convs[b_idx];
+    conv_b.ask();
+    let pick = b.pick(conv_b).await;
+    let on_x = entry(&pick, &x).unwrap_or_else(|| panic!("X not listed: {pick:?}"));
+    assert_eq!(
+        on_x.predicted_cached_tokens, 0,
+        "X credited with B: {pick:?}"
+    );
+    assert!(
+        pick.endpoints
+            .iter()
+            .all(|e| e.predicted_cached_tokens == 0),
+        "{pick:?}"
+    );
+    assert_ne!(pick.decision, pb::Decision::Prefix as i32, "{pick:?}");
+    b.serve(conv_b, &pick).await;
+    b.ix.indexer.shutdown().await;
+}
