@@ -8,7 +8,10 @@
 //! * each request reported done that the scrape counted
 //!   ([`LoadView::done_since_scrape`]) leaves the engine;
 //! * each pick placed on the endpoint since the scrape (counted by
-//!   [`super::PoolFlow`]) joins it.
+//!   [`super::PoolFlow`]) joins it;
+//! * with shared load, each pick another replica placed there, and each
+//!   of its picks that ended, as a sharing round read them after the
+//!   scrape, joins or leaves it likewise ([`Since`]).
 //!
 //! The engine then runs what it ran, as far as it can: a scrape with a
 //! waiting queue says the engine is full at its running count (out of batch
@@ -20,19 +23,37 @@
 
 use crate::load::{EngineLoad, LoadView, SaturationThresholds};
 
-/// The saturation (0..1) of an endpoint whose view is `view`, with
-/// `placed` picks placed on it since its last scrape. An unhealthy one is
-/// saturated.
-pub(crate) fn saturation(view: &LoadView, placed: u32, thresholds: &SaturationThresholds) -> f64 {
+/// What moved on an endpoint since its last scrape, besides this replica's
+/// DONE reports (in its view).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Since {
+    /// Picks placed on it: this replica's and the other replicas'.
+    pub(crate) placed: u32,
+    /// The other replicas' picks that ended there (whether the scrape saw
+    /// them or not: a pick placed after it is in `placed` too, and the two
+    /// cancel out).
+    pub(crate) peer_done: u32,
+}
+
+impl Since {
+    /// `placed` placements, nothing else.
+    #[cfg(test)]
+    pub(crate) fn placed(placed: u32) -> Self {
+        Since {
+            placed,
+            peer_done: 0,
+        }
+    }
+}
+
+/// The saturation (0..1) of an endpoint whose view is `view`, with `since`
+/// moved on it since its last scrape. An unhealthy one is saturated.
+pub(crate) fn saturation(view: &LoadView, since: Since, thresholds: &SaturationThresholds) -> f64 {
     if !view.healthy {
         return 1.0;
     }
-    thresholds.saturation(&moved_on(
-        &view.engine,
-        view.done_since_scrape,
-        placed,
-        thresholds,
-    ))
+    let done = view.done_since_scrape.saturating_add(since.peer_done);
+    thresholds.saturation(&moved_on(&view.engine, done, since.placed, thresholds))
 }
 
 /// The engine's state after `done` of its requests ended and `placed` new
@@ -78,24 +99,24 @@ fn moved_on(
 /// The least saturated endpoint's saturation once `in_transit` picks (let
 /// through or released, not placed yet) are placed, each where it finds the
 /// most room; `None` without endpoints. `loads` are each endpoint's view
-/// and its placements since its scrape. Stops adding once every endpoint is
-/// at `threshold` (the answer is then known).
+/// and what moved on it since its scrape. Stops adding once every endpoint
+/// is at `threshold` (the answer is then known).
 pub(crate) fn least_saturation(
-    loads: &[(&LoadView, u32)],
+    loads: &[(&LoadView, Since)],
     in_transit: usize,
     thresholds: &SaturationThresholds,
     threshold: f64,
 ) -> Option<f64> {
-    let mut placed: Vec<u32> = loads.iter().map(|(_, p)| *p).collect();
-    let sat = |i: usize, p: u32| saturation(loads[i].0, p, thresholds);
-    let mut sats: Vec<f64> = (0..loads.len()).map(|i| sat(i, placed[i])).collect();
+    let mut since: Vec<Since> = loads.iter().map(|(_, s)| *s).collect();
+    let sat = |i: usize, s: Since| saturation(loads[i].0, s, thresholds);
+    let mut sats: Vec<f64> = (0..loads.len()).map(|i| sat(i, since[i])).collect();
     for _ in 0..in_transit {
         let (i, s) = argmin(&sats)?;
         if s >= threshold {
             return Some(s);
         }
-        placed[i] = placed[i].saturating_add(1);
-        sats[i] = sat(i, placed[i]);
+        since[i].placed = since[i].placed.saturating_add(1);
+        sats[i] = sat(i, since[i]);
     }
     argmin(&sats).map(|(_, s)| s)
 }
@@ -131,55 +152,83 @@ mod tests {
     #[test]
     fn a_queue_shrinks_by_the_requests_done_and_grows_by_the_picks_placed() {
         let v = view(10, 5, 0.5, 0);
-        assert_eq!(saturation(&v, 0, &th()), 1.0);
+        assert_eq!(saturation(&v, Since::placed(0), &th()), 1.0);
         let freed = view(10, 5, 0.5, 1);
-        assert!((saturation(&freed, 0, &th()) - 0.8).abs() < 1e-9);
+        assert!((saturation(&freed, Since::placed(0), &th()) - 0.8).abs() < 1e-9);
         assert_eq!(
-            saturation(&freed, 1, &th()),
+            saturation(&freed, Since::placed(1), &th()),
             1.0,
             "one freed slot, one pick"
         );
-        assert_eq!(saturation(&view(0, 5, 0.0, 0), 0, &th()), 1.0);
-        assert!((saturation(&view(0, 5, 0.0, 2), 0, &th()) - 0.6).abs() < 1e-9);
+        assert_eq!(
+            saturation(&view(0, 5, 0.0, 0), Since::placed(0), &th()),
+            1.0
+        );
+        assert!((saturation(&view(0, 5, 0.0, 2), Since::placed(0), &th()) - 0.6).abs() < 1e-9);
     }
 
     #[test]
     fn without_a_queue_kv_follows_the_running_count() {
         // 10 running at 0.9: KV-full; one done frees its share.
         let full = view(10, 0, 0.9, 0);
-        assert_eq!(saturation(&full, 0, &th()), 1.0);
+        assert_eq!(saturation(&full, Since::placed(0), &th()), 1.0);
         let one_done = view(10, 0, 0.9, 1);
-        assert!((saturation(&one_done, 0, &th()) - 0.9).abs() < 1e-9);
-        assert_eq!(saturation(&one_done, 1, &th()), 1.0);
+        assert!((saturation(&one_done, Since::placed(0), &th()) - 0.9).abs() < 1e-9);
+        assert_eq!(saturation(&one_done, Since::placed(1), &th()), 1.0);
         // Half full: room for five more before KV reaches the threshold,
         // the sixth waits.
         let half = view(5, 0, 0.45, 0);
-        assert!((saturation(&half, 5, &th()) - 1.0).abs() < 1e-9);
-        assert!(saturation(&half, 4, &th()) < 1.0);
-        assert!((saturation(&half, 6, &th()) - 1.0).abs() < 1e-9);
+        assert!((saturation(&half, Since::placed(5), &th()) - 1.0).abs() < 1e-9);
+        assert!(saturation(&half, Since::placed(4), &th()) < 1.0);
+        assert!((saturation(&half, Since::placed(6), &th()) - 1.0).abs() < 1e-9);
     }
 
     #[test]
     fn an_idle_engine_takes_new_picks_until_a_scrape_says_more() {
         let idle = view(0, 0, 0.0, 0);
-        assert_eq!(saturation(&idle, 1000, &th()), 0.0);
+        assert_eq!(saturation(&idle, Since::placed(1000), &th()), 0.0);
         let unhealthy = LoadView::default();
-        assert_eq!(saturation(&unhealthy, 0, &th()), 1.0);
-        assert_eq!(saturation(&view(3, 0, 0.3, 10), 0, &th()), 0.0);
+        assert_eq!(saturation(&unhealthy, Since::placed(0), &th()), 1.0);
+        assert_eq!(
+            saturation(&view(3, 0, 0.3, 10), Since::placed(0), &th()),
+            0.0
+        );
     }
 
     #[test]
     fn picks_in_transit_take_the_most_room_first() {
         let a = view(0, 4, 0.0, 0); // room for one
         let b = view(0, 3, 0.0, 0); // room for two
-        let loads = [(&a, 0), (&b, 0)];
+        let loads = [(&a, Since::placed(0)), (&b, Since::placed(0))];
         assert!((least_saturation(&loads, 0, &th(), 1.0).unwrap() - 0.6).abs() < 1e-9);
         assert!((least_saturation(&loads, 2, &th(), 1.0).unwrap() - 0.8).abs() < 1e-9);
         assert_eq!(least_saturation(&loads, 3, &th(), 1.0), Some(1.0));
         assert_eq!(least_saturation(&loads, 1000, &th(), 1.0), Some(1.0));
         assert_eq!(least_saturation(&[], 0, &th(), 1.0), None);
         // Placements since the scrape count like picks in transit.
-        let loads = [(&a, 1), (&b, 2)];
+        let loads = [(&a, Since::placed(1)), (&b, Since::placed(2))];
         assert_eq!(least_saturation(&loads, 0, &th(), 1.0), Some(1.0));
+    }
+
+    #[test]
+    fn other_replicas_placements_and_ends_move_it_as_this_ones_do() {
+        // Room for one (4 of 5 waiting): another replica's placement fills
+        // it, and its end frees it again, as this replica's would.
+        let v = view(10, 4, 0.2, 0);
+        assert!(saturation(&v, Since::default(), &th()) < 1.0);
+        assert_eq!(saturation(&v, Since::placed(1), &th()), 1.0);
+        let came_and_went = Since {
+            placed: 1,
+            peer_done: 1,
+        };
+        assert!((saturation(&v, came_and_went, &th()) - 0.8).abs() < 1e-9);
+        // An end of a request the scrape counted frees a slot, with this
+        // replica's own DONE reports.
+        let ended = Since {
+            placed: 0,
+            peer_done: 1,
+        };
+        let own_done = view(10, 4, 0.2, 1);
+        assert!((saturation(&own_done, ended, &th()) - 0.4).abs() < 1e-9);
     }
 }

@@ -16,8 +16,10 @@
 //!
 //! With several indexer replicas each keeps its own queue for the picks of
 //! the streams it serves (see flowcontrol/README.md, "Two or more indexer
-//! replicas"): every replica scrapes every engine, and counts only its own
-//! placements and reports between scrapes.
+//! replicas"): every replica scrapes every engine, and between scrapes
+//! counts its own placements and reports and, with shared load, the other
+//! replicas' placements and ends as its last sharing rounds read them
+//! ([`PoolFlow::peer_moves`], [`crate::shared_load::moves`]).
 
 mod estimate;
 pub mod metrics;
@@ -33,11 +35,17 @@ use tokio::sync::oneshot;
 
 use crate::load::{LoadView, SaturationThresholds};
 use crate::types::EndpointId;
+use estimate::Since;
 pub use metrics::{FlowMetrics, ShedCause};
 
 /// Placements remembered per endpoint between two scrapes; past it the
 /// oldest are forgotten (the endpoint looks less loaded until the scrape).
 const MAX_PLACED_PER_ENDPOINT: usize = 4096;
+
+/// Sharing rounds whose peer moves are remembered per endpoint between two
+/// scrapes; past it the oldest are forgotten (a round every 5 ms at the
+/// least, so this covers a scrape interval of 5 s).
+const MAX_PEER_READS_PER_ENDPOINT: usize = 1024;
 
 /// Released picks whose charge waits for their DONE report; past it the
 /// oldest are forgotten (their charge stays the estimate).
@@ -154,6 +162,9 @@ struct Inner {
     queue: FlowQueue<Waiter>,
     /// Placement times per endpoint since (about) its last scrape.
     placed: HashMap<EndpointId, VecDeque<Instant>>,
+    /// Other replicas' placements and ends per endpoint since its last
+    /// scrape: (when a round read them, placed, ended).
+    peer: HashMap<EndpointId, VecDeque<(Instant, u32, u32)>>,
     /// Tokens waiting per tenant (tenants with picks waiting only).
     tokens: HashMap<String, u64>,
     /// Released and placed picks' charges by request id, oldest first.
@@ -178,6 +189,7 @@ impl PoolFlow {
             inner: Mutex::new(Inner {
                 queue: FlowQueue::new(config.limits()),
                 placed: HashMap::new(),
+                peer: HashMap::new(),
                 tokens: HashMap::new(),
                 charges: HashMap::new(),
                 charge_order: VecDeque::new(),
@@ -409,6 +421,32 @@ impl PoolFlow {
         }
     }
 
+    /// Other replicas' picks placed on and ended at each endpoint, as a
+    /// sharing round read them at `now`: until this replica's next scrape
+    /// of the endpoint they move its estimate as its own placements and
+    /// DONE reports do. Returns whether some ended (room may be free:
+    /// the caller runs a release).
+    pub fn peer_moves(
+        &self,
+        moves: impl IntoIterator<Item = (EndpointId, u32, u32)>,
+        now: Instant,
+    ) -> bool {
+        let mut g = self.inner.lock();
+        let mut ended = false;
+        for (id, placed, done) in moves {
+            if placed == 0 && done == 0 {
+                continue;
+            }
+            ended |= done > 0;
+            let q = g.peer.entry(id).or_default();
+            if q.len() >= MAX_PEER_READS_PER_ENDPOINT {
+                q.pop_front();
+            }
+            q.push_back((now, placed, done));
+        }
+        ended
+    }
+
     /// Released picks whose charge waits for their report.
     pub fn charges_open(&self) -> usize {
         self.inner.lock().charges.len()
@@ -423,14 +461,14 @@ impl PoolFlow {
         now: Instant,
     ) -> Vec<EndpointId> {
         let mut g = self.inner.lock();
-        let placed = placed_since_scrape(&mut g.placed, loads, now);
+        let since = since_scrape(&mut g, loads, now);
         loads
             .iter()
-            .zip(placed)
-            .filter(|((_, v), p)| {
+            .zip(since)
+            .filter(|((_, v), s)| {
                 v.healthy
                     && has_room(
-                        estimate::saturation(v, *p, thresholds),
+                        estimate::saturation(v, *s, thresholds),
                         self.config.threshold,
                     )
             })
@@ -447,10 +485,10 @@ impl PoolFlow {
         thresholds: &SaturationThresholds,
         now: Instant,
     ) -> f64 {
-        let placed = placed_since_scrape(&mut g.placed, loads, now);
-        let healthy: Vec<(&LoadView, u32)> = loads
+        let since = since_scrape(g, loads, now);
+        let healthy: Vec<(&LoadView, Since)> = loads
             .iter()
-            .zip(placed)
+            .zip(since)
             .filter(|((_, v), _)| v.healthy)
             .map(|((_, v), p)| (v, p))
             .collect();
@@ -464,28 +502,43 @@ impl PoolFlow {
     }
 }
 
-/// Placements on each endpoint of `loads` after its last scrape, forgetting
-/// older ones and the endpoints that left.
-fn placed_since_scrape(
-    placed: &mut HashMap<EndpointId, VecDeque<Instant>>,
-    loads: &[(EndpointId, LoadView)],
-    now: Instant,
-) -> Vec<u32> {
+/// What moved on each endpoint of `loads` after its last scrape (this
+/// replica's placements, the other replicas' placements and ends),
+/// forgetting older moves and the endpoints that left.
+fn since_scrape(g: &mut Inner, loads: &[(EndpointId, LoadView)], now: Instant) -> Vec<Since> {
+    let Inner { placed, peer, .. } = g;
+    let present = |id: &EndpointId| loads.iter().any(|(l, _)| l == id);
     if placed.len() > loads.len() {
-        placed.retain(|id, _| loads.iter().any(|(l, _)| l == id));
+        placed.retain(|id, _| present(id));
+    }
+    if peer.len() > loads.len() {
+        peer.retain(|id, _| present(id));
     }
     loads
         .iter()
         .map(|(id, v)| {
-            let Some(q) = placed.get_mut(id) else {
-                return 0;
-            };
-            if let Some(scraped) = v.last_scrape_age.and_then(|a| now.checked_sub(a)) {
-                while q.front().is_some_and(|t| *t <= scraped) {
-                    q.pop_front();
+            let scraped = v.last_scrape_age.and_then(|a| now.checked_sub(a));
+            let mut since = Since::default();
+            if let Some(q) = placed.get_mut(id) {
+                if let Some(scraped) = scraped {
+                    while q.front().is_some_and(|t| *t <= scraped) {
+                        q.pop_front();
+                    }
+                }
+                since.placed = u32::try_from(q.len()).unwrap_or(u32::MAX);
+            }
+            if let Some(q) = peer.get_mut(id) {
+                if let Some(scraped) = scraped {
+                    while q.front().is_some_and(|(t, _, _)| *t <= scraped) {
+                        q.pop_front();
+                    }
+                }
+                for (_, p, d) in q.iter() {
+                    since.placed = since.placed.saturating_add(*p);
+                    since.peer_done = since.peer_done.saturating_add(*d);
                 }
             }
-            u32::try_from(q.len()).unwrap_or(u32::MAX)
+            since
         })
         .collect()
 }

@@ -339,3 +339,43 @@ fn a_caller_that_cannot_wait_goes_when_room_is_left_after_the_queue() {
     ));
     assert!(matches!(again.try_recv(), Ok(Wake::Go(_))));
 }
+
+/// `ep` scraped `age_ms` ago.
+fn ep_scraped(id: u64, waiting: u32, age_ms: u64) -> (EndpointId, LoadView) {
+    let (id, mut v) = ep(id, waiting, 0);
+    v.last_scrape_age = Some(Duration::from_millis(age_ms));
+    (id, v)
+}
+
+#[test]
+fn other_replicas_moves_fill_and_free_room_until_the_next_scrape() {
+    let f = PoolFlow::new(cfg(8, 8));
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    // Room for exactly one (4 of 5 waiting), scraped at t0.
+    let loads_at = |ms| [ep_scraped(1, 4, ms)];
+    // Another replica placed one there, read at 10 ms: no room here.
+    assert!(!f.peer_moves([(EndpointId(1), 1, 0)], at(10)));
+    let Arrival::Queued { mut rx, .. } = f.arrive(&loads_at(20), &th(), ask("b", 10), at(20))
+    else {
+        panic!("the other replica's placement took the room")
+    };
+    assert!(f.with_room(&loads_at(20), &th(), at(20)).is_empty());
+    // It ended, read at 30 ms: room again, the waiting pick goes.
+    assert!(f.peer_moves([(EndpointId(1), 0, 1)], at(30)));
+    f.release(&loads_at(40), &th(), at(40));
+    let Ok(Wake::Go(pass)) = rx.try_recv() else {
+        panic!("released")
+    };
+    f.placed(pass, Some(EndpointId(1)));
+    // One more from the other replica, read at 45 ms: full again.
+    f.peer_moves([(EndpointId(1), 1, 0)], at(45));
+    assert!(f.with_room(&loads_at(46), &th(), at(46)).is_empty());
+    // A scrape at 50 ms shows the engine as it is: the moves before it
+    // are forgotten (this replica's placement too).
+    let rescraped = [ep_scraped(1, 4, 0)];
+    assert_eq!(f.with_room(&rescraped, &th(), at(50)), vec![EndpointId(1)]);
+    // Moves with nothing in them change nothing and free nothing.
+    assert!(!f.peer_moves([(EndpointId(1), 0, 0)], at(60)));
+    assert_eq!(f.with_room(&rescraped, &th(), at(50)), vec![EndpointId(1)]);
+}

@@ -279,6 +279,30 @@ mod tests {
     }
 
     #[test]
+    fn own_moves_are_running_totals_of_picks_placed_and_ended() {
+        use crate::load::{LoadConfig, LoadTracker, Phase};
+        let t = LoadTracker::new(LoadConfig::default());
+        let (a, b, now) = (EndpointId(1), EndpointId(2), Instant::now());
+        t.add_endpoint(a);
+        t.add_endpoint(b);
+        assert!(t.own_moves().is_empty());
+        t.record_pick("r1", a, 10, 0, None, now);
+        t.record_pick("r2", a, 10, 0, None, now);
+        assert_eq!(t.own_moves(), vec![(a, 2, 0)]);
+        // A first token ends nothing; a DONE does.
+        t.report("r1", Phase::FirstToken);
+        t.report("r1", Phase::Done);
+        assert_eq!(t.own_moves(), vec![(a, 2, 1)]);
+        // A retry moves r2 to b: it left a, as if done there.
+        t.record_pick("r2", b, 10, 0, None, now);
+        assert_eq!(t.own_moves(), vec![(a, 2, 2), (b, 1, 0)]);
+        // Unknown DONEs and picks without an id change nothing.
+        t.report("nobody", Phase::Done);
+        t.record_pick("", a, 10, 0, None, now);
+        assert_eq!(t.own_moves(), vec![(a, 2, 2), (b, 1, 0)]);
+    }
+
+    #[test]
     fn sums_saturate() {
         let big = PeerLoad {
             in_flight: u32::MAX,

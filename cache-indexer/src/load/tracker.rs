@@ -126,6 +126,11 @@ struct EndpointLoad {
     /// Picks made before the last scrape and reported done since: the
     /// scrape still counts them as running.
     done_since_scrape: u32,
+    /// Picks accounted here since the endpoint was added (never reset):
+    /// what other replicas' flow control counts ([`LoadTracker::own_moves`]).
+    placed_total: u64,
+    /// Of those, picks reported done or moved away by a retry.
+    done_total: u64,
 }
 
 impl EndpointLoad {
@@ -372,6 +377,10 @@ impl LoadTracker {
         } = &mut *g;
         if let Some(old) = in_flight.remove(request_id) {
             release(endpoints, &old, true);
+            // The retry left that endpoint: for other replicas, as if done.
+            if let Some(e) = endpoints.get_mut(&old.endpoint) {
+                e.done_total += 1;
+            }
         }
         let Some(e) = endpoints.get_mut(&endpoint) else {
             return Accounting::Ignored;
@@ -388,6 +397,7 @@ impl LoadTracker {
         *next_seq += 1;
         e.in_flight += 1;
         e.unconfirmed += 1;
+        e.placed_total += 1;
         e.queued_prefill += prefill_tokens;
         if let Some(chain) = chain.filter(|c| !c.is_empty()) {
             e.remember_pending(seq, chain);
@@ -576,6 +586,23 @@ impl LoadTracker {
         out
     }
 
+    /// This replica's picks accounted per endpoint and, of those, the ones
+    /// reported done (or moved by a retry), both counted since the endpoint
+    /// was added, never reset; endpoints with none left out, sorted by id:
+    /// what it publishes for the other replicas' flow control, which counts
+    /// the increments it reads as placements and ends since its own scrape.
+    pub fn own_moves(&self) -> Vec<(EndpointId, u64, u64)> {
+        let g = self.inner.lock();
+        let mut out: Vec<(EndpointId, u64, u64)> = g
+            .endpoints
+            .iter()
+            .filter(|(_, e)| e.placed_total > 0)
+            .map(|(id, e)| (*id, e.placed_total, e.done_total))
+            .collect();
+        out.sort_unstable_by_key(|(id, _, _)| id.0);
+        out
+    }
+
     /// Takes the other replicas' load, summed over `peers` live replicas
     /// (never this one's): the views add it until `now + ttl`, then fall
     /// back to this replica's own counts unless a newer read replaces it.
@@ -660,11 +687,13 @@ fn release(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &InFlight, whol
     }
 }
 
-/// Counts a pick reported done that the endpoint's last scrape counted
-/// (picked before it): until the next scrape, the engine's scraped
+/// Counts a pick reported done (for other replicas, [`LoadTracker::own_moves`]),
+/// and, when the endpoint's last scrape counted it (picked before it), in
+/// `done_since_scrape`: until the next scrape, the engine's scraped
 /// `running` is that much too high.
 fn finished(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &InFlight) {
     if let Some(e) = endpoints.get_mut(&f.endpoint) {
+        e.done_total += 1;
         if e.last_ok.is_some_and(|scraped| f.picked_at <= scraped) {
             e.done_since_scrape = e.done_since_scrape.saturating_add(1);
         }

@@ -42,8 +42,15 @@
 //!   the engine's KV events do not say where its prefix will be cached, and
 //!   a repeat picked by another replica would otherwise be prefilled again
 //!   elsewhere. Read only for live replicas, deleted with their load field.
+//!
+//! * **Flow control.** A pool with flow control on also keeps a third hash,
+//!   `<keyPrefix><pool>:flow`: each replica's picks placed on and ended at
+//!   each endpoint, as running totals ([`moves`]), written in the same
+//!   round when they changed. Their increments reach the other replicas'
+//!   flow control one round later, instead of at their next scrape.
 
 pub mod merge;
+pub mod moves;
 pub mod pending;
 mod store;
 mod sync;

@@ -1,8 +1,10 @@
 //! The sync task: every interval, one pipelined round trip to Redis that,
 //! for every pool, writes this replica's field (when its load changed or a
 //! heartbeat is due) and reads the whole hash back; the other replicas'
-//! load goes into each pool's tracker. Nothing here runs on a pick's path:
-//! a pick reads what the last round left in the tracker.
+//! load goes into each pool's tracker. Pools with flow control also write
+//! and read their picks' running totals ([`moves`]), whose increments go to
+//! the pool's flow control. Nothing here runs on a pick's path: a pick
+//! reads what the last round left in the tracker and the flow state.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 
 use super::merge::{encode, PeerTable, FORGET_AFTER_TTLS};
+use super::moves::{self, MovesTable};
 use super::pending::{self, Fingerprint};
 use super::store::{Store, StoreError};
 use super::Settings;
@@ -24,6 +27,7 @@ use crate::types::EndpointId;
 const HEARTBEATS_PER_TTL: u32 = 3;
 
 type Loads = Vec<(EndpointId, PeerLoad)>;
+type Totals = Vec<(EndpointId, u64, u64)>;
 
 /// One pool's side of the sync.
 struct PoolSync {
@@ -38,6 +42,17 @@ struct PoolSync {
     published_pending: Option<Fingerprint>,
     /// Dead replicas' fields to delete at the next round.
     forget: Vec<String>,
+    /// The third hash, picks' running totals for flow control: only for a
+    /// pool with flow control on.
+    flow: Option<FlowSync>,
+}
+
+/// A pool's flow-control side of the sync ([`moves`]).
+struct FlowSync {
+    key: String,
+    table: MovesTable,
+    /// The totals last written (none: write at the next round).
+    published: Option<Totals>,
 }
 
 /// The rounds of one replica.
@@ -81,6 +96,11 @@ impl Sync {
                 published: None,
                 published_pending: None,
                 forget: Vec::new(),
+                flow: p.flow.enabled().then(|| FlowSync {
+                    key: format!("{}{}:flow", s.key_prefix, p.name),
+                    table: MovesTable::default(),
+                    published: None,
+                }),
             })
             .collect();
         let seq = SystemTime::now()
@@ -107,10 +127,11 @@ impl Sync {
             .store
             .query::<Vec<HashMap<Vec<u8>, Vec<u8>>>>(&pipe)
             .await;
+        let expected: usize = self.pools.iter().map(PoolSync::reads).sum();
         match result {
-            Ok(reads) if reads.len() == 2 * self.pools.len() => self.apply(reads, writes),
+            Ok(reads) if reads.len() == expected => self.apply(reads, writes),
             Ok(reads) => self.fail(&StoreError::Failed(format!(
-                "{} replies for {} pools (two each)",
+                "{} replies for {} pools ({expected} expected)",
                 reads.len(),
                 self.pools.len()
             ))),
@@ -125,6 +146,9 @@ impl Sync {
         let mut pipe = redis::pipe();
         let mut writes = Vec::with_capacity(self.pools.len());
         for p in &mut self.pools {
+            // Before the load entry: a reader that finds this replica live
+            // finds its totals too (see [`moves::MovesTable::merge`]).
+            let totals = write_totals(&mut pipe, p, &self.s.replica_id);
             let own = p.pool.load.own_loads();
             let due = p.published.as_ref().is_none_or(|(last, at)| {
                 *last != own || now.saturating_duration_since(*at) >= heartbeat
@@ -141,18 +165,28 @@ impl Sync {
                     .arg(&p.pending_key)
                     .arg(key_ttl_ms)
                     .ignore();
+                if let Some(f) = &p.flow {
+                    pipe.cmd("PEXPIRE").arg(&f.key).arg(key_ttl_ms).ignore();
+                }
             }
             let pending = write_pending(&mut pipe, p, &self.s.replica_id);
             if !p.forget.is_empty() {
                 let forget = std::mem::take(&mut p.forget);
+                if let Some(f) = &p.flow {
+                    pipe.cmd("HDEL").arg(&f.key).arg(&forget).ignore();
+                }
                 pipe.cmd("HDEL").arg(&p.key).arg(&forget).ignore();
                 pipe.cmd("HDEL").arg(&p.pending_key).arg(forget).ignore();
             }
             pipe.cmd("HGETALL").arg(&p.key);
             pipe.cmd("HGETALL").arg(&p.pending_key);
+            if let Some(f) = &p.flow {
+                pipe.cmd("HGETALL").arg(&f.key);
+            }
             writes.push(Written {
                 loads: due.then_some(own),
                 pending,
+                totals,
             });
         }
         (pipe, writes)
@@ -169,17 +203,30 @@ impl Sync {
             let (Some(read), Some(pending_read)) = (reads.next(), reads.next()) else {
                 break;
             };
+            let flow_read = if p.flow.is_some() { reads.next() } else { None };
             if let Some(own) = wrote.loads {
                 p.published = Some((own, now));
             }
             if let Some(f) = wrote.pending {
                 p.published_pending = Some(f);
             }
+            if let (Some(t), Some(f)) = (wrote.totals, &mut p.flow) {
+                f.published = Some(t);
+            }
             let merged = p
                 .table
                 .merge(&self.s.replica_id, fields(read), now, self.s.ttl);
             let mut peer_pending = pending::merge(&merged.live_fields, fields(pending_read));
             peer_pending.refused += merged.malformed;
+            let freed = match (&mut p.flow, flow_read) {
+                (Some(f), Some(read)) => {
+                    let m = f.table.merge(&merged.live_fields, fields(read));
+                    peer_pending.refused += m.refused;
+                    let moves = m.moves.iter().map(|(id, m)| (*id, m.placed, m.done));
+                    p.pool.flow.peer_moves(moves, now)
+                }
+                _ => false,
+            };
             if peer_pending.refused > 0 {
                 tracing::debug!(pool = %p.pool.name, fields = peer_pending.refused, "shared load: unreadable fields left out");
             }
@@ -188,6 +235,10 @@ impl Sync {
             p.pool
                 .load
                 .set_peer_loads(merged.loads, merged.live, now, self.s.ttl);
+            if freed {
+                // Another replica's picks ended: waiting picks may go.
+                p.pool.capacity_freed();
+            }
         }
     }
 
@@ -201,6 +252,9 @@ impl Sync {
             // Whether the write landed is unknown: write again next time.
             p.published = None;
             p.published_pending = None;
+            if let Some(f) = &mut p.flow {
+                f.published = None;
+            }
         }
     }
 
@@ -208,7 +262,11 @@ impl Sync {
     async fn withdraw(&mut self) {
         let mut pipe = redis::pipe();
         for p in &self.pools {
-            for key in [&p.key, &p.pending_key] {
+            let flow = p.flow.as_ref().map(|f| &f.key);
+            for key in [Some(&p.key), Some(&p.pending_key), flow]
+                .into_iter()
+                .flatten()
+            {
                 pipe.cmd("HDEL").arg(key).arg(&self.s.replica_id).ignore();
             }
         }
@@ -224,6 +282,32 @@ struct Written {
     loads: Option<Loads>,
     /// The pending entry's fingerprint, when written.
     pending: Option<Fingerprint>,
+    /// The flow entry's totals, when written.
+    totals: Option<Totals>,
+}
+
+impl PoolSync {
+    /// Replies a round gets for this pool.
+    fn reads(&self) -> usize {
+        2 + usize::from(self.flow.is_some())
+    }
+}
+
+/// Adds the `HSET` of this replica's flow entry to `pipe` when its totals
+/// changed since the last write (a pool with flow control only); returns
+/// what it wrote.
+fn write_totals(pipe: &mut redis::Pipeline, p: &PoolSync, replica: &str) -> Option<Totals> {
+    let f = p.flow.as_ref()?;
+    let own = p.pool.load.own_moves();
+    if f.published.as_ref() == Some(&own) {
+        return None;
+    }
+    pipe.cmd("HSET")
+        .arg(&f.key)
+        .arg(replica)
+        .arg(moves::encode(&own))
+        .ignore();
+    Some(own)
 }
 
 /// Adds the `HSET` of this replica's pending entry to `pipe` when its
