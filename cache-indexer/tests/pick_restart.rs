@@ -70,11 +70,23 @@ struct Bench {
 }
 
 impl Bench {
-    async fn start() -> Bench {
+    /// [`ENGINES`] simulators and an indexer over them, failed scrapes in a
+    /// row before an engine is unhealthy `unhealthy_after`.
+    async fn start(unhealthy_after: u32) -> Bench {
         let sims = Sim::start_many(ENGINES).await;
-        let ix = start_indexer(&config(&sims.iter().collect::<Vec<_>>())).await;
+        let mut cfg = config(&sims.iter().collect::<Vec<_>>());
+        cfg.pools[0].scrape.unhealthy_after = unhealthy_after;
+        let ix = start_indexer(&cfg).await;
         ix.wait_ready().await;
         Bench { sims, ix }
+    }
+
+    /// Index of the simulator at `address`.
+    fn position(&self, address: &str) -> usize {
+        self.sims
+            .iter()
+            .position(|s| s.address() == address)
+            .unwrap_or_else(|| panic!("no simulator at {address}"))
     }
 
     fn sim(&self, address: &str) -> &Sim {
@@ -149,9 +161,21 @@ fn entry<'a>(pick: &'a pb::PickResponse, address: &str) -> Option<&'a pb::Picked
     pick.endpoints.iter().find(|e| e.address == address)
 }
 
-/// Starts [`CONVERSATIONS`] conversations one at a time on the idle pool;
-/// returns them and how many each engine started.
-async fn start_conversations(b: &Bench) -> (Vec<Conversation>, HashMap<String, usize>) {
+/// The conversations started before a restart, and X, the engine that
+/// serves conversation A (`convs[A]`) and B (`convs[b]`).
+struct Before {
+    convs: Vec<Conversation>,
+    x: String,
+    b: usize,
+}
+
+/// Index of conversation A.
+const A: usize = 0;
+
+/// Starts [`CONVERSATIONS`] conversations one at a time on the idle pool
+/// (every engine starts some); then A's second turn goes back to X, the
+/// engine it started on, for its prefix.
+async fn before_restart(b: &Bench) -> Before {
     let mut convs: Vec<Conversation> = (0..CONVERSATIONS)
         .map(|i| Conversation::new(&format!("c{i}"), 10 + i as u64))
         .collect();
@@ -160,31 +184,56 @@ async fn start_conversations(b: &Bench) -> (Vec<Conversation>, HashMap<String, u
         let (address, _) = b.turn(conv).await;
         *per.entry(address).or_default() += 1;
     }
-    (convs, per)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restarted_engine_loses_its_prefixes_and_takes_new_conversations() {
-    let mut b = Bench::start().await;
-    let (mut convs, per) = start_conversations(&b).await;
     eprintln!("conversations started per engine: {per:?}");
     assert_eq!(per.len(), ENGINES, "every engine starts some: {per:?}");
-
-    // A is served by X; a pick of A's next turn goes back to X for its
-    // prefix. B is X's other conversation, never served anywhere else.
-    let x = convs[0].home.clone().expect("served");
-    let b_idx = (1..CONVERSATIONS)
-        .find(|&i| convs[i].home.as_deref() == Some(x.as_str()))
+    let x = convs[A].home.clone().expect("served");
+    let other = (0..CONVERSATIONS)
+        .find(|&i| i != A && convs[i].home.as_deref() == Some(x.as_str()))
         .unwrap_or_else(|| panic!("X ({x}) started only one conversation: {per:?}"));
-    let (to, pick) = b.turn(&mut convs[0]).await;
+    let (to, pick) = b.turn(&mut convs[A]).await;
     assert_eq!(to, x, "A's second turn goes back to X: {pick:?}");
     assert_eq!(pick.decision, pb::Decision::Prefix as i32, "{pick:?}");
     assert!(pick.endpoints[0].predicted_cached_tokens > 0, "{pick:?}");
-    let x_blocks = b.ix.endpoint_state(&x).await.indexed_blocks;
-    assert!(x_blocks > 0);
+    assert!(b.ix.endpoint_state(&x).await.indexed_blocks > 0);
+    Before { convs, x, b: other }
+}
 
-    // X dies. The indexer sees it unhealthy after a few failed scrapes.
-    let xi = b.sims.iter().position(|s| s.address() == x).expect("X");
+/// Picks a next turn of a conversation only X ever held, after X's
+/// restart: X is listed and nobody is credited with any of it (so the
+/// decision is not a prefix); then serves it.
+async fn lost_only_on_x(b: &Bench, conv: &mut Conversation, x: &str) {
+    conv.ask();
+    let pick = b.pick(conv).await;
+    let on_x = entry(&pick, x).unwrap_or_else(|| panic!("X not listed: {pick:?}"));
+    assert_eq!(
+        on_x.predicted_cached_tokens, 0,
+        "X credited with {}: {pick:?}",
+        conv.name
+    );
+    assert!(
+        pick.endpoints
+            .iter()
+            .all(|e| e.predicted_cached_tokens == 0),
+        "{pick:?}"
+    );
+    assert_ne!(pick.decision, pb::Decision::Prefix as i32, "{pick:?}");
+    b.serve(conv, &pick).await;
+}
+
+/// The `placement` term of `address` in a pick (NaN when not listed).
+fn placement(pick: &pb::PickResponse, address: &str) -> f64 {
+    entry(pick, address)
+        .and_then(|e| e.score.as_ref())
+        .map_or(f64::NAN, |s| s.placement)
+}
+
+/// Kills X and waits until the indexer's scrapes find it unhealthy (its
+/// blocks dropped); then, while it is down, A's next turn and new
+/// conversations are picked and served: no pick lists X. Returns where A
+/// was served.
+async fn down_phase(b: &mut Bench, before: &mut Before) -> String {
+    let x = before.x.clone();
+    let xi = b.position(&x);
     let killed = Instant::now();
     b.sims[xi].kill();
     wait_for("X unhealthy", Duration::from_secs(10), || async {
@@ -195,9 +244,7 @@ async fn restarted_engine_loses_its_prefixes_and_takes_new_conversations() {
     let down = b.ix.endpoint_state(&x).await;
     assert_eq!(down.indexed_blocks, 0, "X's blocks dropped: {down:?}");
 
-    // (1) While X is down no pick lists it: A's next turn (X held its
-    // history) is served elsewhere, and so are new conversations.
-    let (a_home, pick) = b.turn(&mut convs[0]).await;
+    let (a_home, pick) = b.turn(&mut before.convs[A]).await;
     assert!(entry(&pick, &x).is_none(), "X listed while down: {pick:?}");
     assert_ne!(a_home, x);
     for i in 0..3 {
@@ -205,25 +252,39 @@ async fn restarted_engine_loses_its_prefixes_and_takes_new_conversations() {
         let (to, pick) = b.turn(&mut conv).await;
         assert!(entry(&pick, &x).is_none(), "X listed while down: {pick:?}");
         assert_ne!(to, x);
-        convs.push(conv);
+        before.convs.push(conv);
     }
+    a_home
+}
 
-    // X comes back on the same ports: empty cache, event sequence from 0.
+/// Restarts X on its ports (empty cache, event sequence from 0) and waits
+/// until the indexer has it healthy and in sync; X then holds nothing.
+async fn bring_back(b: &mut Bench, x: &str) {
+    let xi = b.position(x);
     b.sims[xi].spawn();
     b.sims[xi].wait_healthy().await;
     wait_for("X healthy and in sync", Duration::from_secs(20), || async {
-        let s = b.ix.endpoint_state(&x).await;
+        let s = b.ix.endpoint_state(x).await;
         s.healthy && s.sync_state == pb::SyncState::InSync as i32
     })
     .await;
     b.ix.wait_ready().await;
-    eprintln!("X back {:?} after the kill", killed.elapsed());
-    let back = b.ix.endpoint_state(&x).await;
+    let back = b.ix.endpoint_state(x).await;
     assert_eq!(back.indexed_blocks, 0, "X holds nothing yet: {back:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_engine_loses_its_prefixes_and_takes_new_conversations() {
+    let mut b = Bench::start(3).await;
+    let mut before = before_restart(&b).await;
+    let x = before.x.clone();
+    // (1) While X is down no pick lists it.
+    let a_home = down_phase(&mut b, &mut before).await;
+    bring_back(&mut b, &x).await;
 
     // (2) A's next turn: X is listed (healthy) and credited with nothing;
     // A's history now lives where it was served while X was down.
-    let (to, pick) = b.turn(&mut convs[0]).await;
+    let (to, pick) = b.turn(&mut before.convs[A]).await;
     let on_x = entry(&pick, &x).unwrap_or_else(|| panic!("X not listed: {pick:?}"));
     assert_eq!(
         on_x.predicted_cached_tokens, 0,
@@ -239,37 +300,86 @@ async fn restarted_engine_loses_its_prefixes_and_takes_new_conversations() {
     let mut fresh = Conversation::new("after", 200);
     let (to, pick) = b.turn(&mut fresh).await;
     assert_eq!(to, x, "the new conversation starts on X: {pick:?}");
-    let placement = |address: &str| {
-        entry(&pick, address)
-            .and_then(|e| e.score.as_ref())
-            .map_or(f64::NAN, |s| s.placement)
-    };
-    assert_eq!(placement(&x), 0.0, "{pick:?}");
+    assert_eq!(placement(&pick, &x), 0.0, "{pick:?}");
     for s in b.sims.iter().filter(|s| s.address() != x) {
-        assert!(placement(&s.address()) > 0.0, "{pick:?}");
+        assert!(placement(&pick, &s.address()) > 0.0, "{pick:?}");
     }
     let (to, pick) = b.turn(&mut fresh).await;
     assert_eq!(to, x, "the new conversation stays on X: {pick:?}");
     assert_eq!(pick.decision, pb::Decision::Prefix as i32, "{pick:?}");
     assert!(pick.endpoints[0].predicted_cached_tokens > 0, "{pick:?}");
 
-    // (2) again for B, which only X ever held: nobody is credited with it,
-    // X least of all.
-    let conv_b = &mut convs[b_idx];
-    conv_b.ask();
-    let pick = b.pick(conv_b).await;
-    let on_x = entry(&pick, &x).unwrap_or_else(|| panic!("X not listed: {pick:?}"));
-    assert_eq!(
-        on_x.predicted_cached_tokens, 0,
-        "X credited with B: {pick:?}"
+    // (2) again for B, which only X ever held.
+    lost_only_on_x(&b, &mut before.convs[before.b], &x).await;
+    b.ix.indexer.shutdown().await;
+}
+
+/// Restarts X at once and waits (bounded) until its event stream is rebuilt
+/// (in sync, no blocks). Every state seen meanwhile that says in sync must
+/// hold none of X's old blocks: the stream, not the health checks, tells
+/// the index that the cache is gone.
+async fn restart_between_scrapes(b: &mut Bench, x: &str) {
+    let xi = b.position(x);
+    let killed = Instant::now();
+    b.sims[xi].kill();
+    b.sims[xi].spawn();
+    b.sims[xi].wait_healthy().await;
+    eprintln!(
+        "X ({x}) answers again {:?} after the kill",
+        killed.elapsed()
     );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut stale = Vec::new();
+    loop {
+        let s = b.ix.endpoint_state(x).await;
+        let in_sync = s.sync_state == pb::SyncState::InSync as i32;
+        if in_sync && s.indexed_blocks > 0 {
+            stale.push(s.indexed_blocks);
+        }
+        if s.healthy && in_sync && s.indexed_blocks == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "X's stream not rebuilt 20 s after its restart: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("X rebuilt {:?} after the kill", killed.elapsed());
     assert!(
-        pick.endpoints
-            .iter()
-            .all(|e| e.predicted_cached_tokens == 0),
-        "{pick:?}"
+        stale.is_empty(),
+        "X in sync with its old blocks after its restart ({} samples, blocks {:?})",
+        stale.len(),
+        &stale[..stale.len().min(5)]
     );
-    assert_ne!(pick.decision, pb::Decision::Prefix as i32, "{pick:?}");
-    b.serve(conv_b, &pick).await;
+}
+
+/// The engine restarts faster than the health checks notice (here they
+/// never do: they need many failed scrapes in a row), so only its event
+/// stream shows the restart. Once the stream is back in sync, X is credited
+/// with nothing it lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_restarted_between_health_checks_is_cleared_by_its_events() {
+    let mut b = Bench::start(1000).await;
+    let mut before = before_restart(&b).await;
+    let x = before.x.clone();
+    restart_between_scrapes(&mut b, &x).await;
+    assert!(b.ix.endpoint_state(&x).await.healthy);
+    lost_only_on_x(&b, &mut before.convs[A], &x).await;
+    lost_only_on_x(&b, &mut before.convs[before.b], &x).await;
+
+    // Where a new conversation starts is the placement term's call; the
+    // health checks never saw X go, so its count is whatever its stream's
+    // restart left it (shown, not asserted).
+    let mut fresh = Conversation::new("after", 300);
+    fresh.ask();
+    let pick = b.pick(&fresh).await;
+    let costs: Vec<(String, f64)> = pick
+        .endpoints
+        .iter()
+        .map(|e| (e.address.clone(), placement(&pick, &e.address)))
+        .collect();
+    eprintln!("X is {x}; placement terms of a new conversation: {costs:?}");
+    b.serve(&mut fresh, &pick).await;
     b.ix.indexer.shutdown().await;
 }
