@@ -289,3 +289,160 @@ async fn a_pool_without_flow_control_writes_no_flow_entry() {
     .await;
     assert!(flow_fields(&redis).await.is_empty());
 }
+
+/// What sharing flow control's moves costs: the flow entry's bytes, the
+/// sharing round with and without the flow hash against a real
+/// redis-server (8 endpoints, two replicas' fields), and the in-memory work
+/// a pick's flow-control look adds (no Redis call: it reads what the
+/// rounds left). Figures, not assertions: run by hand with
+/// `cargo test -p kvasir-cache-indexer --test flow_replicas -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, run by hand"]
+async fn measure_what_sharing_the_moves_costs() {
+    use kvasir_cache_indexer::load::PeerLoad;
+    use kvasir_cache_indexer::types::EndpointId;
+    let ids: Vec<EndpointId> = (0..64)
+        .map(|i| EndpointId::from_address(&format!("10.0.0.{i}:8000")))
+        .collect();
+    for n in [1usize, 8, 64] {
+        for total in [999u64, 1_000_000] {
+            let totals: Vec<_> = ids[..n].iter().map(|id| (*id, total, total - 1)).collect();
+            let loads: Vec<_> = ids[..n]
+                .iter()
+                .map(|id| {
+                    let l = PeerLoad {
+                        in_flight: 12,
+                        queued_prefill_tokens: 40_000,
+                    };
+                    (*id, l)
+                })
+                .collect();
+            eprintln!(
+                "endpoints {n:>2}, totals {total:>7}: flow entry {:>5} bytes (load entry {:>5})",
+                shared_load::moves::encode(&totals).len(),
+                shared_load::encode(1_733_000_000_000_000, &loads).len()
+            );
+        }
+    }
+
+    let redis = Redis::start().await;
+    let client = redis::Client::open(redis.url()).expect("url");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let totals: Vec<_> = ids[..8].iter().map(|id| (*id, 123_456, 123_400)).collect();
+    let loads: Vec<_> = ids[..8]
+        .iter()
+        .map(|id| {
+            (
+                *id,
+                PeerLoad {
+                    in_flight: 12,
+                    queued_prefill_tokens: 40_000,
+                },
+            )
+        })
+        .collect();
+    let round = |flow: bool, seq: u64| {
+        let mut pipe = redis::pipe();
+        if flow {
+            pipe.cmd("HSET")
+                .arg("m:p:flow")
+                .arg("a")
+                .arg(shared_load::moves::encode(&totals))
+                .ignore();
+        }
+        pipe.cmd("HSET")
+            .arg("m:p")
+            .arg("a")
+            .arg(shared_load::encode(seq, &loads))
+            .ignore();
+        pipe.cmd("PEXPIRE").arg("m:p").arg(10_000).ignore();
+        pipe.cmd("PEXPIRE").arg("m:p:pending").arg(10_000).ignore();
+        if flow {
+            pipe.cmd("PEXPIRE").arg("m:p:flow").arg(10_000).ignore();
+        }
+        pipe.cmd("HGETALL").arg("m:p");
+        pipe.cmd("HGETALL").arg("m:p:pending");
+        if flow {
+            pipe.cmd("HGETALL").arg("m:p:flow");
+        }
+        pipe
+    };
+    // The other replica's fields, as the reads find them.
+    let _: () = round(true, 1).query_async(&mut c).await.expect("seed");
+    for key in ["m:p", "m:p:flow"] {
+        let _: () = redis::cmd("HSET")
+            .arg(key)
+            .arg("b")
+            .arg(if key == "m:p" {
+                shared_load::encode(1, &loads)
+            } else {
+                shared_load::moves::encode(&totals)
+            })
+            .query_async(&mut c)
+            .await
+            .expect("seed b");
+    }
+    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for block in 0..20u64 {
+        for flow in [false, true] {
+            for i in 0..100u64 {
+                let pipe = round(flow, block * 1000 + i + 2);
+                let t = Instant::now();
+                let _: Vec<std::collections::HashMap<String, String>> =
+                    pipe.query_async(&mut c).await.expect("round");
+                times[usize::from(flow)].push(t.elapsed());
+            }
+        }
+    }
+    for (flow, t) in times.iter_mut().enumerate() {
+        t.sort();
+        let mean = t.iter().sum::<Duration>() / t.len() as u32;
+        eprintln!(
+            "round, flow hash {}: mean {:?}, p50 {:?}, p99 {:?} ({} rounds)",
+            if flow == 1 { "on " } else { "off" },
+            mean,
+            t[t.len() / 2],
+            t[t.len() * 99 / 100],
+            t.len()
+        );
+    }
+
+    // A pick's look: 8 endpoints, with none or a scrape interval's worth
+    // (250 ms / 25 ms = 10 reads) of other replicas' moves per endpoint.
+    let f = kvasir_cache_indexer::flow::PoolFlow::new(flow(true));
+    let now = Instant::now();
+    let views: Vec<_> = ids[..8]
+        .iter()
+        .map(|id| {
+            let v = kvasir_cache_indexer::load::LoadView {
+                engine: EngineLoad {
+                    running: 4,
+                    waiting: 4,
+                    kv_usage: 0.2,
+                },
+                healthy: true,
+                last_scrape_age: Some(Duration::from_secs(1)),
+                ..Default::default()
+            };
+            (*id, v)
+        })
+        .collect();
+    let th = kvasir_cache_indexer::load::SaturationThresholds::default();
+    let look = |f: &kvasir_cache_indexer::flow::PoolFlow| {
+        let n = 100_000u32;
+        let t = Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(f.with_room(&views, &th, now));
+        }
+        t.elapsed() / n
+    };
+    let before = look(&f);
+    for _ in 0..10 {
+        f.peer_moves(ids[..8].iter().map(|id| (*id, 1, 1)), now);
+    }
+    let after = look(&f);
+    eprintln!("a pick's flow-control look (8 endpoints): {before:?} without moves, {after:?} with 10 reads' moves each");
+}
