@@ -1,6 +1,8 @@
 //! One endpoint of a pool: what the pool, the pick stages and the
 //! Responses records all refer to, so it sits below each of them.
 
+use std::sync::atomic::Ordering;
+
 use crate::events::{SubscriberHandle, SyncState};
 use crate::types::{EndpointId, EndpointSpec};
 
@@ -27,5 +29,12 @@ impl Endpoint {
     /// Sync state of its event stream (`None` without a subscriber).
     pub fn sync_state(&self) -> Option<SyncState> {
         self.subscriber.as_ref().map(SubscriberHandle::state)
+    }
+
+    /// Engine restarts its event stream has shown (0 without a subscriber).
+    pub fn restarts(&self) -> u64 {
+        self.subscriber
+            .as_ref()
+            .map_or(0, |s| s.stats().restarts.load(Ordering::Relaxed))
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 use crate::scoring::placements::{Placements, DEFAULT_MAX_ENDS};
 use crate::types::EndpointId;
@@ -21,7 +22,16 @@ use crate::types::EndpointId;
 pub(crate) struct Placed {
     /// Time zero of the millisecond clock the counts decay on.
     epoch: Instant,
-    inner: Arc<Mutex<Placements<EndpointId>>>,
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    placements: Placements<EndpointId>,
+    /// Each endpoint's engine restarts as last seen: a restart its event
+    /// stream shows (before, or without, its health checks failing) empties
+    /// its cache, so the conversations it started are gone with it.
+    restarts: FxHashMap<EndpointId, u64>,
 }
 
 impl Placed {
@@ -29,7 +39,10 @@ impl Placed {
     pub(crate) fn new(half_life_ms: f64) -> Self {
         Placed {
             epoch: Instant::now(),
-            inner: Arc::new(Mutex::new(Placements::new(half_life_ms, DEFAULT_MAX_ENDS))),
+            inner: Arc::new(Mutex::new(Inner {
+                placements: Placements::new(half_life_ms, DEFAULT_MAX_ENDS),
+                restarts: FxHashMap::default(),
+            })),
         }
     }
 
@@ -39,17 +52,33 @@ impl Placed {
 
     /// Whether a prompt with this block chain starts a conversation
     /// (`None`, a prompt not looked up: unknown, so no), and each
-    /// endpoint's recent count at `at`, in `endpoints` order.
+    /// endpoint's recent count at `at`, in `endpoints` order. Each endpoint
+    /// comes with its engine restarts so far: a count that grew forgets the
+    /// endpoint's placements first.
     pub(crate) fn view(
         &self,
         chain: Option<&[u64]>,
-        endpoints: impl Iterator<Item = EndpointId>,
+        endpoints: impl Iterator<Item = (EndpointId, u64)>,
         at: Instant,
     ) -> (bool, Vec<f64>) {
         let now = self.ms(at);
-        let p = self.inner.lock();
-        let starts = chain.is_some_and(|c| p.starts_conversation(c));
-        (starts, endpoints.map(|e| p.recent(e, now)).collect())
+        let mut g = self.inner.lock();
+        let Inner {
+            placements,
+            restarts: seen,
+        } = &mut *g;
+        let starts = chain.is_some_and(|c| placements.starts_conversation(c));
+        let counts = endpoints
+            .map(|(e, restarts)| {
+                let last = seen.entry(e).or_insert(restarts);
+                if *last != restarts {
+                    *last = restarts;
+                    placements.forget(e);
+                }
+                placements.recent(e, now)
+            })
+            .collect();
+        (starts, counts)
     }
 
     /// Records a pick to `endpoint` that `starts` a conversation or not,
@@ -63,7 +92,7 @@ impl Placed {
         at: Instant,
     ) {
         let now = self.ms(at);
-        let mut p = self.inner.lock();
+        let p = &mut self.inner.lock().placements;
         p.place(endpoint, starts, now);
         if let Some(c) = whole_chain {
             p.remember_end(c);
@@ -72,11 +101,39 @@ impl Placed {
 
     /// Remembers the end of a picked prompt's whole block chain.
     pub(crate) fn remember_end(&self, whole_chain: &[u64]) {
-        self.inner.lock().remember_end(whole_chain);
+        self.inner.lock().placements.remember_end(whole_chain);
     }
 
     /// Forgets an endpoint's count (gone, or back with an empty cache).
     pub(crate) fn forget(&self, endpoint: EndpointId) {
-        self.inner.lock().forget(endpoint);
+        let mut g = self.inner.lock();
+        g.placements.forget(endpoint);
+        g.restarts.remove(&endpoint);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_restart_forgets_the_conversations_it_started() {
+        let p = Placed::new(60_000.0);
+        let (a, b) = (EndpointId(1), EndpointId(2));
+        let t = Instant::now();
+        for _ in 0..3 {
+            p.record(a, true, None, t);
+        }
+        p.record(b, true, None, t);
+        let (_, counts) = p.view(None, [(a, 0), (b, 0)].into_iter(), t);
+        assert!(counts[0] > 2.9 && counts[1] > 0.9, "{counts:?}");
+        // a's event stream saw a restart: its count goes, b's stays.
+        let (_, counts) = p.view(None, [(a, 1), (b, 0)].into_iter(), t);
+        assert_eq!(counts[0], 0.0);
+        assert!(counts[1] > 0.9, "{counts:?}");
+        // Seen once: a placement after it counts again.
+        p.record(a, true, None, t);
+        let (_, counts) = p.view(None, [(a, 1), (b, 0)].into_iter(), t);
+        assert!(counts[0] > 0.9, "{counts:?}");
     }
 }

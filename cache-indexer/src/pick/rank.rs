@@ -45,9 +45,11 @@ impl Pool {
             .failures
             .ranked_last_all(endpoints.iter().map(|e| e.id), call.started);
         let chain = matched.chain.as_deref().filter(|_| matched.indexed);
-        let (starts_conversation, placed) =
-            self.placements
-                .view(chain, endpoints.iter().map(|e| e.id), call.started);
+        let (starts_conversation, placed) = self.placements.view(
+            chain,
+            endpoints.iter().map(|e| (e.id, e.restarts())),
+            call.started,
+        );
         let candidates: Vec<Candidate<'_>> = endpoints
             .iter()
             .zip(&views)
