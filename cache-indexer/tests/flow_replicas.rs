@@ -441,7 +441,7 @@ async fn measure_what_sharing_the_moves_costs() {
     };
     let before = look(&f);
     for _ in 0..10 {
-        f.peer_moves(ids[..8].iter().map(|id| (*id, 1, 1)), now);
+        f.peer_moves(ids[..8].iter().map(|id| (*id, 1, 1)), now, Duration::ZERO);
     }
     let after = look(&f);
     eprintln!("a pick's flow-control look (8 endpoints): {before:?} without moves, {after:?} with 10 reads' moves each");

@@ -163,13 +163,21 @@ struct Inner {
     /// Placement times per endpoint since (about) its last scrape.
     placed: HashMap<EndpointId, VecDeque<Instant>>,
     /// Other replicas' placements and ends per endpoint since its last
-    /// scrape: (when a round read them, placed, ended).
-    peer: HashMap<EndpointId, VecDeque<(Instant, u32, u32)>>,
+    /// scrape.
+    peer: HashMap<EndpointId, PeerMoves>,
     /// Tokens waiting per tenant (tenants with picks waiting only).
     tokens: HashMap<String, u64>,
     /// Released and placed picks' charges by request id, oldest first.
     charges: HashMap<String, Charge>,
     charge_order: VecDeque<String>,
+}
+
+/// Other replicas' moves on one endpoint, each batch with the time it is
+/// taken to have happened at (see [`PoolFlow::peer_moves`]), oldest first.
+#[derive(Debug, Default)]
+struct PeerMoves {
+    placed: VecDeque<(Instant, u32)>,
+    ended: VecDeque<(Instant, u32)>,
 }
 
 /// One pool's flow-control state.
@@ -422,27 +430,37 @@ impl PoolFlow {
     }
 
     /// Other replicas' picks placed on and ended at each endpoint, as a
-    /// sharing round read them at `now`: until this replica's next scrape
-    /// of the endpoint they move its estimate as its own placements and
-    /// DONE reports do. Returns whether some ended (room may be free:
-    /// the caller runs a release).
+    /// sharing round read them at `read_at`; each happened at most `lag`
+    /// before (the writer's round and the reader's). Until this replica's
+    /// next scrape of the endpoint they move its estimate as its own
+    /// placements and DONE reports do, each on the safe side of that
+    /// uncertainty: a placement counts while it may be newer than the
+    /// scrape (taken to be at `read_at`), an end only once it is surely
+    /// newer (taken to be at `read_at - lag`): an end the scrape may
+    /// already show is never credited twice, at the price of room seen one
+    /// scrape later. Returns whether some ended (the caller runs a
+    /// release).
     pub fn peer_moves(
         &self,
         moves: impl IntoIterator<Item = (EndpointId, u32, u32)>,
-        now: Instant,
+        read_at: Instant,
+        lag: Duration,
     ) -> bool {
         let mut g = self.inner.lock();
         let mut ended = false;
+        let ended_at = read_at.checked_sub(lag).unwrap_or(read_at);
         for (id, placed, done) in moves {
             if placed == 0 && done == 0 {
                 continue;
             }
-            ended |= done > 0;
-            let q = g.peer.entry(id).or_default();
-            if q.len() >= MAX_PEER_READS_PER_ENDPOINT {
-                q.pop_front();
+            let m = g.peer.entry(id).or_default();
+            if placed > 0 {
+                push_bounded(&mut m.placed, (read_at, placed));
             }
-            q.push_back((now, placed, done));
+            if done > 0 {
+                push_bounded(&mut m.ended, (ended_at, done));
+                ended = true;
+            }
         }
         ended
     }
@@ -520,27 +538,40 @@ fn since_scrape(g: &mut Inner, loads: &[(EndpointId, LoadView)], now: Instant) -
             let scraped = v.last_scrape_age.and_then(|a| now.checked_sub(a));
             let mut since = Since::default();
             if let Some(q) = placed.get_mut(id) {
-                if let Some(scraped) = scraped {
-                    while q.front().is_some_and(|t| *t <= scraped) {
-                        q.pop_front();
-                    }
-                }
+                forget_before(q, scraped, |t| *t);
                 since.placed = u32::try_from(q.len()).unwrap_or(u32::MAX);
             }
-            if let Some(q) = peer.get_mut(id) {
-                if let Some(scraped) = scraped {
-                    while q.front().is_some_and(|(t, _, _)| *t <= scraped) {
-                        q.pop_front();
-                    }
-                }
-                for (_, p, d) in q.iter() {
-                    since.placed = since.placed.saturating_add(*p);
-                    since.peer_done = since.peer_done.saturating_add(*d);
-                }
+            if let Some(m) = peer.get_mut(id) {
+                forget_before(&mut m.placed, scraped, |(t, _)| *t);
+                forget_before(&mut m.ended, scraped, |(t, _)| *t);
+                let sum = |q: &VecDeque<(Instant, u32)>| {
+                    q.iter().fold(0u32, |a, (_, n)| a.saturating_add(*n))
+                };
+                since.placed = since.placed.saturating_add(sum(&m.placed));
+                since.peer_done = sum(&m.ended);
             }
             since
         })
         .collect()
+}
+
+/// Drops the entries of `q` (oldest first) at or before `scraped`: the
+/// scrape shows them.
+fn forget_before<T>(q: &mut VecDeque<T>, scraped: Option<Instant>, at: impl Fn(&T) -> Instant) {
+    if let Some(scraped) = scraped {
+        while q.front().is_some_and(|e| at(e) <= scraped) {
+            q.pop_front();
+        }
+    }
+}
+
+/// Appends a batch, forgetting the oldest past
+/// [`MAX_PEER_READS_PER_ENDPOINT`].
+fn push_bounded(q: &mut VecDeque<(Instant, u32)>, batch: (Instant, u32)) {
+    if q.len() >= MAX_PEER_READS_PER_ENDPOINT {
+        q.pop_front();
+    }
+    q.push_back(batch);
 }
 
 /// Keeps a placed pick's charge for its report, forgetting the oldest past

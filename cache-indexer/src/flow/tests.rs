@@ -352,30 +352,40 @@ fn other_replicas_moves_fill_and_free_room_until_the_next_scrape() {
     let f = PoolFlow::new(cfg(8, 8));
     let t0 = Instant::now();
     let at = |ms| t0 + Duration::from_millis(ms);
-    // Room for exactly one (4 of 5 waiting), scraped at t0.
-    let loads_at = |ms| [ep_scraped(1, 4, ms)];
+    let lag = Duration::from_millis(10);
+    let e1 = EndpointId(1);
+    // Room for exactly one (4 of 5 waiting), scraped at t0; `loads(s, n)`:
+    // scraped at `s` ms, looked at at `n` ms.
+    let loads = |s: u64, n: u64| [ep_scraped(1, 4, n - s)];
     // Another replica placed one there, read at 10 ms: no room here.
-    assert!(!f.peer_moves([(EndpointId(1), 1, 0)], at(10)));
-    let Arrival::Queued { mut rx, .. } = f.arrive(&loads_at(20), &th(), ask("b", 10), at(20))
+    assert!(!f.peer_moves([(e1, 1, 0)], at(10), lag));
+    let Arrival::Queued { mut rx, .. } = f.arrive(&loads(0, 20), &th(), ask("b", 10), at(20))
     else {
         panic!("the other replica's placement took the room")
     };
-    assert!(f.with_room(&loads_at(20), &th(), at(20)).is_empty());
-    // It ended, read at 30 ms: room again, the waiting pick goes.
-    assert!(f.peer_moves([(EndpointId(1), 0, 1)], at(30)));
-    f.release(&loads_at(40), &th(), at(40));
+    assert!(f.with_room(&loads(0, 20), &th(), at(20)).is_empty());
+    // It ended, read at 30 ms (so surely after the scrape): room again,
+    // the waiting pick goes.
+    assert!(f.peer_moves([(e1, 0, 1)], at(30), lag));
+    f.release(&loads(0, 40), &th(), at(40));
     let Ok(Wake::Go(pass)) = rx.try_recv() else {
         panic!("released")
     };
-    f.placed(pass, Some(EndpointId(1)));
+    f.placed(pass, Some(e1));
     // One more from the other replica, read at 45 ms: full again.
-    f.peer_moves([(EndpointId(1), 1, 0)], at(45));
-    assert!(f.with_room(&loads_at(46), &th(), at(46)).is_empty());
+    f.peer_moves([(e1, 1, 0)], at(45), lag);
+    assert!(f.with_room(&loads(0, 46), &th(), at(46)).is_empty());
     // A scrape at 50 ms shows the engine as it is: the moves before it
     // are forgotten (this replica's placement too).
-    let rescraped = [ep_scraped(1, 4, 0)];
-    assert_eq!(f.with_room(&rescraped, &th(), at(50)), vec![EndpointId(1)]);
+    assert_eq!(f.with_room(&loads(50, 50), &th(), at(50)), vec![e1]);
+    // Read at 55 ms: a placement that may be newer than that scrape
+    // counts; an end that may be older (within the lag) is not credited.
+    f.peer_moves([(e1, 1, 1)], at(55), lag);
+    assert!(f.with_room(&loads(50, 56), &th(), at(56)).is_empty());
+    // An end read at 65 ms is surely newer: credited.
+    f.peer_moves([(e1, 0, 1)], at(65), lag);
+    assert_eq!(f.with_room(&loads(50, 66), &th(), at(66)), vec![e1]);
     // Moves with nothing in them change nothing and free nothing.
-    assert!(!f.peer_moves([(EndpointId(1), 0, 0)], at(60)));
-    assert_eq!(f.with_room(&rescraped, &th(), at(50)), vec![EndpointId(1)]);
+    assert!(!f.peer_moves([(e1, 0, 0)], at(70), lag));
+    assert_eq!(f.with_room(&loads(50, 70), &th(), at(70)), vec![e1]);
 }

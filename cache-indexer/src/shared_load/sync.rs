@@ -223,7 +223,11 @@ impl Sync {
                     let m = f.table.merge(&merged.live_fields, fields(read));
                     peer_pending.refused += m.refused;
                     let moves = m.moves.iter().map(|(id, m)| (*id, m.placed, m.done));
-                    p.pool.flow.peer_moves(moves, now)
+                    // Read now, written by the writer's last round: each
+                    // move happened at most two intervals ago (rounds that
+                    // take a fraction of one, as Redis answers).
+                    let lag = self.s.interval.saturating_mul(2);
+                    p.pool.flow.peer_moves(moves, now, lag)
                 }
                 _ => false,
             };
