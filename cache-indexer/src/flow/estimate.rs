@@ -9,9 +9,9 @@
 //!   ([`LoadView::done_since_scrape`]) leaves the engine;
 //! * each pick placed on the endpoint since the scrape (counted by
 //!   [`super::PoolFlow`]) joins it;
-//! * with shared load, each pick another replica placed there, and each
-//!   of its picks that ended, as a sharing round read them after the
-//!   scrape, joins or leaves it likewise ([`Since`]).
+//! * with shared load, each pick another replica placed there that a
+//!   sharing round read after the scrape joins it, and each of its picks
+//!   that surely ended after the scrape leaves it ([`Since`]).
 //!
 //! The engine then runs what it ran, as far as it can: a scrape with a
 //! waiting queue says the engine is full at its running count (out of batch
@@ -29,9 +29,10 @@ use crate::load::{EngineLoad, LoadView, SaturationThresholds};
 pub(crate) struct Since {
     /// Picks placed on it: this replica's and the other replicas'.
     pub(crate) placed: u32,
-    /// The other replicas' picks that ended there (whether the scrape saw
-    /// them or not: a pick placed after it is in `placed` too, and the two
-    /// cancel out).
+    /// The other replicas' picks that surely ended after the scrape
+    /// (see [`super::PoolFlow::peer_moves`]): one the scrape counted leaves
+    /// its slot; one placed after it is in `placed` too, and the two
+    /// cancel out.
     pub(crate) peer_done: u32,
 }
 
