@@ -172,12 +172,48 @@ struct Inner {
     charge_order: VecDeque<String>,
 }
 
-/// Other replicas' moves on one endpoint, each batch with the time it is
-/// taken to have happened at (see [`PoolFlow::peer_moves`]), oldest first.
+/// Other replicas' moves on one endpoint (see [`PoolFlow::peer_moves`]).
 #[derive(Debug, Default)]
 struct PeerMoves {
-    placed: VecDeque<(Instant, u32)>,
-    ended: VecDeque<(Instant, u32)>,
+    placed: Batches,
+    ended: Batches,
+}
+
+/// Counts, each with the time it is taken to have happened at, oldest
+/// first, and their sum (a pick's look adds no loop over them).
+#[derive(Debug, Default)]
+struct Batches {
+    q: VecDeque<(Instant, u32)>,
+    sum: u64,
+}
+
+impl Batches {
+    /// Appends a batch, forgetting the oldest past
+    /// [`MAX_PEER_READS_PER_ENDPOINT`].
+    fn push(&mut self, at: Instant, n: u32) {
+        if self.q.len() >= MAX_PEER_READS_PER_ENDPOINT {
+            self.pop();
+        }
+        self.q.push_back((at, n));
+        self.sum += u64::from(n);
+    }
+
+    fn pop(&mut self) {
+        if let Some((_, n)) = self.q.pop_front() {
+            self.sum -= u64::from(n);
+        }
+    }
+
+    /// Drops the batches at or before `scraped` (the scrape shows them);
+    /// returns the sum left.
+    fn since(&mut self, scraped: Option<Instant>) -> u32 {
+        if let Some(scraped) = scraped {
+            while self.q.front().is_some_and(|(t, _)| *t <= scraped) {
+                self.pop();
+            }
+        }
+        u32::try_from(self.sum).unwrap_or(u32::MAX)
+    }
 }
 
 /// One pool's flow-control state.
@@ -455,10 +491,10 @@ impl PoolFlow {
             }
             let m = g.peer.entry(id).or_default();
             if placed > 0 {
-                push_bounded(&mut m.placed, (read_at, placed));
+                m.placed.push(read_at, placed);
             }
             if done > 0 {
-                push_bounded(&mut m.ended, (ended_at, done));
+                m.ended.push(ended_at, done);
                 ended = true;
             }
         }
@@ -538,40 +574,20 @@ fn since_scrape(g: &mut Inner, loads: &[(EndpointId, LoadView)], now: Instant) -
             let scraped = v.last_scrape_age.and_then(|a| now.checked_sub(a));
             let mut since = Since::default();
             if let Some(q) = placed.get_mut(id) {
-                forget_before(q, scraped, |t| *t);
+                if let Some(scraped) = scraped {
+                    while q.front().is_some_and(|t| *t <= scraped) {
+                        q.pop_front();
+                    }
+                }
                 since.placed = u32::try_from(q.len()).unwrap_or(u32::MAX);
             }
             if let Some(m) = peer.get_mut(id) {
-                forget_before(&mut m.placed, scraped, |(t, _)| *t);
-                forget_before(&mut m.ended, scraped, |(t, _)| *t);
-                let sum = |q: &VecDeque<(Instant, u32)>| {
-                    q.iter().fold(0u32, |a, (_, n)| a.saturating_add(*n))
-                };
-                since.placed = since.placed.saturating_add(sum(&m.placed));
-                since.peer_done = sum(&m.ended);
+                since.placed = since.placed.saturating_add(m.placed.since(scraped));
+                since.peer_done = m.ended.since(scraped);
             }
             since
         })
         .collect()
-}
-
-/// Drops the entries of `q` (oldest first) at or before `scraped`: the
-/// scrape shows them.
-fn forget_before<T>(q: &mut VecDeque<T>, scraped: Option<Instant>, at: impl Fn(&T) -> Instant) {
-    if let Some(scraped) = scraped {
-        while q.front().is_some_and(|e| at(e) <= scraped) {
-            q.pop_front();
-        }
-    }
-}
-
-/// Appends a batch, forgetting the oldest past
-/// [`MAX_PEER_READS_PER_ENDPOINT`].
-fn push_bounded(q: &mut VecDeque<(Instant, u32)>, batch: (Instant, u32)) {
-    if q.len() >= MAX_PEER_READS_PER_ENDPOINT {
-        q.pop_front();
-    }
-    q.push_back(batch);
 }
 
 /// Keeps a placed pick's charge for its report, forgetting the oldest past
