@@ -8,8 +8,11 @@ API key). Then it sends a multi-tenant, multi-turn chat workload through
 Envoy, prints which engine served each turn and how many prompt tokens it
 found cached, then a streamed Anthropic Messages conversation and a
 streamed Responses API conversation chained by `previous_response_id` (each
-follow-up served by the engine that stored the previous response), and
-finally the per-tenant stats read from Envoy's admin /stats/prometheus.
+follow-up served by the engine that stored the previous response), then
+tenant beta's budget at work (a burst past its two requests in flight is
+answered 429 with Retry-After and OpenAI's x-ratelimit-* headers while
+acme is served), and finally the per-tenant stats read from Envoy's admin
+/stats/prometheus.
 Every process is stopped on exit or Ctrl-C.
 
 The process plumbing (free ports, bounded waits, the bootstrap renderer) is
@@ -23,6 +26,7 @@ import random
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -107,6 +111,36 @@ def responses_conversation(envoy, names: dict[str, str]) -> None:
         previous = done["id"]
 
 
+def budget_burst(envoy, names: dict[str, str]) -> None:
+    """beta's budget (envoy/policy.json: 600 requests a minute, 2 in flight)
+    against a burst of 5 long streams sent at once, with one acme request
+    alongside: beta's third to fifth are refused at the pick, in OpenAI's
+    shape, while its first two and acme's run."""
+    print("\nbudgets: tenant beta (at most 2 requests in flight) sends 5 long streams at once, acme 1:")
+    results: dict[str, tuple] = {}
+
+    def send(tag: str, tenant: str) -> None:
+        body = {"model": h.MODEL, "stream": True, "max_tokens": 400,
+                "messages": [{"role": "user", "content": f"[{tag}] Write a long report on arm calibration."}]}
+        results[tag] = envoy.post("/v1/chat/completions", body, key=f"sk-{tenant}-demo")
+
+    threads = [threading.Thread(target=send, args=(f"beta-{i}", "beta")) for i in range(5)]
+    threads.append(threading.Thread(target=send, args=("acme-0", "acme")))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for tag in sorted(results):
+        status, headers, raw = results[tag]
+        rl = {k[len("x-ratelimit-"):]: v for k, v in headers.items() if k.startswith("x-ratelimit-")}
+        if status == 200:
+            served = headers.get("x-gateway-destination-endpoint-served", "?")
+            print(f"  {tag:7} 200 served by {names.get(served, served):8} {rl or ''}")
+        else:
+            err = json.loads(raw).get("error", {})
+            print(f"  {tag:7} {status} retry-after {headers.get('retry-after')}s  {err.get('code')}: {err.get('message')}")
+
+
 def main() -> int:
     for p in (h.WASM, h.COMPILE, h.SIM_BIN, h.INDEXER_BIN, h.ENVOY_BIN):
         if not p.exists():
@@ -173,6 +207,7 @@ def main() -> int:
 
         anthropic_conversation(envoy, names)
         responses_conversation(envoy, names)
+        budget_burst(envoy, names)
 
         time.sleep(5.5)  # Envoy flushes histograms every 5 s
         print("\nper-tenant stats from Envoy admin /stats/prometheus:")
@@ -182,7 +217,7 @@ def main() -> int:
             if "_bucket" in line:
                 continue
             print("  " + line)
-        print(f"\nchat requests sent: {sent}, plus 3 Messages turns (acme) and 3 Responses turns (beta); indexer picks: "
+        print(f"\nchat requests sent: {sent}, plus 3 Messages turns (acme), 3 Responses turns (beta) and the burst; indexer picks: "
               f"{indexer.metric('kvasir_indexer_picks_total'):.0f}; "
               "the filter's own numbers are above, per tenant and model.")
         return 0
