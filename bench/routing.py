@@ -540,6 +540,12 @@ def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Pa
             bench(args)
         notes = c.notes()
         if shape.deployed and c.indexers:
+            # The restarted engine's new sockets are found on a reconnect
+            # with backoff (0.5 s doubling): on a loaded machine that can
+            # come after a short run's last request. Wait for it (bounded).
+            until = time.monotonic() + 15
+            while c.engine_source_changes() < 1 and time.monotonic() < until:
+                time.sleep(0.2)
             notes["KV-event source changes seen"] = c.engine_source_changes()
     name = f"{workload}-{load:.2f}-{mode}"
     meta_path = out / f"{name}.json"
