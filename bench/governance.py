@@ -60,7 +60,7 @@ PRESETS = {
     # make bench: about 10 minutes on 2 cores.
     "short": {
         "noisy": {"tenants": 4, "time_scale": 1.0, "duration_s": 40.0, "burst": (12.0, 32.0), "factor": 3.0,
-                  "guess": 4.5, "target_util": 0.8, "tolerance": 0.06, "calibration_runs": 2,
+                  "guess": 4.0, "target_util": 0.8, "tolerance": 0.06, "calibration_runs": 2,
                   "prefix": 2048, "unique": (4000, 16000), "output": (20, 60), "no_burst_fc_on": True},
         "budgets": {"duration_s": 150.0, "tokens_per_minute": 120_000, "prefix": 1024, "unique": (200, 800),
                     "output": (200, 600)},
@@ -69,7 +69,7 @@ PRESETS = {
     # make bench-full: longer runs, the whole trace.
     "full": {
         "noisy": {"tenants": 4, "time_scale": 1.0, "duration_s": 120.0, "burst": (40.0, 90.0), "factor": 3.0,
-                  "guess": 4.5, "target_util": 0.8, "tolerance": 0.04, "calibration_runs": 3,
+                  "guess": 4.0, "target_util": 0.8, "tolerance": 0.04, "calibration_runs": 3,
                   "prefix": 2048, "unique": (4000, 16000), "output": (20, 60), "no_burst_fc_on": True},
         "budgets": {"duration_s": 300.0, "tokens_per_minute": 120_000, "prefix": 1024, "unique": (200, 800),
                     "output": (200, 600)},
@@ -98,7 +98,7 @@ FLOW = {
     # One tenant (the trace): the whole queue is its. Engines keep at most
     # two prefills queued; a request that waited longer than this can no
     # longer meet the 2 s SLO: shed it.
-    "saturation": {"threshold": 0.4, "maxWaitSimMs": 1200, "maxQueued": 4096, "maxQueuedPerTenant": 4096},
+    "saturation": {"threshold": 0.1, "maxWaitSimMs": 1200, "maxQueued": 4096, "maxQueuedPerTenant": 4096},
     # Late binding: hold picks back well before saturation, never shed.
     "below": {"threshold": 0.4, "maxWaitSimMs": 60000, "maxQueued": 4096, "maxQueuedPerTenant": 4096},
 }
@@ -284,7 +284,9 @@ def budgets(p: dict, out: Path, logroot: Path, setup: list[str]) -> dict:
         f"tenant prefix plus {b['unique'][0]}-{b['unique'][1]} tokens, answers of {b['output'][0]}-{b['output'][1]} "
         f"tokens (about {mean_tokens:.0f} tokens a request), Poisson for {b['duration_s']:.0f} s at time scale 1; "
         + ", ".join(f"{t} at {d}x its budget{'' if m else ' without max_tokens'}"
-                    for t, (d, m) in BUDGET_TENANTS.items()) + ".")
+                    for t, (d, m) in BUDGET_TENANTS.items())
+        + " (a tenant without max_tokens sends its prompt as chat messages of words, about a token each, to "
+          "/v1/chat/completions: /v1/completions would answer 16 tokens, the API's default).")
     return {"run": "budgets-1.00-kvasir-budgets", "durationS": b["duration_s"], "windowS": 60.0,
             "tenants": [{"name": t, "tokensPerMinute": tpm, "demand": d, "maxTokens": m}
                         for t, (d, m) in BUDGET_TENANTS.items()]}

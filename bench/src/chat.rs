@@ -347,7 +347,8 @@ pub fn tenant_name(i: usize) -> String {
     format!("t{i:02}")
 }
 
-fn words(rng: &mut StdRng, n: usize) -> String {
+/// `n` words drawn from a fixed list (about one token each).
+pub(crate) fn words(rng: &mut StdRng, n: usize) -> String {
     let mut s = String::with_capacity(n * 7);
     for i in 0..n {
         if i > 0 {

@@ -62,8 +62,7 @@ pub struct BudgetsSpec {
     /// Simulated seconds of arrivals.
     pub duration_s: f64,
     /// Simulated seconds per wall second are 1 here, so this is the
-    /// budgets' window too (60 s): steady state is counted from
-    /// [`STEADY_AFTER`] windows on.
+    /// budgets' window too (60 s).
     pub window_s: f64,
     /// Each tenant's budget and demand.
     pub tenants: Vec<BudgetTenant>,
@@ -134,11 +133,6 @@ pub struct Scenarios {
     #[serde(default)]
     pub below: Vec<BelowSpec>,
 }
-
-/// Steady state of a budget starts this many windows into the run: a
-/// tenant sending twice its budget drains the full bucket in one window,
-/// the rest is margin for the arrivals' noise.
-pub const STEADY_AFTER: f64 = 1.25;
 
 /// Whether a request was refused by the gateway (rate-limited or shed):
 /// 429, or 503 for a shed with no endpoint ready.
@@ -240,7 +234,11 @@ pub struct BudgetRow {
     /// What the budget lets through over the run: one full window (the
     /// bucket starts full) plus the refill, `limit x (1 + D / window)`.
     pub allowed_tokens: f64,
-    /// Served tokens of requests sent after [`STEADY_AFTER`] windows.
+    /// When the tenant was first limited (its bucket ran dry), simulated
+    /// seconds; none if never.
+    #[serde(with = "nonfinite")]
+    pub dry_at_s: f64,
+    /// Served tokens of requests sent from then on.
     pub steady_tokens: u64,
     /// The budget's refill over that span.
     pub steady_allowed: f64,
@@ -259,9 +257,10 @@ impl BudgetRow {
     }
 }
 
-/// Every tenant's tokens served against its budget.
+/// Every tenant's tokens served against its budget: over the whole run,
+/// and from its first 429 on (its bucket was empty then, so from there
+/// only the refill, plus reservations given back, can be admitted).
 pub fn budget_rows(spec: &BudgetsSpec, records: &[Record]) -> Vec<BudgetRow> {
-    let steady_from = spec.window_s * STEADY_AFTER;
     spec.tenants
         .iter()
         .map(|t| {
@@ -269,6 +268,11 @@ pub fn budget_rows(spec: &BudgetsSpec, records: &[Record]) -> Vec<BudgetRow> {
             let tokens = |r: &&&Record| r.prompt_tokens + r.completion_tokens;
             let ok: Vec<&&Record> = mine.iter().filter(|r| r.outcome == Outcome::Ok).collect();
             let per_s = t.tokens_per_minute as f64 / spec.window_s;
+            let dry = mine
+                .iter()
+                .filter(|r| r.outcome == Outcome::HttpError && r.status == 429)
+                .map(|r| r.sent_s)
+                .fold(f64::INFINITY, f64::min);
             BudgetRow {
                 tenant: t.clone(),
                 sent: mine.len(),
@@ -279,12 +283,13 @@ pub fn budget_rows(spec: &BudgetsSpec, records: &[Record]) -> Vec<BudgetRow> {
                     .count(),
                 served_tokens: ok.iter().map(tokens).sum(),
                 allowed_tokens: t.tokens_per_minute as f64 + per_s * spec.duration_s,
-                steady_tokens: ok
-                    .iter()
-                    .filter(|r| r.sent_s >= steady_from)
-                    .map(tokens)
-                    .sum(),
-                steady_allowed: per_s * (spec.duration_s - steady_from).max(0.0),
+                dry_at_s: if dry.is_finite() { dry } else { f64::NAN },
+                steady_tokens: ok.iter().filter(|r| r.sent_s >= dry).map(tokens).sum(),
+                steady_allowed: if dry.is_finite() {
+                    per_s * (spec.duration_s - dry).max(0.0)
+                } else {
+                    f64::NAN
+                },
             }
         })
         .collect()

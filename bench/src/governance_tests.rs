@@ -118,9 +118,14 @@ fn budget_rows_count_the_first_window_and_the_steady_state() {
     let a = &rows[0];
     assert_eq!((a.sent, a.ok, a.limited), (60 + 2 * 70, 130, 70));
     assert_eq!(a.allowed_tokens, 60_000.0 + 1000.0 * 180.0);
-    assert_eq!(a.steady_allowed, 1000.0 * 105.0);
-    assert_eq!(a.steady_tokens, 70 * 1500);
-    assert_eq!(a.steady_ratio(), 1.0);
+    // Dry at the first 429 (75.5 s): the 69 served after it, over the
+    // refill of 104.5 s.
+    assert_eq!(a.dry_at_s, 75.5);
+    assert_eq!(a.steady_allowed, 1000.0 * 104.5);
+    assert_eq!(a.steady_tokens, 69 * 1500);
+    assert!((a.steady_ratio() - 103_500.0 / 104_500.0).abs() < 1e-12);
+    // Never limited: no steady span.
+    assert!(rows[1].dry_at_s.is_nan() && rows[1].steady_ratio().is_nan());
     assert!((a.whole_ratio() - 130.0 * 1500.0 / 240_000.0).abs() < 1e-12);
 
     let s = Scenarios {
@@ -136,7 +141,7 @@ fn budget_rows_count_the_first_window_and_the_steady_state() {
     assert_eq!(t[0].met, Some(true), "{t:?}");
     assert_eq!(t[1].met, Some(true), "{t:?}");
 
-    // One extra request in the steady span is 1.4% over; ten are 14%.
+    // Ten extra requests after the first 429 are 14% over.
     let mut more = recs.clone();
     for k in 0..10 {
         more.push(rec("t00", 100.1 + k as f64, 100.0, 200));

@@ -326,8 +326,14 @@ pub async fn run_tenants(plan: Arc<TenantsPlan>, opts: &RunOptions) -> anyhow::R
         tasks.push(tokio::spawn(async move {
             let r = &plan.requests[i];
             let sent_s = clock.sim_now();
-            let prompt = Prompt::Tokens(plan.prompt(r));
             let with_max = plan.max_tokens.get(r.tenant).copied().unwrap_or(true);
+            // Without max_tokens, /v1/completions answers 16 tokens: such
+            // a tenant asks the chat API.
+            let prompt = if with_max {
+                Prompt::Tokens(plan.prompt(r))
+            } else {
+                Prompt::Chat(plan.chat(r))
+            };
             let rec = Record::unanswered(i, plan.tenant(r), None, usize::from(r.burst), sent_s);
             let sent = send_as(
                 &http,

@@ -11,7 +11,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::chat::tenant_name;
+use crate::chat::{tenant_name, words};
 use crate::trace::{prompt_tokens, TraceRequest, MOONCAKE_BLOCK_TOKENS};
 
 /// One tenant sending at a multiple of its rate for a while.
@@ -242,6 +242,24 @@ impl TenantsPlan {
         prompt_tokens(&t, MOONCAKE_BLOCK_TOKENS, r.key)
     }
 
+    /// `r`'s prompt as chat messages, for a tenant whose requests leave
+    /// `max_tokens` out: `/v1/completions` answers 16 tokens then (the
+    /// API's default), the chat API as many as the engine is told. The
+    /// tenant's prefix as a system prompt, `r`'s own part as the user's
+    /// message, in words (about a token each), from the same seeds.
+    pub fn chat(&self, r: &TenantRequest) -> Vec<(&'static str, String)> {
+        let mut sys = StdRng::seed_from_u64(mix(PREFIX_IDS + r.tenant as u64));
+        let mut own = StdRng::seed_from_u64(mix(r.key));
+        let prefix = self.prefix_blocks * MOONCAKE_BLOCK_TOKENS;
+        vec![
+            (
+                "system",
+                format!("Tenant {}. {}", self.tenant(r), words(&mut sys, prefix)),
+            ),
+            ("user", words(&mut own, r.unique_tokens)),
+        ]
+    }
+
     /// The tenant's name as sent.
     pub fn tenant(&self, r: &TenantRequest) -> String {
         tenant_name(r.tenant)
@@ -343,6 +361,13 @@ mod tests {
         assert_ne!(a[0][..16], b[..16]);
         assert_eq!(p.prompt(r0), a[0], "the same request has the same tokens");
         assert_eq!(p.tenant(r0), "t00");
+        // As chat messages: the same system prompt for the tenant, its own
+        // user message, about a word a token.
+        let (c0, c1) = (p.chat(r0), p.chat(of(0).nth(1).unwrap()));
+        assert_eq!(c0[0], c1[0]);
+        assert_ne!(c0[1], c1[1]);
+        assert_eq!(c0[1].1.split(' ').count(), r0.unique_tokens);
+        assert_eq!(p.chat(r0), c0);
     }
 
     #[test]
