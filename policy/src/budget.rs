@@ -9,23 +9,11 @@
 
 use std::collections::BTreeMap;
 
+pub use crate::bounds::{DEFAULT_OUTPUT_TOKENS, MAX_CONCURRENT, MAX_OUTPUT_TOKENS, MAX_PER_MINUTE};
 use crate::config::BudgetConfig;
+use crate::diagnostic::{Severity, ValidationError};
 use crate::syntax::is_name;
 use crate::types::{Budget, PolicySet, Tenant};
-use crate::validate::{Severity, ValidationError};
-
-/// Largest per-minute limit. Credit is kept in 1/60000 token units and a
-/// shared store's script (Redis Lua numbers are doubles) must hold them
-/// exactly: 10^9 x 60000 is far below 2^53.
-pub const MAX_PER_MINUTE: u64 = 1_000_000_000;
-/// Largest `maxConcurrent`.
-pub const MAX_CONCURRENT: u32 = 1_000_000;
-/// Largest `defaultOutputTokens`: beyond any model's context.
-pub const MAX_OUTPUT_TOKENS: u32 = 10_000_000;
-/// Default of `defaultOutputTokens`: generous, since a short estimate is
-/// usage beyond the reservation, while a long one only delays admission
-/// until the tenant's own lengths are learned.
-pub const DEFAULT_OUTPUT_TOKENS: u32 = 512;
 
 fn finding(path: String, message: impl Into<String>, severity: Severity) -> ValidationError {
     ValidationError {
@@ -168,36 +156,4 @@ pub(crate) fn compile(set: &PolicySet, t: &Tenant) -> Option<BudgetConfig> {
 fn permille(w: f64) -> u16 {
     // In 0..=1000 after clamping, so the cast cannot truncate.
     (w.clamp(0.0, 1.0) * 1000.0).round() as u16
-}
-
-/// The loader's check of a compiled budget (a hand-written or damaged
-/// document): the same bounds validation applies. Returns the field and
-/// why.
-pub(crate) fn check_compiled(b: &BudgetConfig) -> Result<(), (&'static str, String)> {
-    let rates = [
-        ("tokensPerMinute", b.tokens_per_minute),
-        ("promptTokensPerMinute", b.prompt_tokens_per_minute),
-        ("completionTokensPerMinute", b.completion_tokens_per_minute),
-        ("requestsPerMinute", b.requests_per_minute),
-    ];
-    for (field, v) in rates {
-        if v.is_some_and(|v| !(1..=MAX_PER_MINUTE).contains(&v)) {
-            return Err((field, format!("must be between 1 and {MAX_PER_MINUTE}")));
-        }
-    }
-    if b.max_concurrent
-        .is_some_and(|v| !(1..=MAX_CONCURRENT).contains(&v))
-    {
-        let msg = format!("must be between 1 and {MAX_CONCURRENT}");
-        return Err(("maxConcurrent", msg));
-    }
-    if b.cached_token_weight_permille > 1000 {
-        let msg = "must be at most 1000".to_owned();
-        return Err(("cachedTokenWeightPermille", msg));
-    }
-    if !(1..=MAX_OUTPUT_TOKENS).contains(&b.default_output_tokens) {
-        let msg = format!("must be between 1 and {MAX_OUTPUT_TOKENS}");
-        return Err(("defaultOutputTokens", msg));
-    }
-    Ok(())
 }

@@ -18,6 +18,7 @@
 //! The document's types are in `doc`; the checks and the lookup index the
 //! matcher runs on are built section by section in `index`.
 
+mod checks;
 mod doc;
 mod index;
 

@@ -18,22 +18,10 @@ use std::collections::BTreeMap;
 /// pools file kvasir-api writes) name the same type.
 pub use kvasir_flowcontrol::FlowControlConfig;
 
+pub use crate::bounds::{DEFAULT_WEIGHT, MAX_QUEUED, MAX_WAIT_MS, MAX_WEIGHT};
+use crate::diagnostic::{Severity, ValidationError};
 use crate::syntax::is_name;
 use crate::types::{FlowControl, PolicySet, Tenant};
-use crate::validate::{Severity, ValidationError};
-
-/// A tenant's weight when neither it nor its class sets one.
-pub const DEFAULT_WEIGHT: u32 = 1;
-/// Largest weight: a 1000:1 share is already beyond what a queue can show
-/// within any realistic backlog, and the bound keeps `tokens / weight`
-/// tags far from rounding.
-pub const MAX_WEIGHT: u32 = 1000;
-/// Largest `maxWaitMs`: the filter holds the request paused that long, and
-/// the value must fit the compiled `maxQueueWaitMs` (u32).
-pub const MAX_WAIT_MS: u64 = 600_000;
-/// Largest `maxQueued` / `maxQueuedPerTenant`: a bound on the memory a
-/// typo can ask the indexer to hold.
-pub const MAX_QUEUED: u64 = 1_000_000;
 
 fn finding(path: String, message: impl Into<String>, severity: Severity) -> ValidationError {
     ValidationError {
@@ -177,20 +165,4 @@ pub(crate) fn weight(set: &PolicySet, t: &Tenant) -> u32 {
                 .map(|cw| cw.weight)
         })
         .unwrap_or(DEFAULT_WEIGHT)
-}
-
-/// The loader's check of a compiled tenant weight.
-pub(crate) fn check_compiled_weight(w: u32) -> Result<(), String> {
-    match (1..=MAX_WEIGHT).contains(&w) {
-        true => Ok(()),
-        false => Err(format!("must be between 1 and {MAX_WEIGHT}")),
-    }
-}
-
-/// The loader's check of a compiled `maxQueueWaitMs`.
-pub(crate) fn check_compiled_wait(ms: u32) -> Result<(), String> {
-    match u64::from(ms) <= MAX_WAIT_MS {
-        true => Ok(()),
-        false => Err(format!("must be at most {MAX_WAIT_MS}")),
-    }
 }

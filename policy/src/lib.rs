@@ -156,9 +156,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod bounds;
 pub mod budget;
 pub mod compile;
 pub mod config;
+mod diagnostic;
 pub mod flow;
 pub mod glob;
 mod json_error;

@@ -47,10 +47,10 @@ pub use engine_metrics::{parse_sample, parse_vllm_metrics, EngineLoad, MetricsPa
 pub use peer_chains::SampledChain;
 pub use peers::{PeerLoad, PeerPending, PeerStats};
 pub(crate) use placed::Placed;
-pub use prefix::{block_chain, common_prefix, extend_block_chain};
+pub use prefix::{block_chain, common_prefix, extend_block_chain, MAX_PENDING_PREFIXES};
 pub use saturation::SaturationThresholds;
 pub use scrape::{scrape, scrape_all, ScrapeError};
 pub use tracker::{
     pool_saturation, Accounting, BoundStats, LoadConfig, LoadTracker, LoadView, PendingChains,
-    Phase, ReportMatch, MAX_PENDING_PREFIXES,
+    Phase, ReportMatch,
 };

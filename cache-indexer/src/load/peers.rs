@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::peer_chains::SampledChain;
-use super::tracker::MAX_PENDING_PREFIXES;
+use super::prefix::MAX_PENDING_PREFIXES;
 use crate::types::EndpointId;
 
 /// Other replicas' chains kept per endpoint: each replica publishes at most

@@ -3,6 +3,11 @@
 //! in-prefill picks by them and the pick path builds them; the engines'
 //! own block hashes are never reproduced here.
 
+/// Prompts in prefill remembered per endpoint (this replica's, and each
+/// other replica's) for `LoadView::pending_matched_blocks`; older ones are
+/// forgotten first.
+pub const MAX_PENDING_PREFIXES: usize = 64;
+
 /// The chained hashes of a prompt's full blocks: entry `i` identifies the
 /// whole prefix up to block `i`, so two chains agree exactly on their
 /// common prefix. (Private to the indexer; the engines' hashes are never

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 
 use super::engine_metrics::EngineLoad;
 use super::peers::{PeerLoad, PeerPending, PeerStats, Peers};
-use super::prefix::common_prefix;
+use super::prefix::{common_prefix, MAX_PENDING_PREFIXES};
 use super::saturation::SaturationThresholds;
 use crate::types::EndpointId;
 
@@ -105,10 +105,6 @@ impl LoadView {
         self.engine.running.saturating_sub(self.done_since_scrape)
     }
 }
-
-/// Prompts in prefill remembered per endpoint for
-/// [`LoadView::pending_matched_blocks`]; older ones are forgotten first.
-pub const MAX_PENDING_PREFIXES: usize = 64;
 
 #[derive(Debug, Default)]
 struct EndpointLoad {

@@ -7,7 +7,8 @@
 //! until usage says otherwise), and the output estimate (`max_tokens`, else
 //! the key's learned figure). A pick without a budget reserves nothing. A
 //! budgeted pick needs a budget key and a request id (reports settle the
-//! reservation by it): without them it is INVALID_ARGUMENT ([`check`]).
+//! reservation by it): without them it is INVALID_ARGUMENT
+//! ([`super::prompt::check_budget`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use super::matching::Matched;
 use super::prompt::Call;
 use super::tokenize::PickTokens;
 use crate::budgets::{self, Ask, Budgets, Reserved};
-use crate::pool::{invalid, Pool, ServiceError};
+use crate::pool::Pool;
 use crate::scoring::predicted_cached_tokens;
 
 /// What admission reserved for a pick. Dropped before the pick was
@@ -75,24 +76,6 @@ impl Drop for Admission {
             h.cancel();
         }
     }
-}
-
-/// Refuses a budget a reservation could not be settled by: no key, or no
-/// request id.
-pub(crate) fn check(request_id: &str, budget: Option<&pb::Budget>) -> Result<(), ServiceError> {
-    let Some(b) = budget else {
-        return Ok(());
-    };
-    if b.key.is_empty() {
-        return Err(invalid("budget.key", "must not be empty"));
-    }
-    if request_id.is_empty() {
-        return Err(invalid(
-            "request_id",
-            "required with a budget (reports settle the reservation by it)",
-        ));
-    }
-    Ok(())
 }
 
 impl Pool {
@@ -276,10 +259,10 @@ mod tests {
             key: "a".into(),
             ..Default::default()
         };
-        assert!(check("r", Some(&b)).is_ok());
-        assert!(check("", None).is_ok());
-        assert!(check("", Some(&b)).is_err());
-        assert!(check("r", Some(&pb::Budget::default())).is_err());
+        assert!(super::super::prompt::check_budget("r", Some(&b)).is_ok());
+        assert!(super::super::prompt::check_budget("", None).is_ok());
+        assert!(super::super::prompt::check_budget("", Some(&b)).is_err());
+        assert!(super::super::prompt::check_budget("r", Some(&pb::Budget::default())).is_err());
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub(crate) fn from_request(
         weight,
         ..
     } = req;
-    super::budget::check(&request_id, budget.as_ref())?;
+    check_budget(&request_id, budget.as_ref())?;
     let prompt =
         prompt.ok_or_else(|| invalid("prompt", "one of chat, text or token_ids is required"))?;
     let owned = match prompt {
@@ -131,7 +131,7 @@ pub(crate) fn bound_call(
     req: &pb::PickRequest,
     started: Instant,
 ) -> Result<(Call, u32), ServiceError> {
-    super::budget::check(&req.request_id, req.budget.as_ref())?;
+    check_budget(&req.request_id, req.budget.as_ref())?;
     let bytes = match &req.prompt {
         Some(pb::pick_request::Prompt::Chat(c)) => c
             .messages
@@ -156,4 +156,25 @@ pub(crate) fn bound_call(
         started,
     };
     Ok((call, u32::try_from(bytes.div_ceil(4)).unwrap_or(u32::MAX)))
+}
+
+/// Refuses a budget a reservation could not be settled by: no key, or no
+/// request id.
+pub(crate) fn check_budget(
+    request_id: &str,
+    budget: Option<&pb::Budget>,
+) -> Result<(), ServiceError> {
+    let Some(b) = budget else {
+        return Ok(());
+    };
+    if b.key.is_empty() {
+        return Err(invalid("budget.key", "must not be empty"));
+    }
+    if request_id.is_empty() {
+        return Err(invalid(
+            "request_id",
+            "required with a budget (reports settle the reservation by it)",
+        ));
+    }
+    Ok(())
 }

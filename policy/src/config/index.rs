@@ -166,7 +166,7 @@ fn check_pools(pools: &[PoolConfig]) -> Result<(), ConfigError> {
                 "must be at least 1",
             ));
         }
-        crate::flow::check_compiled_wait(p.max_queue_wait_ms)
+        super::checks::queue_wait(p.max_queue_wait_ms)
             .map_err(|msg| invalid(format!("pools[{i}].maxQueueWaitMs"), msg))?;
     }
     Ok(())
@@ -192,10 +192,10 @@ fn check_providers(providers: &[ProviderConfig]) -> Result<(), ConfigError> {
 /// Tenants' weights and budgets: the bounds validation applies.
 fn check_tenants(tenants: &[TenantConfig]) -> Result<(), ConfigError> {
     for (i, t) in tenants.iter().enumerate() {
-        crate::flow::check_compiled_weight(t.weight)
+        super::checks::weight(t.weight)
             .map_err(|msg| invalid(format!("tenants[{i}].weight"), msg))?;
         if let Some(b) = &t.budget {
-            crate::budget::check_compiled(b)
+            super::checks::budget(b)
                 .map_err(|(field, msg)| invalid(format!("tenants[{i}].budget.{field}"), msg))?;
         }
     }
