@@ -460,7 +460,8 @@ async fn scrape_loop(
             pool.metrics.in_flight_expired.add(expired as u64);
             tracing::debug!(pool = %pool.name, expired, "in-flight picks expired without a report");
         }
-        pool.budgets.note_peers(&pool.load.peer_stats(Instant::now()));
+        pool.budgets
+            .note_peers(&pool.load.peer_stats(Instant::now()));
         // A scrape may show room the reports did not (other replicas' and
         // direct traffic ending, an endpoint turned healthy).
         pool.capacity_freed();
