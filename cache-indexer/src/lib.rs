@@ -47,5 +47,6 @@ mod metrics;
 mod pick;
 mod pool;
 mod pools;
+mod redis_link;
 mod report;
 mod session;

@@ -9,38 +9,24 @@
 //! carries every call; a failed one is dropped and the next call after the
 //! retry delay connects anew.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
-use parking_lot::Mutex;
-use redis::aio::MultiplexedConnection;
-use redis::AsyncConnectionConfig;
 
 use super::store::{Record, ResponseStore, StoreError};
+use crate::redis_link::{LinkError, RedisLink};
 
 /// A Redis server holding response records.
 pub struct RedisStore {
-    client: redis::Client,
-    url: String,
-    timeout: Duration,
-    retry_after: Duration,
-    state: Mutex<Conn>,
-    /// One connect at a time: picks that miss while Redis is being reached
-    /// wait for that connect (bounded) rather than each opening a socket.
-    connecting: tokio::sync::Mutex<()>,
-}
-
-#[derive(Default)]
-struct Conn {
-    conn: Option<MultiplexedConnection>,
-    down_until: Option<Instant>,
+    /// While it is down, each replica answers from its own records.
+    link: RedisLink,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
-            .field("url", &self.url)
-            .field("timeout", &self.timeout)
+            .field("url", &self.link.url())
+            .field("timeout", &self.link.timeout())
             .finish_non_exhaustive()
     }
 }
@@ -50,75 +36,18 @@ impl RedisStore {
     /// `timeout` bounds each call, `retry_after` is how long a failed store
     /// is left alone.
     pub fn new(url: &str, timeout: Duration, retry_after: Duration) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(|e| StoreError::Failed(e.to_string()))?;
-        Ok(RedisStore {
-            client,
-            url: url.to_string(),
-            timeout,
-            retry_after,
-            state: Mutex::new(Conn::default()),
-            connecting: tokio::sync::Mutex::new(()),
-        })
-    }
-
-    /// The open connection, or a new one; `Down` while in the retry delay.
-    async fn connection(&self) -> Result<MultiplexedConnection, StoreError> {
-        if let Some(c) = self.ready()? {
-            return Ok(c);
-        }
-        let _one = tokio::time::timeout(self.timeout, self.connecting.lock())
-            .await
-            .map_err(|_| StoreError::Timeout)?;
-        // Another call may have connected, or failed, while this one waited.
-        if let Some(c) = self.ready()? {
-            return Ok(c);
-        }
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        let conn = tokio::time::timeout(
-            self.timeout,
-            self.client
-                .get_multiplexed_async_connection_with_config(&cfg),
-        )
-        .await;
-        match conn {
-            Ok(Ok(c)) => {
-                self.state.lock().conn = Some(c.clone());
-                tracing::info!(url = %self.url, "responses store: connected to redis");
-                Ok(c)
-            }
-            Ok(Err(e)) => Err(self.failed(StoreError::Failed(e.to_string()))),
-            Err(_) => Err(self.failed(StoreError::Timeout)),
-        }
-    }
-
-    fn ready(&self) -> Result<Option<MultiplexedConnection>, StoreError> {
-        let s = self.state.lock();
-        if s.down_until.is_some_and(|t| Instant::now() < t) {
-            return Err(StoreError::Down);
-        }
-        Ok(s.conn.clone())
-    }
-
-    /// Drops the connection and leaves the store alone for the retry
-    /// delay; returns `e` for the caller.
-    fn failed(&self, e: StoreError) -> StoreError {
-        let mut s = self.state.lock();
-        if s.down_until.is_none_or(|t| Instant::now() >= t) {
-            tracing::warn!(url = %self.url, error = %e, retry_in = ?self.retry_after, "responses store: redis unavailable; using this replica's records only");
-        }
-        s.conn = None;
-        s.down_until = Some(Instant::now() + self.retry_after);
-        e
+        let link = RedisLink::open(url, timeout, retry_after, "responses store")
+            .map_err(|e| StoreError::Failed(e.to_string()))?;
+        Ok(RedisStore { link })
     }
 
     async fn run<T: redis::FromRedisValue>(&self, cmd: redis::Cmd) -> Result<T, StoreError> {
-        let mut conn = self.connection().await?;
-        match tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await {
+        let mut conn = self.link.connection().await?;
+        let timeout = self.link.timeout();
+        match tokio::time::timeout(timeout, cmd.query_async::<T>(&mut conn)).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.failed(StoreError::Failed(e.to_string()))),
-            Err(_) => Err(self.failed(StoreError::Timeout)),
+            Ok(Err(e)) => Err(self.link.failed(StoreError::Failed(e.to_string()))),
+            Err(_) => Err(self.link.failed(StoreError::Timeout)),
         }
     }
 }
@@ -152,9 +81,20 @@ impl ResponseStore for RedisStore {
     }
 }
 
+impl From<LinkError> for StoreError {
+    fn from(e: LinkError) -> Self {
+        match e {
+            LinkError::Down => StoreError::Down,
+            LinkError::Timeout => StoreError::Timeout,
+            LinkError::Failed(m) => StoreError::Failed(m),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[tokio::test]
     async fn an_unreachable_server_fails_fast_then_is_left_alone() {

@@ -14,14 +14,15 @@
 //! retry delay ([`BudgetStoreError::Down`] at once) and the next call
 //! after it connects anew.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvasir_budget::{
     Cost, Dimension, LimitState, Limits, RateLimitHeaders, Refusal, Released, Request, Usage,
 };
 use parking_lot::Mutex;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, ErrorKind, ServerErrorKind};
+
+use crate::redis_link::{LinkError, RedisLink};
+use redis::{ErrorKind, ServerErrorKind};
 
 /// The script (see its header for keys, arguments and replies).
 pub const SCRIPT: &str = include_str!("../budget.lua");
@@ -119,31 +120,18 @@ pub struct Answer<T> {
 
 /// Budgets in one Redis server, shared by the replicas that use it.
 pub struct BudgetStore {
-    client: redis::Client,
-    url: String,
-    timeout: Duration,
-    retry_after: Duration,
+    link: RedisLink,
     key_prefix: String,
     idle: Duration,
-    state: Mutex<Conn>,
-    /// One connect at a time: calls that find no connection wait for that
-    /// connect (bounded) rather than each opening a socket.
-    connecting: tokio::sync::Mutex<()>,
-}
-
-#[derive(Default)]
-struct Conn {
-    conn: Option<MultiplexedConnection>,
-    down_until: Option<Instant>,
     /// The script's SHA1 as Redis reported it (`SCRIPT LOAD`).
-    sha: Option<String>,
+    sha: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for BudgetStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BudgetStore")
-            .field("url", &self.url)
-            .field("timeout", &self.timeout)
+            .field("url", &self.link.url())
+            .field("timeout", &self.link.timeout())
             .field("key_prefix", &self.key_prefix)
             .finish_non_exhaustive()
     }
@@ -251,17 +239,13 @@ impl BudgetStore {
         retry_after: Duration,
         key_prefix: &str,
     ) -> Result<Self, BudgetStoreError> {
-        let client =
-            redis::Client::open(url).map_err(|e| BudgetStoreError::Failed(e.to_string()))?;
+        let link = RedisLink::open(url, timeout, retry_after, "budgets")
+            .map_err(|e| BudgetStoreError::Failed(e.to_string()))?;
         Ok(BudgetStore {
-            client,
-            url: url.to_string(),
-            timeout,
-            retry_after,
+            link,
             key_prefix: key_prefix.to_string(),
             idle: DEFAULT_IDLE,
-            state: Mutex::new(Conn::default()),
-            connecting: tokio::sync::Mutex::new(()),
+            sha: Mutex::new(None),
         })
     }
 
@@ -273,12 +257,12 @@ impl BudgetStore {
 
     /// The bound of one call.
     pub fn timeout(&self) -> Duration {
-        self.timeout
+        self.link.timeout()
     }
 
     /// How long a failed store is left alone.
     pub fn retry_after(&self) -> Duration {
-        self.retry_after
+        self.link.retry_after()
     }
 
     /// The state hash of budget `key` (its open reservations: the same
@@ -290,10 +274,7 @@ impl BudgetStore {
     /// Whether calls are answered [`BudgetStoreError::Down`] now (the
     /// retry delay after a failure).
     pub fn resting(&self) -> bool {
-        self.state
-            .lock()
-            .down_until
-            .is_some_and(|t| Instant::now() < t)
+        self.link.resting()
     }
 
     /// Reserves `req` under request id `id` with `limits` (stored for the
@@ -419,8 +400,8 @@ impl BudgetStore {
     /// it (first call, or a restarted / flushed server), loading it in the
     /// same round trip.
     async fn eval(&self, args: Vec<String>) -> Result<Vec<i64>, BudgetStoreError> {
-        let mut conn = self.connection().await?;
-        let sha = self.state.lock().sha.clone();
+        let mut conn = self.link.connection().await?;
+        let sha = self.sha.lock().clone();
         if let Some(sha) = sha {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(sha).arg(&args);
@@ -437,7 +418,7 @@ impl BudgetStore {
             .bounded(pipe.query_async::<(String, Vec<i64>)>(&mut conn))
             .await;
         let (sha, v) = self.settled(r)?;
-        self.state.lock().sha = Some(sha);
+        *self.sha.lock() = Some(sha);
         Ok(v)
     }
 
@@ -446,7 +427,7 @@ impl BudgetStore {
         &self,
         fut: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, Result<redis::RedisError, ()>> {
-        match tokio::time::timeout(self.timeout, fut).await {
+        match tokio::time::timeout(self.link.timeout(), fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(Ok(e)),
             Err(_) => Err(Err(())),
@@ -465,61 +446,9 @@ impl BudgetStore {
             Err(Ok(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) => {
                 Err(BudgetStoreError::Malformed(e.to_string()))
             }
-            Err(Ok(e)) => Err(self.failed(BudgetStoreError::Failed(e.to_string()))),
-            Err(Err(())) => Err(self.failed(BudgetStoreError::Timeout)),
+            Err(Ok(e)) => Err(self.link.failed(BudgetStoreError::Failed(e.to_string()))),
+            Err(Err(())) => Err(self.link.failed(BudgetStoreError::Timeout)),
         }
-    }
-
-    /// The open connection, or a new one; `Down` while in the retry delay.
-    async fn connection(&self) -> Result<MultiplexedConnection, BudgetStoreError> {
-        if let Some(c) = self.ready()? {
-            return Ok(c);
-        }
-        let _one = tokio::time::timeout(self.timeout, self.connecting.lock())
-            .await
-            .map_err(|_| BudgetStoreError::Timeout)?;
-        // Another call may have connected, or failed, while this one waited.
-        if let Some(c) = self.ready()? {
-            return Ok(c);
-        }
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout));
-        let conn = tokio::time::timeout(
-            self.timeout,
-            self.client
-                .get_multiplexed_async_connection_with_config(&cfg),
-        )
-        .await;
-        match conn {
-            Ok(Ok(c)) => {
-                self.state.lock().conn = Some(c.clone());
-                tracing::info!(url = %self.url, "budgets: connected to redis");
-                Ok(c)
-            }
-            Ok(Err(e)) => Err(self.failed(BudgetStoreError::Failed(e.to_string()))),
-            Err(_) => Err(self.failed(BudgetStoreError::Timeout)),
-        }
-    }
-
-    fn ready(&self) -> Result<Option<MultiplexedConnection>, BudgetStoreError> {
-        let s = self.state.lock();
-        if s.down_until.is_some_and(|t| Instant::now() < t) {
-            return Err(BudgetStoreError::Down);
-        }
-        Ok(s.conn.clone())
-    }
-
-    /// Drops the connection and leaves the store alone for the retry
-    /// delay; returns `e` for the caller.
-    fn failed(&self, e: BudgetStoreError) -> BudgetStoreError {
-        let mut s = self.state.lock();
-        if s.down_until.is_none_or(|t| Instant::now() >= t) {
-            tracing::warn!(url = %self.url, error = %e, retry_in = ?self.retry_after, "budgets: redis unavailable");
-        }
-        s.conn = None;
-        s.down_until = Some(Instant::now() + self.retry_after);
-        e
     }
 }
 
@@ -611,9 +540,20 @@ fn decode_reserve(v: &[i64]) -> Result<Reserved, BudgetStoreError> {
     })
 }
 
+impl From<LinkError> for BudgetStoreError {
+    fn from(e: LinkError) -> Self {
+        match e {
+            LinkError::Down => BudgetStoreError::Down,
+            LinkError::Timeout => BudgetStoreError::Timeout,
+            LinkError::Failed(m) => BudgetStoreError::Failed(m),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[tokio::test]
     async fn an_unreachable_server_fails_fast_then_is_left_alone() {
