@@ -232,6 +232,47 @@ impl Clock {
     }
 }
 
+/// What an open-loop run began with, for [`finish`].
+struct Began {
+    /// The engines' counters before the first request.
+    before: EngineCounters,
+    /// The scrape at the middle of the arrival window.
+    half: tokio::task::JoinHandle<anyhow::Result<(EngineCounters, Instant)>>,
+    wall0: Instant,
+    start_unix_ms: u64,
+    scale: f64,
+}
+
+/// The end of an open-loop run (one task per request): the engines
+/// scraped once every request was sent and once every one ended, the
+/// records in request order, and the engines' use over the measured half.
+async fn finish(
+    http: &reqwest::Client,
+    opts: &RunOptions,
+    began: Began,
+    tasks: Vec<tokio::task::JoinHandle<Record>>,
+    pb: ProgressBar,
+    via: BTreeMap<String, usize>,
+) -> anyhow::Result<RunResult> {
+    let mid = (scrape(http, &opts.engine_metrics).await?, Instant::now());
+    let half = began.half.await??;
+    let mut records = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        records.push(t.await?);
+    }
+    let after = scrape(http, &opts.engine_metrics).await?;
+    pb.finish_and_clear();
+    let mut engines = window_use(half, mid, opts.engine_metrics.len(), began.scale);
+    engines.preemptions = after.preemptions - began.before.preemptions;
+    Ok(RunResult {
+        records,
+        engines,
+        wall_s: began.wall0.elapsed().as_secs_f64(),
+        start_unix_ms: began.start_unix_ms,
+        sent: via,
+    })
+}
+
 /// Replays a trace: request i is sent at its timestamp / `speed`
 /// (simulated), whatever happened to earlier ones.
 pub async fn run_trace(
@@ -280,24 +321,14 @@ pub async fn run_trace(
             rec
         }));
     }
-    let mid = scrape(&http, &opts.engine_metrics).await?;
-    let mid = (mid, Instant::now());
-    let half = half.await??;
-    let mut records = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        records.push(t.await?);
-    }
-    let after = scrape(&http, &opts.engine_metrics).await?;
-    pb.finish_and_clear();
-    let mut engines = window_use(half, mid, opts.engine_metrics.len(), scale);
-    engines.preemptions = after.preemptions - before.preemptions;
-    Ok(RunResult {
-        records,
-        engines,
-        wall_s: wall0.elapsed().as_secs_f64(),
+    let began = Began {
+        before,
+        half,
+        wall0,
         start_unix_ms,
-        sent: via,
-    })
+        scale,
+    };
+    finish(&http, opts, began, tasks, pb, via).await
 }
 
 /// Runs a multi-tenant plan ([`crate::tenants`]): request i is sent at its
@@ -352,23 +383,14 @@ pub async fn run_tenants(plan: Arc<TenantsPlan>, opts: &RunOptions) -> anyhow::R
             rec
         }));
     }
-    let mid = (scrape(&http, &opts.engine_metrics).await?, Instant::now());
-    let half = half.await??;
-    let mut records = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        records.push(t.await?);
-    }
-    let after = scrape(&http, &opts.engine_metrics).await?;
-    pb.finish_and_clear();
-    let mut engines = window_use(half, mid, opts.engine_metrics.len(), scale);
-    engines.preemptions = after.preemptions - before.preemptions;
-    Ok(RunResult {
-        records,
-        engines,
-        wall_s: wall0.elapsed().as_secs_f64(),
+    let began = Began {
+        before,
+        half,
+        wall0,
         start_unix_ms,
-        sent: via,
-    })
+        scale,
+    };
+    finish(&http, opts, began, tasks, pb, via).await
 }
 
 /// Runs a chat plan: each conversation starts at its arrival and sends its
