@@ -22,6 +22,7 @@
 //! ([`PoolFlow::peer_moves`], [`crate::shared_load::moves`]).
 
 mod estimate;
+mod release;
 pub mod metrics;
 
 use std::collections::{HashMap, VecDeque};
