@@ -14,6 +14,12 @@ summarises run directories that already exist.
         --preset full --workloads trace,chat --modes approx-prefix,kvasir \\
         --loads 1.0 --trace-rate 1.5 --chat-rate 12.5 --no-progress
     python3 bench/repeats.py --from bench/results/repeats/run1 bench/results/repeats/run2
+
+The deployed-like mode passes through the same way (`-- --deployment
+deployed [--proxies N --replicas M] ...`); its runs go to
+`bench/results/repeats-deployed[-NxM]/` unless `--out` says otherwise, so
+the single-proxy repeats stay where they are, and the summary names the
+shape the runs recorded.
 """
 
 from __future__ import annotations
@@ -29,16 +35,59 @@ REPO = Path(__file__).resolve().parents[1]
 ROUTING = REPO / "bench" / "routing.py"
 
 
-def load_runs(dirs: list[Path]) -> list[dict]:
-    """Each directory's summary.json runs, keyed by (workload, load, mode)."""
+def load_summaries(dirs: list[Path]) -> list[dict]:
+    """Each directory's summary.json."""
     out = []
     for d in dirs:
         f = d / "summary.json"
         if not f.exists():
             raise SystemExit(f"{f} missing: not a routing.py results directory")
-        runs = json.loads(f.read_text())["runs"]
-        out.append({(r["workload"], r["load"], r["mode"]): r for r in runs})
+        out.append(json.loads(f.read_text()))
     return out
+
+
+def load_runs(summaries: list[dict]) -> list[dict]:
+    """Each summary's runs, keyed by (workload, load, mode)."""
+    return [{(r["workload"], r["load"], r["mode"]): r for r in s["runs"]} for s in summaries]
+
+
+def shape_of(summaries: list[dict]) -> str:
+    """The shape the runs recorded (routing.py's `deployment` record); runs
+    of different shapes are not one spread."""
+    seen = set()
+    for s in summaries:
+        d = s.get("deployment")
+        seen.add(None if d is None else (d["kind"], d["proxies"], d["replicas"]))
+    if len(seen) > 1:
+        raise SystemExit("the runs recorded different shapes ("
+                         + ", ".join(sorted(describe(x) for x in seen)) + "): not one spread")
+    return describe(seen.pop()) if seen else describe(None)
+
+
+def describe(shape: tuple | None) -> str:
+    if shape is None:
+        return "not recorded (runs from before routing.py recorded it)"
+    kind, proxies, replicas = shape
+    if kind == "deployed":
+        return (f"deployed-like, {proxies} Envoy{'s' if proxies > 1 else ''} x {replicas} indexer "
+                f"replica{'s' if replicas > 1 else ''} ({proxies}x{replicas})")
+    return "single proxy (1 Envoy, 1 indexer)"
+
+
+def default_out(rest: list[str]) -> Path:
+    """bench/results/repeats for single-proxy runs, repeats-deployed[-NxM]
+    for deployed ones (the shape named when it is not 2x2, as routing.py
+    names its folders)."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--deployment", default="single")
+    ap.add_argument("--proxies", type=int, default=2)
+    ap.add_argument("--replicas", type=int, default=2)
+    known, _ = ap.parse_known_args(rest)
+    name = "repeats"
+    if known.deployment == "deployed":
+        name += "-deployed" + ("" if (known.proxies, known.replicas) == (2, 2)
+                               else f"-{known.proxies}x{known.replicas}")
+    return REPO / "bench" / "results" / name
 
 
 def ms(v: float) -> str:
@@ -51,7 +100,7 @@ def spread(vals: list[float]) -> str:
     return f"{ms(lo)}-{ms(hi)} ({(hi - lo) / mean:.1%})" if mean > 0 else "-"
 
 
-def render(dirs: list[Path], runs: list[dict], command: str) -> str:
+def render(dirs: list[Path], runs: list[dict], command: str, shape: str) -> str:
     keys = sorted(set().union(*(r.keys() for r in runs)))
     lines = [
         "# Routing benchmark: run-to-run spread",
@@ -59,6 +108,8 @@ def render(dirs: list[Path], runs: list[dict], command: str) -> str:
         f"{len(runs)} runs of `{command}`" if command else f"{len(runs)} runs",
         "(" + ", ".join(f"`{d.name}`" for d in dirs) + "). Each run starts a fresh cluster per mode; "
         "the spread is (max - min) / mean across runs.",
+        "",
+        f"Shape: {shape}.",
         "",
         "| workload | load | mode | TTFT p50 per run | TTFT p90 per run | TTFT p99 per run | hit rate per run "
         "| p90 spread | p99 spread |",
@@ -98,11 +149,12 @@ def main(argv: list[str]) -> int:
         rest = []
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "repeats"))
+    ap.add_argument("--out", help="default: bench/results/repeats, or repeats-deployed[-NxM] for "
+                    "`--deployment deployed` runs")
     ap.add_argument("--from", dest="dirs", nargs="+", help="summarise these run directories, run nothing")
     ap.add_argument("--command", default="", help="the command to name in the summary (with --from)")
     a = ap.parse_args(argv)
-    out = Path(a.out)
+    out = Path(a.out) if a.out else default_out(rest)
     if a.dirs:
         dirs = [Path(d) for d in a.dirs]
         command = a.command
@@ -119,7 +171,8 @@ def main(argv: list[str]) -> int:
             subprocess.run([sys.executable, str(ROUTING), *rest, "--out", str(d)], check=True)
             dirs.append(d)
         command = "python bench/routing.py " + " ".join(shlex.quote(x) for x in rest)
-    md = render(dirs, load_runs(dirs), command)
+    summaries = load_summaries(dirs)
+    md = render(dirs, load_runs(summaries), command, shape_of(summaries))
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(md)
     print(md, end="")

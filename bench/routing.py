@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import csv
 import json
 import math
@@ -52,13 +53,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from http.client import HTTPException
 from pathlib import Path
 
 import kvasir_harness as h  # harness/kvasir_harness: processes, ports, bounded waits, the launchers
+from kvasir_harness import prom
 
 REPO = Path(__file__).resolve().parents[1]
+# bench/shapes.py: two runs of other shapes side by side (`--compare-to`).
+SHAPES = h.load_script(REPO / "bench" / "shapes.py")
 
 BENCH_BIN = h.TARGET / "release" / "kvasir-bench"
 TRACE = REPO.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -140,6 +146,8 @@ RESTARTED = 1  # which engine (sim1), the same in every mode
 # several of the indexer's scrapes and Envoy's health checks, so both see
 # it gone, and within what kvasir-bench's engine scrapes wait out.
 RESTART_DOWN_S = 1.0
+# How often the replicas' view of each other is sampled during a run (wall).
+SHARED_LOAD_SAMPLE_S = 0.5
 # The restart note's window: requests sent this many simulated seconds
 # after the restart, against those sent before it.
 AFTER_RESTART_S = 60.0
@@ -164,14 +172,17 @@ class Shape:
     num_gpu_blocks: int = NUM_GPU_BLOCKS
     max_model_len: int = MAX_MODEL_LEN
     direct_share: float = 0.0
+    # Deployed only (`--proxies`, `--replicas`): the single shape is 1x1.
+    proxy_count: int = PROXIES
+    replica_count: int = REPLICAS
 
     @property
     def proxies(self) -> int:
-        return PROXIES if self.deployed else 1
+        return self.proxy_count if self.deployed else 1
 
     @property
     def replicas(self) -> int:
-        return REPLICAS if self.deployed else 1
+        return self.replica_count if self.deployed else 1
 
 
 SINGLE = Shape()
@@ -405,8 +416,10 @@ class Cluster:
             by = ix.metric_by("kvasir_indexer_picks_total", "decision")
             for d, n in by.items():
                 decisions[d] = decisions.get(d, 0) + int(n)
-            if len(self.indexers) > 1:
+            if self.shape.deployed:
+                # Also with one replica, so shapes compare (bench/shapes.py).
                 out[f"picks by indexer{i}"] = int(sum(by.values()))
+            if len(self.indexers) > 1:
                 out[f"indexer{i} peers seen"] = int(ix.metric("kvasir_indexer_shared_load_peers"))
         for d, n in sorted(decisions.items()):
             if n:
@@ -417,6 +430,54 @@ class Cluster:
         """KV-event source changes the indexers saw (a restarted engine's
         new sockets), summed."""
         return int(sum(ix.metric("kvasir_indexer_kv_event_source_changes_total") for ix in self.indexers))
+
+
+class SharedLoadSampler:
+    """Samples each replica's view of the others during a run: the
+    indexer exposes the peers' picks still in prefill and in-flight picks
+    only as gauges (no count of picks the peers' chains decided), which
+    read 0 once the run is over. Polls every SHARED_LOAD_SAMPLE_S on a
+    thread of its own, until `stop()` (bounded by the run)."""
+
+    def __init__(self, indexers: list[h.Indexer]):
+        self.indexers = indexers
+        self.samples: list[list[tuple[float, float]]] = [[] for _ in indexers]
+        self.misses = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="shared-load-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        while not self.done.wait(SHARED_LOAD_SAMPLE_S):
+            for i, ix in enumerate(self.indexers):
+                try:
+                    text = ix.metrics_text()
+                except (OSError, HTTPException):
+                    # A busy indexer past the harness's HTTP timeout: a gap, not an error.
+                    self.misses += 1
+                    continue
+                self.samples[i].append((prom.total(text, "kvasir_indexer_shared_load_peer_pending_chains"),
+                                        prom.total(text, "kvasir_indexer_shared_load_peer_in_flight")))
+
+    def __enter__(self) -> "SharedLoadSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join(timeout=10)
+
+    def notes(self) -> dict:
+        """Per replica: the peers' pending chains it held (mean and most
+        over the samples) and the peers' in-flight picks it counted (mean)."""
+        out: dict = {}
+        for i, s in enumerate(self.samples):
+            if s:
+                out[f"indexer{i} peer pending chains mean"] = round(sum(x[0] for x in s) / len(s), 1)
+                out[f"indexer{i} peer pending chains max"] = int(max(x[0] for x in s))
+                out[f"indexer{i} peer in-flight mean"] = round(sum(x[1] for x in s) / len(s), 1)
+        if self.misses:
+            out["shared-load samples missed"] = self.misses
+        return out
 
 
 def bench(args: list[str]) -> None:
@@ -533,12 +594,16 @@ def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Pa
             dur = p["chat_duration_s"]
             args = ["chat", *common, *CHAT_SHAPE, "--conversations-per-s", f"{rate:.4f}", "--duration-s", str(dur)]
         t0 = time.monotonic()
+        sampler = SharedLoadSampler(c.indexers) if shape.deployed and len(c.indexers) > 1 else None
         if shape.deployed:
-            restart_unix = bench_with_restart(args, c, RESTART_AT * arrival_window_s(workload, rate, p) * ts)
+            with sampler or contextlib.nullcontext():
+                restart_unix = bench_with_restart(args, c, RESTART_AT * arrival_window_s(workload, rate, p) * ts)
             restarted = c.sims[RESTARTED].address
         else:
             bench(args)
         notes = c.notes()
+        if sampler is not None:
+            notes.update(sampler.notes())
         if shape.deployed and c.indexers:
             # The restarted engine's new sockets are found on a reconnect
             # with backoff (0.5 s doubling): on a loaded machine that can
@@ -613,6 +678,63 @@ def deployed_shape(workload: str, p: dict, direct_share: float, setup: list[str]
     return Shape(True, blocks, CHAT_MAX_MODEL_LEN, direct_share)
 
 
+def default_dir(preset: str, deployed: bool, proxies: int, replicas: int) -> str:
+    """bench/results/<this>: `routing[-deployed][-PxR][-preset]`, the shape
+    named only when it is not the default 2x2, so other shapes never
+    overwrite the folders the README quotes (scripts/bench_report.py)."""
+    name = "routing-deployed" if deployed else "routing"
+    if deployed and (proxies, replicas) != (PROXIES, REPLICAS):
+        name += f"-{proxies}x{replicas}"
+    return name + ("" if preset == "full" else f"-{preset}")
+
+
+def deployed_setup(proxies: int, replicas: int, direct_share: float) -> str:
+    """The setup's sentence on the deployed-like shape."""
+    envoys = f"{proxies} Envoy{'s' if proxies > 1 else ''}"
+    if replicas > 1:
+        indexers = (f"each Envoy's indexer cluster lists {replicas} cache-indexer replicas (Envoy's round robin spreads "
+                    "each worker's `Session` stream, so picks and their reports stay on one replica) that share "
+                    "in-flight picks, queued prefill and picks still in prefill through a redis-server started for "
+                    "the run (`sharedLoad`)")
+    else:
+        indexers = "each Envoy's indexer cluster holds the same single cache-indexer (no Redis, nothing to share)"
+    return (f"Deployed-like shape ({proxies}x{replicas}): the load generator alternates trace requests (chat "
+            f"conversations as a whole) over {envoys}; with the filter, {indexers}; each indexer has only the "
+            "engines' HTTP addresses and reads their KV-event sockets from `GET /kv_event_sources`; round-robin "
+            f"and least-request run on {envoys} without the filter. Engine sim{RESTARTED} is killed (SIGKILL) "
+            f"{RESTART_AT:.0%} into each run's arrival window and started again {RESTART_DOWN_S:.0f} wall s later on "
+            "its port (empty cache, new KV-event sockets, event sequence from 0); the per-run facts give when, what "
+            f"it served before and after, and the TTFT of the requests sent in the {AFTER_RESTART_S:.0f} simulated "
+            "seconds after it."
+            + (f" A share of {direct_share:.0%} of the trace requests / conversations (the same in every mode) goes "
+               "to the engines directly, not through any router." if direct_share else ""))
+
+
+def deployment_record(kind: str, preset: str, p: dict, shapes: dict[str, Shape], rates: dict[str, float],
+                      direct_share: float) -> dict:
+    """What summary.json records of the run's setup (`deployment`), so that
+    bench/shapes.py can tell two runs that differ only in their shape from
+    two that differ in more."""
+    deployed = kind == "deployed"
+    any_shape = next(iter(shapes.values()), SINGLE)
+    workloads = {}
+    for w, sh in shapes.items():
+        rec = {"rate": rates[w], "num_gpu_blocks": sh.num_gpu_blocks, "max_model_len": sh.max_model_len,
+               "time_scale": p[f"{w}_time_scale"]}
+        if w == "trace":
+            rec.update(from_s=p["trace_from_s"], window_s=p["trace_window_s"])
+        else:
+            rec.update(duration_s=p["chat_duration_s"])
+        workloads[w] = rec
+    return {
+        "kind": kind, "preset": preset, "engines": ENGINES,
+        "proxies": any_shape.proxies, "replicas": any_shape.replicas, "direct_share": direct_share,
+        "restart": ({"engine": RESTARTED, "at_share_of_arrivals": RESTART_AT, "down_wall_s": RESTART_DOWN_S}
+                    if deployed else None),
+        "workloads": workloads,
+    }
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="short")
@@ -634,6 +756,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--direct-share", type=float, default=0.0,
                     help="deployed only: share of trace requests / conversations sent to the engines directly, "
                          "not through any router (default 0)")
+    ap.add_argument("--proxies", type=int, help=f"deployed only: Envoys (default {PROXIES})")
+    ap.add_argument("--replicas", type=int, help=f"deployed only: indexer replicas each Envoy spreads picks over "
+                    f"(default {REPLICAS}; with 1, no Redis)")
+    ap.add_argument("--compare-to", help="another run's results directory of the same setup and another shape "
+                    "(e.g. 1x1 against 2x2): its load-1.0 rates are used unless given, a setup that differs in "
+                    "anything but the shape is refused, and the comparison (bench/shapes.py) goes into "
+                    "shapes.md and the report")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
     deployed = a.deployment == "deployed"
@@ -641,6 +770,18 @@ def main(argv: list[str]) -> int:
         raise SystemExit("--direct-share needs --deployment deployed")
     if not 0.0 <= a.direct_share < 1.0:
         raise SystemExit("--direct-share must be within [0, 1)")
+    if (a.proxies is not None or a.replicas is not None) and not deployed:
+        raise SystemExit("--proxies and --replicas need --deployment deployed")
+    proxies = PROXIES if a.proxies is None else a.proxies
+    replicas = REPLICAS if a.replicas is None else a.replicas
+    if proxies < 1 or replicas < 1:
+        raise SystemExit("--proxies and --replicas must be at least 1")
+    other = None
+    if a.compare_to:
+        try:
+            other = SHAPES.read_summary(Path(a.compare_to))
+        except SHAPES.Refused as e:
+            raise SystemExit(f"--compare-to: {e}")
 
     p = dict(PRESETS[a.preset])
     loads = {w: [float(x) for x in a.loads.split(",")] if a.loads else p[f"{w}_loads"] for w in ("trace", "chat")}
@@ -655,8 +796,9 @@ def main(argv: list[str]) -> int:
         if not b.exists():
             raise SystemExit(f"{b} missing: run `make build` first")
 
-    default_dir = ("routing-deployed" if deployed else "routing") + ("" if a.preset == "full" else f"-{a.preset}")
-    out = Path(a.out) if a.out else REPO / "bench" / "results" / default_dir
+    out = Path(a.out) if a.out else REPO / "bench" / "results" / default_dir(a.preset, deployed, proxies, replicas)
+    if a.compare_to and out.resolve() == Path(a.compare_to).resolve():
+        raise SystemExit("--compare-to names this run's own results directory, which the run replaces")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -667,7 +809,8 @@ def main(argv: list[str]) -> int:
     cmdline = "make bench" if a.preset == "short" else "make bench-full"
     if deployed:
         cmdline = f"bench/routing.py --preset {a.preset} --deployment deployed" + (
-            f" --direct-share {a.direct_share}" if a.direct_share else "")
+            f" --direct-share {a.direct_share}" if a.direct_share else "") + (
+            "" if (proxies, replicas) == (PROXIES, REPLICAS) else f" --proxies {proxies} --replicas {replicas}")
     setup = [
         f"{ENGINES} vllm-sims, latency profile {PROFILE} (FACTS.md: ~30 ms + 0.03 ms per uncached token of prefill, "
         f"~6 ms decode steps), {'KV blocks (sized per workload below)' if deployed else f'{NUM_GPU_BLOCKS} KV blocks'} "
@@ -682,25 +825,18 @@ def main(argv: list[str]) -> int:
     ]
     shapes = {w: SINGLE for w in workloads}
     if deployed:
-        setup.append(
-            f"Deployed-like shape: the load generator alternates trace requests (chat conversations as a whole) over "
-            f"{PROXIES} Envoys; with the filter, each Envoy's indexer cluster lists {REPLICAS} cache-indexer replicas "
-            "(Envoy's round robin spreads each worker's `Session` stream, so picks and their reports stay on one "
-            "replica) that share in-flight picks and queued prefill through a redis-server started for the run "
-            "(`sharedLoad`); each indexer has only the engines' HTTP addresses and reads their KV-event sockets from "
-            f"`GET /kv_event_sources`; round-robin and least-request run on {PROXIES} Envoys without the filter. "
-            f"Engine sim{RESTARTED} is killed (SIGKILL) {RESTART_AT:.0%} into each run's arrival window and started "
-            f"again {RESTART_DOWN_S:.0f} wall s later on its port (empty cache, new KV-event sockets, event sequence from 0); the per-run facts give "
-            f"when, what it served before and after, and the TTFT of the requests sent in the {AFTER_RESTART_S:.0f} "
-            "simulated seconds after it."
-            + (f" A share of {a.direct_share:.0%} of the trace requests / conversations (the same in every mode) goes "
-               "to the engines directly, not through any router." if a.direct_share else ""))
+        setup.append(deployed_setup(proxies, replicas, a.direct_share))
     rates = {}
     for w in workloads:
         if deployed:
-            shapes[w] = deployed_shape(w, p, a.direct_share, setup)
+            shapes[w] = replace(deployed_shape(w, p, a.direct_share, setup), proxy_count=proxies,
+                                replica_count=replicas)
         given = a.trace_rate if w == "trace" else a.chat_rate
-        if given:
+        theirs = (other or {}).get("deployment", {}).get("workloads", {}).get(w, {}).get("rate")
+        if not given and theirs:
+            rates[w] = theirs
+            setup.append(f"{w}: load 1.0 = {theirs:.3f}, the compared run's ({a.compare_to})")
+        elif given:
             rates[w] = given
             setup.append(f"{w}: load 1.0 given as {given}")
         else:
@@ -719,6 +855,11 @@ def main(argv: list[str]) -> int:
                             + ("; none was, so the closest is taken" if abs(u - TARGET_UTIL) > CALIBRATION_TOLERANCE
                                else "") + ")")
                          + ".")
+    record = deployment_record(a.deployment, a.preset, p, shapes, rates, a.direct_share)
+    if other is not None:
+        diff = SHAPES.setup_differences(record, other["deployment"])
+        if diff:
+            raise SystemExit(f"--compare-to {a.compare_to}: another setup, not only another shape: " + "; ".join(diff))
     if "trace" in workloads:
         window = p["trace_window_s"]
         bargs = ["bound", "--trace", str(TRACE), "--capacity-tokens", str(ENGINES * shapes["trace"].num_gpu_blocks * BLOCK),
@@ -747,6 +888,15 @@ def main(argv: list[str]) -> int:
     setup.append(f"Total wall time {time.monotonic() - t_start:.0f} s.")
     (out / "setup.txt").write_text("\n".join(setup) + "\n")
     bench(["report", "--dir", str(out), "--command", cmdline, *ENGINE_ARGS])
+    summary = json.loads((out / "summary.json").read_text())
+    summary["deployment"] = record
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if other is not None:
+        md = SHAPES.render(out, summary, Path(a.compare_to), other)
+        (out / "shapes.md").write_text(md)
+        with (out / "report.md").open("a") as f:
+            f.write("\n" + md)
+        print(md, end="")
     shutil.rmtree(logroot, ignore_errors=True)
     return 0
 

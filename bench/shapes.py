@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Two routing benchmark runs that differ only in their shape (Envoys x
+indexer replicas), side by side (issue 22: "the 2x2 deployment's p90 TTFT
+within 5% of a 1x1 run at the same load").
+
+It reads each results directory's summary.json (its `deployment` record,
+which `bench/routing.py` adds after the report) and the per-request CSVs,
+refuses two runs whose setups differ in anything but the shape (preset,
+caches, load-1.0 rates, restart, direct share, trace window, engines), and
+writes a markdown table per workload, load and mode present in both: TTFT
+p50 / p90 (unanswered requests counted as infinitely slow, as in the
+report), mean TTFT of the answered requests, hit rate, and the picks per
+indexer replica. `bench/routing.py --compare-to DIR` appends it to the
+run's report; this script does the same for two existing directories.
+
+    python3 bench/shapes.py bench/results/routing-deployed-short bench/results/routing-deployed-1x1-short
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+# The issue's target: the larger shape's p90 TTFT at most this much above
+# the 1x1 run's.
+P90_WITHIN = 0.05
+# Rates recorded from calibration differ in the last digits only if they
+# are different runs' calibrations; anything above this is another load.
+RATE_TOLERANCE = 1e-6
+
+
+class Refused(Exception):
+    """Two runs that cannot be compared, and why."""
+
+
+def read_summary(d: Path) -> dict:
+    """`d`'s summary.json, which must carry routing.py's `deployment` record."""
+    f = d / "summary.json"
+    if not f.exists():
+        raise Refused(f"{f} missing: not a routing.py results directory")
+    s = json.loads(f.read_text())
+    if "deployment" not in s:
+        raise Refused(f"{f} has no `deployment` record (a run from before `--proxies`/`--replicas`): "
+                      "rerun it to compare shapes")
+    return s
+
+
+def shape_name(dep: dict) -> str:
+    """`2x2`: Envoys x indexer replicas."""
+    return f"{dep['proxies']}x{dep['replicas']}"
+
+
+def setup_differences(a: dict, b: dict) -> list[str]:
+    """What two `deployment` records differ in besides the shape, over the
+    workloads both ran; empty when they are comparable."""
+    out = []
+    for k in sorted((set(a) | set(b)) - {"proxies", "replicas", "workloads"}):
+        if a.get(k) != b.get(k):
+            out.append(f"{k}: {a.get(k)!r} against {b.get(k)!r}")
+    common = sorted(set(a.get("workloads", {})) & set(b.get("workloads", {})))
+    if not common:
+        out.append(f"workloads: none in common ({sorted(a.get('workloads', {}))} against "
+                   f"{sorted(b.get('workloads', {}))})")
+    for w in common:
+        wa, wb = a["workloads"][w], b["workloads"][w]
+        for k in sorted(set(wa) | set(wb)):
+            va, vb = wa.get(k), wb.get(k)
+            same = (math.isclose(va, vb, rel_tol=RATE_TOLERANCE) if isinstance(va, float) and isinstance(vb, float)
+                    else va == vb)
+            if not same:
+                out.append(f"{w} {k}: {va!r} against {vb!r}")
+    return out
+
+
+def check_comparable(this: dict, other: dict, other_dir: Path) -> None:
+    """Raises Refused naming every difference between the two setups."""
+    diff = setup_differences(this["deployment"], other["deployment"])
+    if diff:
+        raise Refused(f"{other_dir} ran another setup, not only another shape: " + "; ".join(diff))
+
+
+def runs_by_key(summary: dict) -> dict[tuple, dict]:
+    return {(r["workload"], float(r["load"]), r["mode"]): r for r in summary["runs"]}
+
+
+def num(v) -> float:
+    """A summary value; the report writes "inf" for percentiles no request reached."""
+    return float(v)
+
+
+def answered_mean_ttft(d: Path, run: dict) -> tuple[float, int]:
+    """(mean TTFT of the answered requests in ms, requests not answered)
+    from the run's CSV; (nan, failed) without one."""
+    f = d / f"{run['workload']}-{float(run['load']):.2f}-{run['mode']}.csv"
+    if not f.exists():
+        return math.nan, int(run["summary"].get("failed", 0))
+    ok, failed = [], 0
+    with f.open() as fh:
+        for r in csv.DictReader(fh):
+            if r["outcome"] == "ok" and r["ttft_ms"]:
+                ok.append(float(r["ttft_ms"]))
+            else:
+                failed += 1
+    return (sum(ok) / len(ok) if ok else math.nan), failed
+
+
+def replica_split(run: dict) -> str:
+    """Picks per indexer replica as the run's facts record them ("-" for
+    modes without an indexer)."""
+    notes = run.get("notes", {})
+    picks = [notes[k] for k in sorted(notes) if k.startswith("picks by indexer")]
+    return " / ".join(str(int(p)) for p in picks) if picks else "-"
+
+
+def ms(v: float) -> str:
+    if math.isnan(v):
+        return "-"
+    if math.isinf(v):
+        return "unanswered"
+    return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.0f} ms"
+
+
+def ratio(a: float, b: float) -> str:
+    if not (math.isfinite(a) and math.isfinite(b)) or b <= 0:
+        return "-"
+    return f"{a / b - 1:+.1%}"
+
+
+def reference_side(this: dict, other: dict) -> str | None:
+    """Which side the target measures against: "other" or "this" when that
+    one is 1x1 and the other is not; None otherwise."""
+    one = {"this": shape_name(this) == "1x1", "other": shape_name(other) == "1x1"}
+    if one["this"] == one["other"]:
+        return None
+    return "this" if one["this"] else "other"
+
+
+def render(this_dir: Path, this: dict, other_dir: Path, other: dict) -> str:
+    """The comparison as markdown (this run first, then the other)."""
+    check_comparable(this, other, other_dir)
+    tn, on = shape_name(this["deployment"]), shape_name(other["deployment"])
+    if tn == on:
+        tn, on = f"{tn} (this)", f"{on} (other)"
+    a, b = runs_by_key(this), runs_by_key(other)
+    keys = sorted(set(a) & set(b))
+    lines = [
+        f"## Shapes: {tn} against {on}",
+        "",
+        f"This run (`{this_dir}`, {tn}: Envoys x indexer replicas) against `{other_dir}` ({on}), the same "
+        "preset, caches, load-1.0 rates, restart and direct share (checked on both runs' `deployment` records). "
+        "TTFT p50 and p90 count unanswered requests as infinitely slow; the mean is over the answered ones "
+        "(the restart cuts some off). Picks per replica: each indexer replica's picks, from the run's facts.",
+        "",
+        f"| workload | load | mode | TTFT p50 {tn} / {on} | TTFT p90 {tn} / {on} | p90 {tn} / {on} - 1 | "
+        f"mean TTFT {tn} / {on} | hit rate {tn} / {on} | unanswered {tn} / {on} | picks per replica {tn} | "
+        f"picks per replica {on} |",
+        "| --- | ---: | --- | --- | --- | ---: | --- | --- | --- | --- | --- |",
+    ]
+    for k in keys:
+        ra, rb = a[k], b[k]
+        ta, tb = ra["summary"]["ttft"], rb["summary"]["ttft"]
+        ma, fa = answered_mean_ttft(this_dir, ra)
+        mb, fb = answered_mean_ttft(other_dir, rb)
+        lines.append(
+            f"| {k[0]} | {k[1]:.1f} | {k[2]} | {ms(num(ta['p50']))} / {ms(num(tb['p50']))} | "
+            f"{ms(num(ta['p90']))} / {ms(num(tb['p90']))} | {ratio(num(ta['p90']), num(tb['p90']))} | "
+            f"{ms(ma)} / {ms(mb)} | {num(ra['summary']['cache_hit_rate']):.1%} / "
+            f"{num(rb['summary']['cache_hit_rate']):.1%} | {fa} / {fb} | {replica_split(ra)} | {replica_split(rb)} |")
+    lines += ["", *target_rows(this, other, keys, a, b)]
+    return "\n".join(lines) + "\n"
+
+
+def target_rows(this: dict, other: dict, keys: list[tuple], a: dict, b: dict) -> list[str]:
+    """The issue's target per workload and load: kvasir's p90 on the larger
+    shape within P90_WITHIN of 1x1's, the other modes for context."""
+    ref = reference_side(this["deployment"], other["deployment"])
+    if ref is None:
+        return ["No target row: the issue's target compares a larger shape against 1x1, and neither or both "
+                "of these runs are 1x1."]
+    big, one = (a, b) if ref == "other" else (b, a)
+    big_name = shape_name((this if ref == "other" else other)["deployment"])
+    out = [f"Target (issue 22): {big_name} p90 TTFT within {P90_WITHIN:.0%} of 1x1 at the same load; kvasir is "
+           "the target, the other modes are context. One run each: repeat (bench/repeats.py) before calling a "
+           "difference of a few percent.", "",
+           f"| workload | load | mode | p90 {big_name} | p90 1x1 | {big_name} / 1x1 - 1 | within {P90_WITHIN:.0%} |",
+           "| --- | ---: | --- | ---: | ---: | ---: | --- |"]
+    order = sorted(keys, key=lambda k: (k[0], k[1], k[2] != "kvasir", k[2]))
+    for k in order:
+        pb, p1 = num(big[k]["summary"]["ttft"]["p90"]), num(one[k]["summary"]["ttft"]["p90"])
+        if math.isfinite(pb) and math.isfinite(p1) and p1 > 0:
+            d = pb / p1 - 1
+            met = ("**yes**" if d <= P90_WITHIN else "**no**") if k[2] == "kvasir" else \
+                ("yes" if d <= P90_WITHIN else "no")
+            change = f"{d:+.1%}"
+        else:
+            met, change = "-", "-"
+        out.append(f"| {k[0]} | {k[1]:.1f} | {k[2]} | {ms(pb)} | {ms(p1)} | {change} | {met} |")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("this", help="a routing.py results directory")
+    ap.add_argument("other", help="another one, of another shape")
+    ap.add_argument("--out", help="write the table here too (default: print only)")
+    a = ap.parse_args(argv)
+    this_dir, other_dir = Path(a.this), Path(a.other)
+    try:
+        md = render(this_dir, read_summary(this_dir), other_dir, read_summary(other_dir))
+    except Refused as e:
+        print(f"shapes: {e}", file=sys.stderr)
+        return 2
+    if a.out:
+        Path(a.out).write_text(md)
+    print(md, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,121 @@
+"""`bench/shapes.py`, two routing runs of other shapes side by side (issue
+22's "2x2 p90 within 5% of 1x1"): the table and the target row come from the
+runs' own summary.json and CSVs, and two runs whose setups differ in more
+than the shape are refused. Also routing.py's folder names per shape and
+repeats.py's shape line. No stack: it reads results directories."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvasir_harness import REPO, load_script
+
+SHAPES = REPO / "bench" / "shapes.py"
+REPEATS = REPO / "bench" / "repeats.py"
+routing = load_script("bench/routing.py")
+
+
+def deployment(proxies: int, replicas: int, rate: float = 1.6, blocks: int = 12288) -> dict:
+    return {"kind": "deployed", "preset": "short", "engines": 8, "proxies": proxies, "replicas": replicas,
+            "direct_share": 0.0, "restart": {"engine": 1, "at_share_of_arrivals": 0.3, "down_wall_s": 1.0},
+            "workloads": {"trace": {"rate": rate, "num_gpu_blocks": blocks, "max_model_len": 196608,
+                                    "time_scale": 0.25, "from_s": 650.0, "window_s": 120.0}}}
+
+
+def results(d: Path, dep: dict, p90s: dict[str, float], picks: list[int], ttfts: dict[str, list]) -> Path:
+    """A results directory: one trace run per mode at load 1.0, its CSV
+    holding `ttfts` (None: a request that never answered)."""
+    d.mkdir(parents=True)
+    runs = []
+    for mode, p90 in p90s.items():
+        notes = {f"picks by indexer{i}": n for i, n in enumerate(picks)} if mode != "round-robin" else {}
+        runs.append({"workload": "trace", "load": 1.0, "mode": mode, "rate": dep["workloads"]["trace"]["rate"],
+                     "notes": notes,
+                     "summary": {"ttft": {"p50": 100.0, "p90": p90, "p99": 2 * p90, "mean": "inf"},
+                                 "cache_hit_rate": 0.5, "failed": 1}})
+        rows = ["sent_s,ttft_ms,outcome,endpoint"]
+        rows += [f"{i},{t},ok,e" if t is not None else f"{i},,error," for i, t in enumerate(ttfts[mode])]
+        (d / f"trace-1.00-{mode}.csv").write_text("\n".join(rows) + "\n")
+    (d / "summary.json").write_text(json.dumps({"runs": runs, "deployment": dep}))
+    return d
+
+
+def shapes(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SHAPES), *args], capture_output=True, text=True)
+
+
+def test_the_table_and_the_target_come_from_both_runs(tmp_path):
+    ttfts = {"kvasir": [100.0, 300.0, None], "approx-prefix": [200.0, 400.0, None]}
+    big = results(tmp_path / "2x2", deployment(2, 2), {"kvasir": 1040.0, "approx-prefix": 1500.0}, [40, 60], ttfts)
+    one = results(tmp_path / "1x1", deployment(1, 1), {"kvasir": 1000.0, "approx-prefix": 1000.0}, [100], ttfts)
+    r = shapes(str(one), str(big), "--out", str(tmp_path / "shapes.md"))
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "shapes.md").read_text()
+    assert "## Shapes: 1x1 against 2x2" in md
+    # Means over the answered requests (200 and 300 ms), the unanswered counted apart.
+    assert "| trace | 1.0 | kvasir | 100 ms / 100 ms | 1000 ms / 1040 ms | -3.8% | 200 ms / 200 ms | 50.0% / 50.0% " \
+           "| 1 / 1 | 100 | 40 / 60 |" in md, md
+    # The target row measures the larger shape against 1x1, whichever side it is on.
+    assert "| trace | 1.0 | kvasir | 1040 ms | 1000 ms | +4.0% | **yes** |" in md, md
+    assert "| trace | 1.0 | approx-prefix | 1500 ms | 1000 ms | +50.0% | no |" in md, md
+
+
+def test_a_miss_of_the_target_is_said(tmp_path):
+    ttfts = {"kvasir": [100.0]}
+    big = results(tmp_path / "2x2", deployment(2, 2), {"kvasir": 1060.0}, [1, 1], ttfts)
+    one = results(tmp_path / "1x1", deployment(1, 1), {"kvasir": 1000.0}, [2], ttfts)
+    r = shapes(str(big), str(one))
+    assert r.returncode == 0, r.stderr
+    assert "| trace | 1.0 | kvasir | 1060 ms | 1000 ms | +6.0% | **no** |" in r.stdout, r.stdout
+
+
+def test_another_setup_is_refused(tmp_path):
+    ttfts = {"kvasir": [100.0]}
+    big = results(tmp_path / "2x2", deployment(2, 2, rate=1.6), {"kvasir": 1000.0}, [1, 1], ttfts)
+    faster = results(tmp_path / "fast", deployment(1, 1, rate=2.0, blocks=6000), {"kvasir": 1000.0}, [2], ttfts)
+    r = shapes(str(big), str(faster))
+    assert r.returncode == 2
+    assert "trace rate: 1.6 against 2.0" in r.stderr and "trace num_gpu_blocks: 12288 against 6000" in r.stderr
+
+
+def test_a_run_without_a_deployment_record_is_refused(tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "summary.json").write_text(json.dumps({"runs": []}))
+    big = results(tmp_path / "2x2", deployment(2, 2), {"kvasir": 1000.0}, [1, 1], {"kvasir": [1.0]})
+    r = shapes(str(big), str(old))
+    assert r.returncode == 2 and "no `deployment` record" in r.stderr
+
+
+def test_only_the_default_shape_writes_the_folders_the_readme_quotes():
+    assert routing.default_dir("short", True, 2, 2) == "routing-deployed-short"
+    assert routing.default_dir("full", True, 2, 2) == "routing-deployed"
+    assert routing.default_dir("short", True, 1, 1) == "routing-deployed-1x1-short"
+    assert routing.default_dir("full", True, 2, 1) == "routing-deployed-2x1"
+    assert routing.default_dir("short", False, 1, 1) == "routing-short"
+
+
+def test_shape_flags_need_the_deployed_mode():
+    with pytest.raises(SystemExit, match="need --deployment deployed"):
+        routing.main(["--replicas", "1"])
+    with pytest.raises(SystemExit, match="at least 1"):
+        routing.main(["--deployment", "deployed", "--proxies", "0"])
+
+
+def test_repeats_name_the_shape_and_refuse_mixed_ones(tmp_path):
+    ttfts = {"kvasir": [1.0]}
+    a = results(tmp_path / "run1", deployment(2, 2), {"kvasir": 1000.0}, [1, 1], ttfts)
+    b = results(tmp_path / "run2", deployment(2, 2), {"kvasir": 1010.0}, [1, 1], ttfts)
+    one = results(tmp_path / "run3", deployment(1, 1), {"kvasir": 1010.0}, [2], ttfts)
+    r = subprocess.run([sys.executable, str(REPEATS), "--from", str(a), str(b), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Shape: deployed-like, 2 Envoys x 2 indexer replicas (2x2)." in r.stdout, r.stdout
+    r = subprocess.run([sys.executable, str(REPEATS), "--from", str(a), str(one), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "different shapes" in r.stderr
