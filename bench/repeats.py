@@ -25,6 +25,7 @@ shape the runs recorded.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shlex
 import subprocess
@@ -33,6 +34,23 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROUTING = REPO / "bench" / "routing.py"
+
+
+def load_shapes():
+    """bench/shapes.py (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("shapes", REPO / "bench" / "shapes.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_dirs(folder: Path) -> list[Path]:
+    """A repeats folder's run directories (run1, run2, ...)."""
+    dirs = sorted((d for d in folder.glob("run*") if (d / "summary.json").exists()),
+                  key=lambda d: int(d.name[3:]) if d.name[3:].isdigit() else 0)
+    if len(dirs) < 2:
+        raise SystemExit(f"{folder}: fewer than 2 run directories with a summary.json")
+    return dirs
 
 
 def load_summaries(dirs: list[Path]) -> list[dict]:
@@ -153,6 +171,9 @@ def main(argv: list[str]) -> int:
                     "`--deployment deployed` runs")
     ap.add_argument("--from", dest="dirs", nargs="+", help="summarise these run directories, run nothing")
     ap.add_argument("--command", default="", help="the command to name in the summary (with --from)")
+    ap.add_argument("--compare-to", help="another repeats folder (its run*/ directories) of the same setup and "
+                    "another shape: adds the shapes' p90 per run, their means and issue 22's 2x2-within-5%%-of-1x1 "
+                    "row (bench/shapes.py)")
     a = ap.parse_args(argv)
     out = Path(a.out) if a.out else default_out(rest)
     if a.dirs:
@@ -173,6 +194,14 @@ def main(argv: list[str]) -> int:
         command = "python bench/routing.py " + " ".join(shlex.quote(x) for x in rest)
     summaries = load_summaries(dirs)
     md = render(dirs, load_runs(summaries), command, shape_of(summaries))
+    if a.compare_to:
+        shapes = load_shapes()
+        others = run_dirs(Path(a.compare_to))
+        try:
+            md += "\n" + shapes.render_repeats(dirs, [shapes.read_summary(d) for d in dirs], others,
+                                               [shapes.read_summary(d) for d in others])
+        except shapes.Refused as e:
+            raise SystemExit(f"--compare-to: {e}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(md)
     print(md, end="")

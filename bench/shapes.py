@@ -202,6 +202,45 @@ def target_rows(this: dict, other: dict, keys: list[tuple], a: dict, b: dict) ->
     return out
 
 
+def render_repeats(this_dirs: list[Path], this: list[dict], other_dirs: list[Path], other: list[dict]) -> str:
+    """The target across repeated runs of two shapes (bench/repeats.py
+    `--compare-to`): per workload, load and mode run on both, each run's
+    p90, the mean p90 of each shape, their ratio, and whether the
+    difference is beyond the runs' own spread (the two shapes' ranges do
+    not overlap). Every run must share one setup but for the shape."""
+    for d, s in zip(this_dirs + other_dirs[1:], this + other[1:]):
+        diff = setup_differences(s["deployment"], other[0]["deployment"])
+        if diff:
+            raise Refused(f"{d} and {other_dirs[0]} ran other setups, not only other shapes (give the rates: "
+                          "--trace-rate / --chat-rate, so no run calibrates its own): " + "; ".join(diff))
+    shapes_seen = {shape_name(s["deployment"]) for s in this}, {shape_name(s["deployment"]) for s in other}
+    if len(shapes_seen[0]) != 1 or len(shapes_seen[1]) != 1:
+        raise Refused(f"each side must hold one shape, got {sorted(shapes_seen[0])} and {sorted(shapes_seen[1])}")
+    tn, on = shapes_seen[0].pop(), shapes_seen[1].pop()
+    a, b = [runs_by_key(s) for s in this], [runs_by_key(s) for s in other]
+    keys = sorted(set.intersection(*(set(r) for r in a + b)))
+    ref = reference_side(this[0]["deployment"], other[0]["deployment"])
+    lines = [f"## Shapes across runs: {tn} ({len(a)} runs) against {on} ({len(b)} runs)", "",
+             "p90 TTFT per run (unanswered requests infinitely slow). Beyond noise: the two shapes' ranges of "
+             "p90 over their runs do not overlap.", "",
+             f"| workload | load | mode | p90 {tn} per run | p90 {on} per run | mean {tn} / mean {on} - 1 | "
+             "beyond noise |" + (f" within {P90_WITHIN:.0%} (target, larger shape against 1x1) |" if ref else ""),
+             "| --- | ---: | --- | --- | --- | ---: | --- |" + (" --- |" if ref else "")]
+    for k in sorted(keys, key=lambda k: (k[0], k[1], k[2] != "kvasir", k[2])):
+        pa = [num(r[k]["summary"]["ttft"]["p90"]) for r in a]
+        pb = [num(r[k]["summary"]["ttft"]["p90"]) for r in b]
+        ma, mb = sum(pa) / len(pa), sum(pb) / len(pb)
+        apart = min(pa) > max(pb) or min(pb) > max(pa)
+        row = (f"| {k[0]} | {k[1]:.1f} | {k[2]} | {' / '.join(ms(x) for x in pa)} | {' / '.join(ms(x) for x in pb)} "
+               f"| {ratio(ma, mb)} | {'yes' if apart else 'no'} |")
+        if ref:
+            big, one = (ma, mb) if ref == "other" else (mb, ma)
+            within = big <= one * (1 + P90_WITHIN) if math.isfinite(big) and math.isfinite(one) else None
+            row += " - |" if within is None else f" {'yes' if within else 'no'} |"
+        lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("this", help="a routing.py results directory")

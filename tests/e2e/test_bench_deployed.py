@@ -1,7 +1,8 @@
 """`bench/routing.py --deployment deployed` on a tiny slice: 3 engines, 8
 seconds of the trace, round-robin and kvasir. Each run spreads its requests
 over 2 Envoys, the kvasir run's picks over 2 indexer replicas sharing load
-through Redis, one engine is restarted mid-run, and one report comes out.
+through Redis, one engine is restarted mid-run, and one report comes out;
+then kvasir alone on 1 Envoy x 1 replica, compared with it (`--compare-to`).
 The benchmark itself is `bench/routing.py --deployment deployed`."""
 
 from __future__ import annotations
@@ -61,6 +62,21 @@ def test_the_deployed_mode_spreads_restarts_and_reports(tiny, tmp_path):
     assert notes["picks by indexer0"] > 0 and notes["picks by indexer1"] > 0, notes
     assert notes["indexer0 peers seen"] == 1 and notes["indexer1 peers seen"] == 1, notes
     assert notes["KV-event source changes seen"] >= 1, notes
+    # The replicas' view of each other, sampled while the run went.
+    assert "indexer0 peer pending chains mean" in notes and "indexer1 peer in-flight mean" in notes, notes
     md = (out / "report.md").read_text()
-    assert "Deployed-like shape" in md and "restart at s" in md
+    assert "Deployed-like shape (2x2)" in md and "restart at s" in md
     assert "| 1.0 | kvasir | 28 |" in md
+    assert json.loads((out / "summary.json").read_text())["deployment"]["replicas"] == 2
+
+    # The same setup as 1x1, compared with the 2x2 run: its rate taken from it.
+    one = tmp_path / "one"
+    assert routing.main(["--preset", "tiny", "--deployment", "deployed", "--workloads", "trace", "--modes", "kvasir",
+                         "--proxies", "1", "--replicas", "1", "--out", str(one), "--compare-to", str(out),
+                         "--no-progress"]) == 0
+    meta = json.loads((one / "trace-1.00-kvasir.json").read_text())
+    assert meta["rate"] == 1.0
+    assert meta["notes"]["picks by indexer0"] > 0 and "indexer0 peers seen" not in meta["notes"], meta["notes"]
+    cmp = (one / "shapes.md").read_text()
+    assert "## Shapes: 1x1 against 2x2" in cmp and "Target (issue 22): 2x2 p90 TTFT within 5% of 1x1" in cmp, cmp
+    assert cmp in (one / "report.md").read_text()

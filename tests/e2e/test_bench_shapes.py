@@ -119,3 +119,32 @@ def test_repeats_name_the_shape_and_refuse_mixed_ones(tmp_path):
     r = subprocess.run([sys.executable, str(REPEATS), "--from", str(a), str(one), "--out", str(tmp_path / "o")],
                        capture_output=True, text=True)
     assert r.returncode != 0 and "different shapes" in r.stderr
+
+
+def test_repeats_compare_two_shapes_across_runs(tmp_path):
+    ttfts = {"kvasir": [1.0], "approx-prefix": [1.0]}
+    for i, (k, ap) in enumerate([(1000.0, 1500.0), (1100.0, 1400.0)], 1):
+        results(tmp_path / "big" / f"run{i}", deployment(2, 2), {"kvasir": k, "approx-prefix": ap}, [1, 1], ttfts)
+    for i, (k, ap) in enumerate([(1020.0, 1000.0), (1040.0, 1100.0)], 1):
+        results(tmp_path / "one" / f"run{i}", deployment(1, 1), {"kvasir": k, "approx-prefix": ap}, [2], ttfts)
+    big = [str(tmp_path / "big" / f"run{i}") for i in (1, 2)]
+    r = subprocess.run([sys.executable, str(REPEATS), "--from", *big, "--out", str(tmp_path / "o"),
+                        "--compare-to", str(tmp_path / "one")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "o" / "summary.md").read_text()
+    assert "## Shapes across runs: 2x2 (2 runs) against 1x1 (2 runs)" in md, md
+    # kvasir: means 1050 and 1030 ms, +1.9%, ranges overlap, within 5%.
+    assert "| trace | 1.0 | kvasir | 1000 ms / 1100 ms | 1020 ms / 1040 ms | +1.9% | no | yes |" in md, md
+    # approx-prefix: means 1450 and 1050 ms, ranges apart.
+    assert "| trace | 1.0 | approx-prefix | 1500 ms / 1400 ms | 1000 ms / 1100 ms | +38.1% | yes | no |" in md, md
+
+
+def test_repeats_of_calibrated_rates_are_not_compared(tmp_path):
+    ttfts = {"kvasir": [1.0]}
+    for i, rate in enumerate([1.6, 1.7], 1):
+        results(tmp_path / "big" / f"run{i}", deployment(2, 2, rate=rate), {"kvasir": 1000.0}, [1, 1], ttfts)
+        results(tmp_path / "one" / f"run{i}", deployment(1, 1), {"kvasir": 1000.0}, [2], ttfts)
+    big = [str(tmp_path / "big" / f"run{i}") for i in (1, 2)]
+    r = subprocess.run([sys.executable, str(REPEATS), "--from", *big, "--out", str(tmp_path / "o"),
+                        "--compare-to", str(tmp_path / "one")], capture_output=True, text=True)
+    assert r.returncode != 0 and "trace rate: 1.7 against 1.6" in r.stderr, r.stderr
