@@ -35,10 +35,18 @@ evict), one engine killed and restarted on its port partway through each
 run, and optionally a share of the traffic sent to the engines directly
 (`--direct-share`). Round-robin and least-request run on 2 Envoys without
 the filter. Results go to `bench/results/routing-deployed[-short]/`.
+`--proxies N --replicas M` give it another shape (1x1: one Envoy, one
+indexer, no Redis), written to `routing-deployed-NxM[-short]/` so the 2x2
+folders the README quotes stay as they are; `--compare-to DIR` sets such a
+run beside another shape's (same preset, caches, rates, restart; its rates
+taken over unless given) in `shapes.md` and the report (bench/shapes.py).
+summary.json gets a `deployment` record of the setup for that check.
 
     .tools/venv/bin/python bench/routing.py --preset short   # make bench
     .tools/venv/bin/python bench/routing.py --preset full    # make bench-full
     .tools/venv/bin/python bench/routing.py --preset short --deployment deployed
+    .tools/venv/bin/python bench/routing.py --preset short --deployment deployed --proxies 1 --replicas 1 \\
+        --compare-to bench/results/routing-deployed-short
 """
 
 from __future__ import annotations
