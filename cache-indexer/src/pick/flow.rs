@@ -81,9 +81,12 @@ impl Pool {
         Ok((endpoints, matched, pass))
     }
 
-    /// Late binding of a released pick: the endpoints with room now (all of
-    /// them if none has), and the prefix matched against the index as it is
-    /// now (engines stored and evicted blocks while the pick waited).
+    /// Late binding of a released pick: the prefix matched against the
+    /// index as it is now (engines stored and evicted blocks while the pick
+    /// waited), and the endpoints it may go to (all of them if none has
+    /// room): those with room now and the unsaturated holders of more of
+    /// its prefix ([`PoolFlow::placeable`]), for the ranking to weigh a
+    /// holder's queue against the prefill it saves.
     fn bind_late<'p>(
         &'p self,
         call: &Call,
@@ -91,29 +94,41 @@ impl Pool {
         matched: Matched<'p>,
         hashes: &mut PrefixHashes,
     ) -> (Arc<Vec<Arc<Endpoint>>>, Matched<'p>) {
-        let now = Instant::now();
-        let endpoints = self.endpoints();
-        let loads = self.flow_loads(&endpoints, now);
-        let room = self
-            .flow
-            .with_room(&loads, &self.load.config().saturation, now);
-        let endpoints = if room.is_empty() {
-            endpoints
-        } else {
-            Arc::new(
-                endpoints
-                    .iter()
-                    .filter(|e| room.contains(&e.id))
-                    .cloned()
-                    .collect(),
-            )
-        };
         // (The chain was handed to the first match; its hashes stay valid.)
         if let Some(chain) = &matched.chain {
             hashes.chain = chain.to_vec();
         }
         drop(matched);
-        (endpoints, self.match_prefix(tokens, call.salted, hashes))
+        let matched = self.match_prefix(tokens, call.salted, hashes);
+        let now = Instant::now();
+        let endpoints = self.endpoints();
+        let views = self.load.views_matching(
+            endpoints.iter().map(|e| e.id),
+            now,
+            matched.pending_chain.as_deref(),
+        );
+        let loads: Vec<(EndpointId, LoadView)> =
+            endpoints.iter().map(|e| e.id).zip(views).collect();
+        let held = |id: EndpointId| {
+            let indexed = matched.overlap.as_ref().map_or(0, |o| o.blocks_for(id));
+            let pending = loads
+                .iter()
+                .find(|(l, _)| *l == id)
+                .map_or(0, |(_, v)| v.pending_matched_blocks);
+            indexed.max(pending)
+        };
+        let placeable = self
+            .flow
+            .placeable(&loads, &self.load.config().saturation, now, held);
+        if placeable.is_empty() {
+            return (endpoints, matched);
+        }
+        let endpoints = endpoints
+            .iter()
+            .filter(|e| placeable.contains(&e.id))
+            .cloned()
+            .collect();
+        (Arc::new(endpoints), matched)
     }
 
     /// Something freed room in the pool (a report, a scrape, an endpoint
