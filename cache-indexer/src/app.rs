@@ -265,6 +265,12 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
             warmup,
             cancel.clone(),
         )));
+        // Engines whose event socket disconnects are probed at once.
+        tasks.push(tokio::spawn(Arc::clone(pool).probe_loop(
+            client.clone(),
+            pc.scrape.timeout(),
+            cancel.clone(),
+        )));
     }
     if let Some(a) = &auth {
         tasks.push(tokio::spawn(Arc::clone(a).reload_loop(cancel.clone())));

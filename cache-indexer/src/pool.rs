@@ -25,7 +25,7 @@ use crate::events::{DecodedBatch, EngineEvent, EngineHash, SubscriberHandle, Syn
 use crate::health::{FailureConfig, Failures};
 use crate::history::{PickHistory, DEFAULT_PICK_HISTORY_BLOCKS};
 use crate::index::PoolIndex;
-use crate::load::{pool_saturation, EngineLoad, LoadTracker};
+use crate::load::{pool_saturation, scrape, EngineLoad, Liveness, LoadTracker, ScrapeError};
 use crate::metrics::PoolMetrics;
 use crate::responses::{Affinity, AffinityConfig, ResponseStore};
 use crate::scoring::Weights;
@@ -97,6 +97,9 @@ pub struct Pool {
     pub budgets: Arc<crate::budgets::Budgets>,
     /// The pool's flow-control queue.
     pub flow: crate::flow::PoolFlow,
+    /// Probes of endpoints whose event socket disconnected (see
+    /// [`Pool::probe_loop`]).
+    pub liveness: Arc<Liveness>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -152,6 +155,7 @@ impl Pool {
             responses: Affinity::new(&name, AffinityConfig::default(), None),
             budgets: Arc::new(crate::budgets::Budgets::memory()),
             flow: crate::flow::PoolFlow::new(Default::default()),
+            liveness: Arc::new(Liveness::default()),
         }
     }
 
@@ -276,6 +280,12 @@ impl Pool {
                     }
                     self.load.add_endpoint(id);
                     let subscriber = spawn(&spec);
+                    if let Some(s) = &subscriber {
+                        let liveness = Arc::clone(&self.liveness);
+                        s.on_disconnect(Arc::new(move || {
+                            liveness.request(id);
+                        }));
+                    }
                     changes.added.push(spec.address.clone());
                     keep.insert(spec.address.clone());
                     next.push(Arc::new(Endpoint {
@@ -376,6 +386,67 @@ impl Pool {
             tokenize_mode: self.tokenizer.mode().as_str().to_string(),
             block_size: self.block_size,
         }
+    }
+}
+
+impl Pool {
+    /// Probes each endpoint whose event socket reported a disconnect, at
+    /// once rather than at the next scrape tick: one `/metrics` GET bounded
+    /// by `timeout`, at most one per endpoint at a time. A refused
+    /// connection (nobody listens: the engine is gone) turns the endpoint
+    /// unhealthy now, with what turning unhealthy does ([`Pool::went_down`]);
+    /// a good answer is recorded as a scrape, so a blip on a live engine's
+    /// socket changes nothing; other failures are left to the ticks and
+    /// their `unhealthyAfter` count. Runs until `cancel`.
+    pub async fn probe_loop(
+        self: Arc<Self>,
+        client: reqwest::Client,
+        timeout: std::time::Duration,
+        cancel: tokio_util::sync::CancellationToken,
+    ) {
+        loop {
+            let ids = tokio::select! {
+                () = cancel.cancelled() => return,
+                ids = self.liveness.next() => ids,
+            };
+            for id in ids {
+                let pool = Arc::clone(&self);
+                let client = client.clone();
+                tokio::spawn(async move {
+                    pool.probe(&client, id, timeout).await;
+                    pool.liveness.done(id);
+                });
+            }
+        }
+    }
+
+    async fn probe(&self, client: &reqwest::Client, id: EndpointId, timeout: std::time::Duration) {
+        let Some(e) = self.endpoints().iter().find(|e| e.id == id).cloned() else {
+            return;
+        };
+        match scrape(client, &e.spec.metrics_url(), timeout).await {
+            Ok(load) => self.load.record_scrape(id, Some(load), Instant::now()),
+            Err(ScrapeError::Refused { .. }) => {
+                if self.load.record_refused(id) {
+                    self.went_down(&e, "connection refused after its event socket disconnected");
+                }
+            }
+            Err(err) => {
+                tracing::debug!(pool = %self.name, endpoint = %e.spec.address, error = %err, "liveness probe failed; left to the scrapes");
+            }
+        }
+    }
+
+    /// What an endpoint turning unhealthy does besides leaving picks: an
+    /// engine that went away may come back empty (a restart), so its blocks
+    /// are dropped and its subscriber rebuilds from replay at the next
+    /// contact.
+    pub fn went_down(&self, e: &Endpoint, why: &str) {
+        tracing::warn!(pool = %self.name, endpoint = %e.spec.address, why, "endpoint unhealthy; left out of picks, its blocks dropped");
+        if let Some(sub) = &e.subscriber {
+            sub.mark_unreachable();
+        }
+        self.clear_endpoint(e.id);
     }
 }
 

@@ -11,6 +11,6 @@ pub mod subscriber_config;
 mod worker;
 
 pub use decode::{decode_batch, DecodeError, DecodedBatch, EngineEvent, EngineHash};
-pub use state::{IngestStats, IngestStatsSnapshot, SyncState};
+pub use state::{DisconnectHook, IngestStats, IngestStatsSnapshot, SyncState};
 pub use subscriber::{spawn_subscriber, SubscriberHandle};
 pub use subscriber_config::SubscriberConfig;

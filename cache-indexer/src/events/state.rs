@@ -234,4 +234,12 @@ pub(super) struct Shared {
     /// The KV-events address followed (as configured, or as the engine
     /// advertised it; empty while there is none).
     pub(super) kv_events: parking_lot::Mutex<String>,
+    /// Called when the live socket loses its engine (see
+    /// [`SubscriberHandle::on_disconnect`](super::SubscriberHandle::on_disconnect)).
+    pub(super) on_disconnect: parking_lot::Mutex<Option<DisconnectHook>>,
 }
+
+/// What a subscriber calls when its engine's socket disconnects: the
+/// service probes the engine's health at once instead of waiting for its
+/// next scrape. It must return quickly (it runs on the subscriber's task).
+pub type DisconnectHook = std::sync::Arc<dyn Fn() + Send + Sync>;

@@ -33,7 +33,8 @@
 //!   a lost last batch, which no later batch would reveal). Probes that fail
 //!   for `stale_after` turn the state to [`SyncState::Disconnected`]; so does a
 //!   TCP disconnect seen by the SUB socket (it reconnects by itself; on
-//!   reconnect the history is verified again) and
+//!   reconnect the history is verified again; the service's
+//!   [`SubscriberHandle::on_disconnect`] hook hears of it at once) and
 //!   [`SubscriberHandle::mark_unreachable`]. The subscriber never removes the
 //!   endpoint from the index itself: the service decides (from the state, the
 //!   idle time and its own health checks) and calls
@@ -60,7 +61,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::state::{unix_ms, Shared};
+use super::state::{unix_ms, DisconnectHook, Shared};
 use super::worker::Worker;
 use crate::index::PoolIndex;
 use crate::types::EndpointId;
@@ -131,6 +132,14 @@ impl SubscriberHandle {
         self.shared.wake.notify_one();
     }
 
+    /// Calls `hook` each time the live socket sees its engine disconnect
+    /// (replacing any earlier hook). A disconnect is a hint, not a verdict:
+    /// an engine that died closes it, but so may a network blip, so the
+    /// hook should check the engine rather than drop it.
+    pub fn on_disconnect(&self, hook: DisconnectHook) {
+        *self.shared.on_disconnect.lock() = Some(hook);
+    }
+
     /// Waits until the state is `want` or `timeout` passes; returns whether
     /// it got there (for tests and start-up readiness).
     pub async fn wait_for_state(&self, want: SyncState, timeout: Duration) -> bool {
@@ -177,6 +186,7 @@ pub fn spawn_subscriber(cfg: SubscriberConfig, index: Arc<PoolIndex>) -> Subscri
         unreachable: AtomicBool::new(false),
         wake: Notify::new(),
         kv_events: parking_lot::Mutex::new(cfg.endpoint.kv_events.clone()),
+        on_disconnect: parking_lot::Mutex::new(None),
     });
     let worker = Worker::new(cfg, index, shared.clone());
     let task = tokio::spawn(worker.run());

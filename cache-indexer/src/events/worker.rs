@@ -282,6 +282,11 @@ impl Worker {
                     Some(SocketEvent::Disconnected(_)) => {
                         tracing::info!(endpoint = %self.endpoint, "kv events: engine disconnected");
                         self.set_state(SyncState::Disconnected);
+                        // Cloned out so the hook runs without the lock.
+                        let hook = self.shared.on_disconnect.lock().clone();
+                        if let Some(hook) = hook {
+                            hook();
+                        }
                         self.recheck_source();
                     }
                     Some(SocketEvent::Connected(..)) => {

@@ -14,7 +14,9 @@
 //!   FIRST_TOKEN report ends its prefill part, a DONE report (or the
 //!   in-flight timeout, for lost reports) removes it. The prefill part also
 //!   lapses after the prefill horizon, so filters that only report DONE do not
-//!   make long streams look like queued prefill forever.
+//!   make long streams look like queued prefill forever. A prompt whose
+//!   prefill ended keeps counting as held by its engine for
+//!   [`PENDING_GRACE`], until its KV events have reached the index.
 //! * **Saturation.** Per endpoint, `max(kv_usage / kvUsage, waiting /
 //!   waiting)` capped at 1; saturated at 1, i.e. when KV usage or the waiting
 //!   queue reaches its threshold. Only *KV-full* endpoints (usage at
@@ -35,6 +37,7 @@
 //! the per-pool state and [`scrape`] fetches the pages into it.
 
 pub mod engine_metrics;
+pub mod liveness;
 pub mod peer_chains;
 pub mod peers;
 mod placed;
@@ -42,14 +45,18 @@ pub mod prefix;
 pub mod saturation;
 pub mod scrape;
 pub mod tracker;
+mod tracker_state;
 
 pub use engine_metrics::{parse_sample, parse_vllm_metrics, EngineLoad, MetricsParseError, Sample};
+pub use liveness::Liveness;
 pub use peer_chains::SampledChain;
 pub use peers::{PeerLoad, PeerPending, PeerStats};
 pub(crate) use placed::Placed;
-pub use prefix::{block_chain, common_prefix, extend_block_chain, MAX_PENDING_PREFIXES};
+pub use prefix::{
+    block_chain, common_prefix, extend_block_chain, MAX_PENDING_PREFIXES, PENDING_GRACE,
+};
 pub use saturation::SaturationThresholds;
-pub use scrape::{scrape, scrape_all, ScrapeError};
+pub use scrape::{refused, scrape, scrape_all, ScrapeError};
 pub use tracker::{
     pool_saturation, Accounting, BoundStats, LoadConfig, LoadTracker, LoadView, PendingChains,
     Phase, ReportMatch,

@@ -8,6 +8,19 @@
 /// forgotten first.
 pub const MAX_PENDING_PREFIXES: usize = 64;
 
+/// How long a pick's chain still counts on its endpoint once its prefill
+/// ended (FIRST_TOKEN, or DONE without one): the engine holds those blocks
+/// from then on, but its KV events (published after the engine's step,
+/// then carried over ZMQ and applied by the subscriber) reach the index a
+/// little later, and a conversation's next turn sent at once must not find
+/// its prefix nowhere. Events normally trail by milliseconds; 1 s also
+/// covers a busy engine and a subscriber filling a gap from replay, while
+/// an eviction or a restart right after is credited for at most that long
+/// (an endpoint turned unhealthy drops its chains at once). Past the grace
+/// the index alone tells, and crediting a covered chain changes nothing:
+/// a pick takes the larger of the indexed and the pending match.
+pub const PENDING_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The chained hashes of a prompt's full blocks: entry `i` identifies the
 /// whole prefix up to block `i`, so two chains agree exactly on their
 /// common prefix. (Private to the indexer; the engines' hashes are never

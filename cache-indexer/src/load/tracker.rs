@@ -9,8 +9,9 @@ use parking_lot::Mutex;
 
 use super::engine_metrics::EngineLoad;
 use super::peers::{PeerLoad, PeerPending, PeerStats, Peers};
-use super::prefix::{common_prefix, MAX_PENDING_PREFIXES};
+use super::prefix::common_prefix;
 use super::saturation::SaturationThresholds;
+use super::tracker_state::{confirm, finished, mark_down, release, settle, EndpointLoad, InFlight};
 use crate::types::EndpointId;
 
 /// Settings of a [`LoadTracker`].
@@ -85,6 +86,9 @@ pub struct LoadView {
     pub scrape_failures: u64,
     /// Failed scrapes in a row now.
     pub failures_in_row: u32,
+    /// Times a refused connection turned it unhealthy at once (see
+    /// [`LoadTracker::record_refused`]).
+    pub refused_marks: u64,
     /// Leading blocks of the request (see [`LoadTracker::views_matching`])
     /// that an in-flight pick to this endpoint, still in prefill, shares:
     /// blocks the engine is computing and will hold by the time this request
@@ -103,63 +107,6 @@ impl LoadView {
     /// moved off the engine holding its history.
     pub fn running(&self) -> u32 {
         self.engine.running.saturating_sub(self.done_since_scrape)
-    }
-}
-
-#[derive(Debug, Default)]
-struct EndpointLoad {
-    engine: EngineLoad,
-    last_ok: Option<Instant>,
-    failures_in_row: u32,
-    scrape_failures: u64,
-    healthy: bool,
-    in_flight: u32,
-    /// In-flight picks not reported yet (bounded by the config).
-    unconfirmed: u32,
-    queued_prefill: u64,
-    /// (pick seq, block chain) of picks in prefill, oldest first.
-    pending: std::collections::VecDeque<(u64, Arc<[u64]>)>,
-    /// Picks made before the last scrape and reported done since: the
-    /// scrape still counts them as running.
-    done_since_scrape: u32,
-    /// Picks accounted here since the endpoint was added (never reset):
-    /// what other replicas' flow control counts ([`LoadTracker::own_moves`]).
-    placed_total: u64,
-    /// Of those, picks reported done or moved away by a retry.
-    done_total: u64,
-}
-
-impl EndpointLoad {
-    /// Remembers pick `seq`'s chain while it is in prefill, forgetting the
-    /// oldest past [`MAX_PENDING_PREFIXES`].
-    fn remember_pending(&mut self, seq: u64, chain: Arc<[u64]>) {
-        if self.pending.len() >= MAX_PENDING_PREFIXES {
-            self.pending.pop_front();
-        }
-        self.pending.push_back((seq, chain));
-    }
-}
-
-#[derive(Debug, Clone)]
-struct InFlight {
-    seq: u64,
-    endpoint: EndpointId,
-    predicted_cached: u32,
-    prefill_tokens: u64,
-    prefill_pending: bool,
-    /// Some report (FIRST_TOKEN or DONE) came for it.
-    confirmed: bool,
-    picked_at: Instant,
-}
-
-impl InFlight {
-    /// What a report that found this pick answers.
-    fn matched(&self) -> ReportMatch {
-        ReportMatch {
-            matched: true,
-            endpoint: Some(self.endpoint),
-            predicted_cached: Some(self.predicted_cached),
-        }
     }
 }
 
@@ -244,8 +191,9 @@ impl std::fmt::Debug for PendingChains {
 
 impl PendingChains {
     /// Gives `request_id`'s pick its whole chain, if the pick is still in
-    /// prefill (else there is nothing to match against any more). Returns
-    /// whether it did.
+    /// prefill or its chain still settling (see [`PENDING_GRACE`](super::PENDING_GRACE): a fast
+    /// engine may be done before the chain is); else there is nothing to
+    /// match against any more. Returns whether it did.
     pub fn complete(&self, request_id: &str, chain: Arc<[u64]>) -> bool {
         if chain.is_empty() {
             return false;
@@ -257,7 +205,11 @@ impl PendingChains {
             ..
         } = &mut *g;
         let Some(f) = in_flight.get(request_id).filter(|f| f.prefill_pending) else {
-            return false;
+            let settling = endpoints
+                .values_mut()
+                .flat_map(|e| e.settling.iter_mut())
+                .find(|s| &*s.request_id == request_id);
+            return settling.map(|s| s.chain = chain).is_some();
         };
         let Some(e) = endpoints.get_mut(&f.endpoint) else {
             return false;
@@ -286,20 +238,21 @@ impl LoadTracker {
         }
     }
 
-    /// Whether some pick still in prefill, this replica's or (with shared
-    /// load) another's, has a prompt starting with the whole of `chain`
+    /// Whether some pick still in prefill (or settling, see
+    /// [`PENDING_GRACE`](super::PENDING_GRACE)), this replica's or (with shared load) another's,
+    /// has a prompt starting with the whole of `chain`
     /// (chained hashes: equal last entries mean equal prefixes).
     pub fn pending_holds(&self, chain: &[u64]) -> bool {
         let Some(last) = chain.last() else {
             return true;
         };
         let i = chain.len() - 1;
+        let now = Instant::now();
         let g = self.inner.lock();
         g.endpoints.values().any(|e| {
-            e.pending
-                .iter()
-                .any(|(_, p)| p.get(i).is_some_and(|h| h == last))
-        }) || g.peers.pending_may_hold(chain, Instant::now())
+            e.held_chains(now)
+                .any(|p| p.get(i).is_some_and(|h| h == last))
+        }) || g.peers.pending_may_hold(chain, now)
     }
 
     /// The settings.
@@ -337,10 +290,29 @@ impl LoadTracker {
                 e.failures_in_row = e.failures_in_row.saturating_add(1);
                 e.scrape_failures += 1;
                 if e.failures_in_row >= self.cfg.unhealthy_after {
-                    e.healthy = false;
+                    mark_down(e);
                 }
             }
         }
+    }
+
+    /// Records that nobody listens at the endpoint (a connection refused):
+    /// unlike a timeout, which a busy engine may cause, that is a definite
+    /// answer, so the endpoint turns unhealthy at once. Counted as a failed
+    /// scrape. Returns whether it was healthy until now.
+    pub fn record_refused(&self, id: EndpointId) -> bool {
+        let mut g = self.inner.lock();
+        let Some(e) = g.endpoints.get_mut(&id) else {
+            return false;
+        };
+        e.failures_in_row = e.failures_in_row.saturating_add(1);
+        e.scrape_failures += 1;
+        let was = e.healthy;
+        if was {
+            e.refused_marks += 1;
+        }
+        mark_down(e);
+        was
     }
 
     /// Accounts a pick: `request_id` goes to `endpoint` with `prefill_tokens`
@@ -439,7 +411,8 @@ impl LoadTracker {
         match phase {
             Phase::Done => match in_flight.remove(request_id) {
                 Some(f) => {
-                    release(endpoints, &f, true);
+                    let chain = release(endpoints, &f, true);
+                    settle(endpoints, request_id, &f, chain);
                     finished(endpoints, &f);
                     f.matched()
                 }
@@ -449,7 +422,8 @@ impl LoadTracker {
                 Some(f) => {
                     confirm(endpoints, f);
                     if f.prefill_pending {
-                        release(endpoints, f, false);
+                        let chain = release(endpoints, f, false);
+                        settle(endpoints, request_id, f, chain);
                         f.prefill_pending = false;
                     }
                     f.matched()
@@ -485,6 +459,9 @@ impl LoadTracker {
             }
             true
         });
+        for e in endpoints.values_mut() {
+            e.expire_settling(now);
+        }
         expired
     }
 
@@ -500,9 +477,8 @@ impl LoadTracker {
         // Another replica's pick in prefill is as good a sign as this
         // one's: its KV events come only once that prefill is done.
         let pending_matched_blocks = chain.map_or(0, |c| {
-            e.pending
-                .iter()
-                .map(|(_, p)| common_prefix(c, p))
+            e.held_chains(now)
+                .map(|p| common_prefix(c, p))
                 .max()
                 .unwrap_or(0)
                 .max(peers.pending_matched(id, c, now))
@@ -525,6 +501,7 @@ impl LoadTracker {
             last_scrape_age: e.last_ok.map(|t| now.saturating_duration_since(t)),
             scrape_failures: e.scrape_failures,
             failures_in_row: e.failures_in_row,
+            refused_marks: e.refused_marks,
             pending_matched_blocks,
             done_since_scrape: e.done_since_scrape,
         }
@@ -612,19 +589,28 @@ impl LoadTracker {
         self.inner.lock().peers.set(loads, peers, now, ttl);
     }
 
-    /// This replica's picks in prefill per endpoint, newest first, endpoints
-    /// with none left out, sorted by id: what it publishes for the other
-    /// replicas to match.
+    /// This replica's picks in prefill per endpoint, newest first, then the
+    /// chains still settling (prefill ended within [`PENDING_GRACE`](super::PENDING_GRACE)),
+    /// newest first: the other replicas' picks need them for the same
+    /// reason as this one's. Endpoints with none left out, sorted by id:
+    /// what it publishes for the other replicas to match.
     pub fn own_pending(&self) -> Vec<(EndpointId, Vec<Arc<[u64]>>)> {
+        let now = Instant::now();
         let g = self.inner.lock();
         let mut out: Vec<(EndpointId, Vec<Arc<[u64]>>)> = g
             .endpoints
             .iter()
-            .filter(|(_, e)| !e.pending.is_empty())
             .map(|(id, e)| {
-                let chains = e.pending.iter().rev().map(|(_, c)| Arc::clone(c));
-                (*id, chains.collect())
+                let pending = e.pending.iter().rev().map(|(_, c)| Arc::clone(c));
+                let settling = e
+                    .settling
+                    .iter()
+                    .rev()
+                    .filter(|s| s.live(now))
+                    .map(|s| Arc::clone(&s.chain));
+                (*id, pending.chain(settling).collect::<Vec<_>>())
             })
+            .filter(|(_, chains)| !chains.is_empty())
             .collect();
         out.sort_unstable_by_key(|(id, _)| id.0);
         out
@@ -661,48 +647,6 @@ pub fn pool_saturation(views: &[LoadView]) -> f64 {
         1.0
     } else {
         healthy.iter().sum::<f64>() / healthy.len() as f64
-    }
-}
-
-/// Ends `f`'s prefill part (if still pending) and, when `whole`, its
-/// in-flight count.
-fn release(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &InFlight, whole: bool) {
-    if let Some(e) = endpoints.get_mut(&f.endpoint) {
-        if f.prefill_pending {
-            e.queued_prefill = e.queued_prefill.saturating_sub(f.prefill_tokens);
-            if let Some(pos) = e.pending.iter().position(|(s, _)| *s == f.seq) {
-                e.pending.remove(pos);
-            }
-        }
-        if whole {
-            e.in_flight = e.in_flight.saturating_sub(1);
-            if !f.confirmed {
-                e.unconfirmed = e.unconfirmed.saturating_sub(1);
-            }
-        }
-    }
-}
-
-/// Counts a pick reported done (for other replicas, [`LoadTracker::own_moves`]),
-/// and, when the endpoint's last scrape counted it (picked before it), in
-/// `done_since_scrape`: until the next scrape, the engine's scraped
-/// `running` is that much too high.
-fn finished(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &InFlight) {
-    if let Some(e) = endpoints.get_mut(&f.endpoint) {
-        e.done_total += 1;
-        if e.last_ok.is_some_and(|scraped| f.picked_at <= scraped) {
-            e.done_since_scrape = e.done_since_scrape.saturating_add(1);
-        }
-    }
-}
-
-/// Marks `f` reported (once), freeing its place under the unconfirmed cap.
-fn confirm(endpoints: &mut HashMap<EndpointId, EndpointLoad>, f: &mut InFlight) {
-    if !f.confirmed {
-        f.confirmed = true;
-        if let Some(e) = endpoints.get_mut(&f.endpoint) {
-            e.unconfirmed = e.unconfirmed.saturating_sub(1);
-        }
     }
 }
 

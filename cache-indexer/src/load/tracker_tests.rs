@@ -1,7 +1,7 @@
 //! The tracker's scrape health, in-flight accounting and pending prefixes.
 
 use super::*;
-use crate::load::prefix::block_chain;
+use crate::load::prefix::{block_chain, MAX_PENDING_PREFIXES, PENDING_GRACE};
 
 fn tracker() -> (LoadTracker, EndpointId, EndpointId, Instant) {
     super::two_endpoints(LoadConfig {
@@ -96,11 +96,13 @@ fn picks_in_prefill_count_as_pending_prefixes() {
         (12, 0)
     );
     t.report("r1", Phase::FirstToken);
-    let v = t.views_matching([a], now, Some(&chain));
+    let late = Instant::now() + PENDING_GRACE;
+    let v = t.views_matching([a], late, Some(&chain));
     assert_eq!(
         v[0].pending_matched_blocks, 0,
-        "after prefill the KV events tell"
+        "past the grace after prefill the KV events tell"
     );
+    t.sweep(late);
     for i in 0..(MAX_PENDING_PREFIXES + 5) {
         t.record_pick(&format!("x{i}"), b, 1, 0, Some(Arc::clone(&chain)), now);
     }
@@ -201,4 +203,121 @@ fn requests_done_since_the_scrape_leave_its_running_count() {
     );
     assert!(t.report("r2", Phase::Done).matched);
     assert_eq!(t.views([a], later)[0].running(), 0);
+}
+
+/// The chain of `n` blocks (block size 4) shared by the grace tests.
+fn chain_of(n: u32) -> Arc<[u64]> {
+    block_chain(&(0..n * 4).collect::<Vec<u32>>(), 4).into()
+}
+
+#[test]
+fn a_finished_chain_counts_on_its_endpoint_until_the_grace_ends() {
+    // A conversation's next turn is picked right after the previous one is
+    // done, before the engine's KV events have reached the index: the
+    // previous prompt must still be credited to the engine that ran it.
+    for phase in [Phase::FirstToken, Phase::Done] {
+        let (t, a, b, now) = tracker();
+        let chain = chain_of(16);
+        t.record_pick("turn1", a, 64, 0, Some(Arc::clone(&chain)), now);
+        t.report("turn1", phase);
+        t.report("turn1", Phase::Done);
+        let ended = Instant::now();
+        let v = t.views_matching([a, b], ended, Some(&chain[..10]));
+        assert_eq!(
+            (v[0].pending_matched_blocks, v[1].pending_matched_blocks),
+            (10, 0),
+            "{phase:?}"
+        );
+        assert_eq!(v[0].in_flight, 0, "done: no load left");
+        assert!(t.pending_holds(&chain[..10]));
+        // Published for the other replicas too, for the same reason.
+        assert_eq!(t.own_pending(), vec![(a, vec![Arc::clone(&chain)])]);
+        // Past the grace the index alone tells.
+        let late = ended + PENDING_GRACE;
+        let v = t.views_matching([a], late, Some(&chain));
+        assert_eq!(v[0].pending_matched_blocks, 0, "{phase:?}");
+        t.sweep(late);
+        assert!(!t.pending_holds(&chain[..10]));
+        assert!(t.own_pending().is_empty());
+    }
+}
+
+#[test]
+fn a_moved_or_expired_pick_leaves_no_settling_chain() {
+    let (t, a, b, now) = tracker();
+    let chain = chain_of(8);
+    // A retry elsewhere: the first engine never ran it.
+    t.record_pick("r", a, 32, 0, Some(Arc::clone(&chain)), now);
+    t.record_pick("r", b, 32, 0, Some(Arc::clone(&chain)), now);
+    let v = t.views_matching([a, b], now, Some(&chain));
+    assert_eq!(
+        (v[0].pending_matched_blocks, v[1].pending_matched_blocks),
+        (0, 8)
+    );
+    // The prefill horizon lapsing says nothing about the engine's cache.
+    t.sweep(now + Duration::from_millis(1500));
+    t.report("r", Phase::Done);
+    let v = t.views_matching([b], Instant::now(), Some(&chain));
+    assert_eq!(v[0].pending_matched_blocks, 0);
+}
+
+#[test]
+fn settling_chains_are_bounded_and_dropped_when_the_endpoint_goes_down() {
+    let (t, a, _, now) = tracker();
+    t.record_scrape(a, Some(EngineLoad::default()), now);
+    for i in 0..(MAX_PENDING_PREFIXES as u32 + 5) {
+        let id = format!("r{i}");
+        t.record_pick(&id, a, 4, 0, Some(chain_of(i + 1)), now);
+        t.report(&id, Phase::Done);
+    }
+    let own = t.own_pending();
+    assert_eq!(own[0].1.len(), MAX_PENDING_PREFIXES, "oldest forgotten");
+    assert_eq!(own[0].1[0].len(), MAX_PENDING_PREFIXES + 5, "newest first");
+    let longest = chain_of(MAX_PENDING_PREFIXES as u32 + 5);
+    let v = t.views_matching([a], now, Some(&longest));
+    assert_eq!(v[0].pending_matched_blocks, longest.len());
+    // Nobody listens there any more: unhealthy at once, nothing credited.
+    assert!(t.record_refused(a));
+    let v = &t.views_matching([a], now, Some(&longest))[0];
+    assert!(!v.healthy);
+    assert_eq!(v.pending_matched_blocks, 0);
+    assert!(t.own_pending().is_empty());
+}
+
+#[test]
+fn a_refused_connection_is_unhealthy_at_once_a_timeout_is_counted() {
+    let (t, a, b, now) = tracker();
+    for id in [a, b] {
+        t.record_scrape(id, Some(EngineLoad::default()), now);
+    }
+    // A failed scrape that may be a busy engine: one is tolerated.
+    t.record_scrape(b, None, now);
+    assert!(t.views([b], now)[0].healthy);
+    // Connection refused: nobody listens.
+    assert!(t.record_refused(a));
+    let v = &t.views([a], now)[0];
+    assert!(!v.healthy);
+    assert_eq!(
+        (v.failures_in_row, v.scrape_failures, v.refused_marks),
+        (1, 1, 1)
+    );
+    assert!(!t.record_refused(a), "already down");
+    // The next good scrape brings it back.
+    t.record_scrape(a, Some(EngineLoad::default()), now);
+    assert!(t.views([a], now)[0].healthy);
+    assert!(!t.record_refused(EndpointId(99)), "unknown endpoint");
+}
+
+#[test]
+fn a_chain_completed_after_the_prefill_ended_still_settles() {
+    // A pick tokenized only as far as its cached prefix gets its whole
+    // chain off the pick's path; a fast engine may be done before that.
+    let (t, a, _, now) = tracker();
+    let whole = chain_of(16);
+    t.record_pick("r", a, 64, 0, Some(Arc::from(&whole[..1])), now);
+    t.report("r", Phase::Done);
+    assert!(t.pending_chains().complete("r", Arc::clone(&whole)));
+    let v = t.views_matching([a], now, Some(&whole));
+    assert_eq!(v[0].pending_matched_blocks, 16);
+    assert!(!t.pending_chains().complete("unknown", Arc::clone(&whole)));
 }
