@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import shlex
 import subprocess
 import sys
@@ -108,14 +109,20 @@ def default_out(rest: list[str]) -> Path:
     return REPO / "bench" / "results" / name
 
 
-def ms(v: float) -> str:
+def ms(v: float | str) -> str:
+    # The report writes "inf" for a percentile past the last answered
+    # request (deployed runs: the restart cuts some off).
+    v = float(v)
+    if math.isinf(v):
+        return "∞"
     return f"{v / 1000:.2f} s" if v >= 10_000 else f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms"
 
 
-def spread(vals: list[float]) -> str:
+def spread(vals: list[float | str]) -> str:
+    vals = [float(v) for v in vals]
     lo, hi = min(vals), max(vals)
     mean = sum(vals) / len(vals)
-    return f"{ms(lo)}-{ms(hi)} ({(hi - lo) / mean:.1%})" if mean > 0 else "-"
+    return f"{ms(lo)}-{ms(hi)} ({(hi - lo) / mean:.1%})" if mean > 0 and math.isfinite(mean) else "-"
 
 
 def render(dirs: list[Path], runs: list[dict], command: str, shape: str) -> str:
@@ -148,7 +155,9 @@ def render(dirs: list[Path], runs: list[dict], command: str, shape: str) -> str:
         for r in runs:
             a, k = r.get((w, ld, "approx-prefix")), r.get((w, ld, "kvasir"))
             if a and k:
-                diffs.append(k["summary"]["ttft"]["p90"] / a["summary"]["ttft"]["p90"] - 1)
+                kp, ap = float(k["summary"]["ttft"]["p90"]), float(a["summary"]["ttft"]["p90"])
+                if math.isfinite(kp) and math.isfinite(ap) and ap > 0:
+                    diffs.append(kp / ap - 1)
         if diffs:
             below = sum(1 for x in diffs if x < 0)
             rows.append(f"| {w} | {ld:.1f} | {' / '.join(f'{x:+.1%}' for x in diffs)} | {below} of {len(diffs)} |")

@@ -51,3 +51,18 @@ def test_routings_out_is_set_per_run(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode != 0
     assert "--out is set per run" in r.stderr
+
+
+def test_unanswered_percentiles_are_shown_not_a_crash(tmp_path):
+    # Deployed runs lose requests to the restart: the report writes "inf".
+    for i, p99 in enumerate(["inf", 4000.0], 1):
+        summary(tmp_path / f"run{i}", {"kvasir": 2000.0}, 0.3)
+        f = tmp_path / f"run{i}" / "summary.json"
+        s = json.loads(f.read_text())
+        s["runs"][0]["summary"]["ttft"]["p99"] = p99
+        f.write_text(json.dumps(s))
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(REPEATS), "--from", str(tmp_path / "run1"), str(tmp_path / "run2"),
+                    "--out", str(out)], check=True, capture_output=True)
+    md = (out / "summary.md").read_text()
+    assert "| ∞ / 4000 ms |" in md and "| 2000 ms-2000 ms (0.0%) | - |" in md, md
