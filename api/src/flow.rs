@@ -14,6 +14,8 @@
 //! | `kvasir.dev/flow-control-max-queued` | `maxQueued` | 1024 |
 //! | `kvasir.dev/flow-control-max-queued-per-tenant` | `maxQueuedPerTenant` | 256 |
 //! | `kvasir.dev/flow-control-max-wait-ms` | `maxWaitMs` | 10000 |
+//! | `kvasir.dev/flow-control-saturated-prefill-tokens` | `saturatedPrefillTokens` | 16384 |
+//! | `kvasir.dev/flow-control-reserve` | `reserve` | 0.5 |
 //!
 //! They become the policy set's `pools[].flowControl`, which compiles into
 //! the filter's `maxQueueWaitMs` ([`crate::assemble`]), and, through
@@ -36,9 +38,14 @@ pub const FLOW_CONTROL_MAX_QUEUED_PER_TENANT_ANNOTATION: &str =
     "kvasir.dev/flow-control-max-queued-per-tenant";
 /// How long a pick may wait, ms.
 pub const FLOW_CONTROL_MAX_WAIT_MS_ANNOTATION: &str = "kvasir.dev/flow-control-max-wait-ms";
+/// Queued prefill tokens on an engine that count as saturated.
+pub const FLOW_CONTROL_SATURATED_PREFILL_TOKENS_ANNOTATION: &str =
+    "kvasir.dev/flow-control-saturated-prefill-tokens";
+/// Room kept for tenants under their fair share (0..1).
+pub const FLOW_CONTROL_RESERVE_ANNOTATION: &str = "kvasir.dev/flow-control-reserve";
 
 /// Each annotation and the `flowControl` key it sets.
-pub const FLOW_CONTROL_ANNOTATIONS: [(&str, &str); 5] = [
+pub const FLOW_CONTROL_ANNOTATIONS: [(&str, &str); 7] = [
     (FLOW_CONTROL_ANNOTATION, "enabled"),
     (FLOW_CONTROL_THRESHOLD_ANNOTATION, "threshold"),
     (FLOW_CONTROL_MAX_QUEUED_ANNOTATION, "maxQueued"),
@@ -47,6 +54,11 @@ pub const FLOW_CONTROL_ANNOTATIONS: [(&str, &str); 5] = [
         "maxQueuedPerTenant",
     ),
     (FLOW_CONTROL_MAX_WAIT_MS_ANNOTATION, "maxWaitMs"),
+    (
+        FLOW_CONTROL_SATURATED_PREFILL_TOKENS_ANNOTATION,
+        "saturatedPrefillTokens",
+    ),
+    (FLOW_CONTROL_RESERVE_ANNOTATION, "reserve"),
 ];
 
 /// The annotation that sets `flowControl` key `field`; the section as a
@@ -97,6 +109,16 @@ pub fn flow_control(pool: &InferencePool) -> Result<Option<FlowControl>, Vec<Ann
             Some,
         )
     });
+    let reserve = get(FLOW_CONTROL_RESERVE_ANNOTATION).and_then(|v| {
+        v.parse::<f64>().map_or_else(
+            |_| {
+                let msg = format!("`{v}` is not a number (the share of room, 0..1, kept for tenants under their share)");
+                errors.push((FLOW_CONTROL_RESERVE_ANNOTATION, msg));
+                None
+            },
+            Some,
+        )
+    });
     let mut count = |key: &'static str| {
         let v = get(key)?;
         v.parse::<u64>()
@@ -109,6 +131,8 @@ pub fn flow_control(pool: &InferencePool) -> Result<Option<FlowControl>, Vec<Ann
         max_queued: count(FLOW_CONTROL_MAX_QUEUED_ANNOTATION),
         max_queued_per_tenant: count(FLOW_CONTROL_MAX_QUEUED_PER_TENANT_ANNOTATION),
         max_wait_ms: count(FLOW_CONTROL_MAX_WAIT_MS_ANNOTATION),
+        saturated_prefill_tokens: count(FLOW_CONTROL_SATURATED_PREFILL_TOKENS_ANNOTATION),
+        reserve,
     };
     match errors.is_empty() {
         true => Ok(Some(fc)),
@@ -136,6 +160,8 @@ mod tests {
                 (FLOW_CONTROL_MAX_QUEUED_ANNOTATION, "500"),
                 (FLOW_CONTROL_MAX_QUEUED_PER_TENANT_ANNOTATION, "50"),
                 (FLOW_CONTROL_MAX_WAIT_MS_ANNOTATION, "3000"),
+                (FLOW_CONTROL_SATURATED_PREFILL_TOKENS_ANNOTATION, "8192"),
+                (FLOW_CONTROL_RESERVE_ANNOTATION, "0.25"),
             ],
         );
         assert_eq!(
@@ -146,6 +172,8 @@ mod tests {
                 max_queued: Some(500),
                 max_queued_per_tenant: Some(50),
                 max_wait_ms: Some(3000),
+                saturated_prefill_tokens: Some(8192),
+                reserve: Some(0.25),
             }))
         );
         // One annotation alone gives a section with the rest unset.

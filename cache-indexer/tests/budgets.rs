@@ -329,6 +329,7 @@ fn saturated_pool(max_wait_ms: u64) -> Arc<Pool> {
         max_queued: 8,
         max_queued_per_tenant: 8,
         max_wait_ms,
+        ..FlowControlConfig::default()
     });
     pool.set_idle_loopback_endpoints(1);
     let busy = EngineLoad {

@@ -31,6 +31,10 @@ fn flow_on(max_queued: usize, per_tenant: usize, max_wait_ms: u64) -> FlowContro
         max_queued,
         max_queued_per_tenant: per_tenant,
         max_wait_ms,
+        // (The fair order and bounds by request counts alone; the
+        // reserve's and the work term's tests set them.)
+        reserve: 0.0,
+        saturated_prefill_tokens: 0,
     }
 }
 
@@ -437,4 +441,96 @@ async fn concurrent_reports_release_exactly_one_pick_per_freed_slot() {
         t.abort();
     }
     wait_len(&pool, 0).await;
+}
+
+/// Flow control with the indexer's defaults for the work term and the
+/// given reserve.
+fn flow_reserved(reserve: f64) -> FlowControlConfig {
+    FlowControlConfig {
+        enabled: true,
+        reserve,
+        ..FlowControlConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_tenant_under_its_share_goes_at_once_while_an_over_share_tenants_picks_wait() {
+    let pool = pool(flow_reserved(0.5), 1);
+    // On the idle engine: one pick of b, three of a (a holds 3/4 of the
+    // work in flight, its share is 1/2).
+    pick(&pool, req("b1", "b", ids(0, 32))).await;
+    for i in 0..3u32 {
+        pick(&pool, req(&format!("a{i}"), "a", ids(1_000 * (i + 1), 32))).await;
+    }
+    assert!(pool.flow.over_share("a") && !pool.flow.over_share("b"));
+    // 3 of 5 waiting: saturation 0.6, room below the threshold (1.0) but
+    // not below a's bound (0.5).
+    scrape_all(&pool, 4, 3, 0.2);
+    let a_next = queued(&pool, req("a3", "a", ids(10_000, 32))).await;
+    let b = pick(&pool, req("b2", "b", ids(20_000, 32))).await;
+    assert_eq!(b.endpoints.len(), 1, "{b:?}");
+    assert_eq!((b.queued_ms, pool.flow.len()), (0, 1), "b went at once");
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(!a_next.is_finished(), "a's pick is held for the reserve");
+    // a's first picks end: back within its share, its pick goes.
+    done(&pool, "a0");
+    let a = answer(a_next).await;
+    assert_eq!(a.endpoints.len(), 1, "{a:?}");
+    assert!(a.queued_ms >= 25, "queued_ms {}", a.queued_ms);
+    assert_eq!(pool.flow.metrics.released.get(), 1);
+}
+
+/// Picks of one tenant that may not wait, on two engines scraped with
+/// room: how many go before one would have to wait (it is shed).
+async fn alone_through(reserve: f64) -> usize {
+    let pool = pool(flow_reserved(reserve), 2);
+    scrape_all(&pool, 4, 0, 0.2);
+    for i in 0..200u32 {
+        let mut r = req(&format!("a{i}"), "a", ids(100_000 * (i + 1), 64));
+        r.max_wait_ms = 0;
+        let a = pick(&pool, r).await;
+        if is_shed(&a, "no_wait") {
+            assert_eq!(pool.flow.len(), 0);
+            return i as usize;
+        }
+        assert!(!a.endpoints.is_empty(), "{a:?}");
+        assert!(!pool.flow.over_share("a"), "alone: never over its share");
+    }
+    panic!("the engines never filled");
+}
+
+#[tokio::test]
+async fn a_tenant_alone_uses_the_whole_pool() {
+    let all = alone_through(0.0).await;
+    // Both engines take picks until KV and their queues are full (more
+    // than the requests' bound of one engine alone: 5 waiting).
+    assert!(all > 10, "{all}");
+    assert_eq!(alone_through(0.5).await, all);
+    assert_eq!(alone_through(0.9).await, all);
+}
+
+#[tokio::test]
+async fn a_long_prefill_backlog_leaves_no_room() {
+    let saturated = FlowControlConfig::default().saturated_prefill_tokens as u32;
+    let pool = pool(flow_reserved(0.0), 1);
+    scrape_all(&pool, 1, 0, 0.05);
+    // One long prompt placed (nothing waiting by count): its prefill is
+    // the engine's backlog until its first token.
+    pick(&pool, req("long", "a", ids(0, saturated))).await;
+    let next = queued(&pool, req("next", "b", ids(5_000_000, 32))).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(!next.is_finished(), "the backlog is long: it waits");
+    pool.report(&pb::ReportRequest {
+        pool: "p".into(),
+        request_id: "long".into(),
+        phase: pb::ReportPhase::FirstToken as i32,
+        ..Default::default()
+    })
+    .expect("a valid report");
+    let a = answer(next).await;
+    assert_eq!(
+        a.endpoints.len(),
+        1,
+        "its first token frees the room: {a:?}"
+    );
 }

@@ -40,6 +40,7 @@ fn flow(enabled: bool) -> FlowControlConfig {
         max_queued: 64,
         max_queued_per_tenant: 64,
         max_wait_ms: 10_000,
+        ..FlowControlConfig::default()
     }
 }
 

@@ -88,7 +88,22 @@ impl Band {
     /// Releases the request with the smallest start tag: its ticket and
     /// tenant.
     pub(crate) fn pop(&mut self) -> Option<(u64, String)> {
-        let (start, ticket, name) = self.ready.pop_first()?;
+        self.pop_where(|_| true)
+    }
+
+    /// Releases the request with the smallest start tag among the tenants
+    /// `allow` lets go (the others' heads keep their tags and wait).
+    pub(crate) fn pop_where(
+        &mut self,
+        mut allow: impl FnMut(&str) -> bool,
+    ) -> Option<(u64, String)> {
+        let key = self
+            .ready
+            .iter()
+            .find(|(_, _, name)| allow(name))
+            .cloned()?;
+        self.ready.remove(&key);
+        let (start, ticket, name) = key;
         let t = self.tenants.get_mut(&name)?;
         let service = t.queue.remove(&ticket).unwrap_or(0);
         self.len -= 1;

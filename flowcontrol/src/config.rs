@@ -28,6 +28,20 @@ pub struct FlowControlConfig {
     /// sheds instead of queueing. The filter's pick deadline must be longer,
     /// so a queued pick is answered (released or shed), never timed out.
     pub max_wait_ms: u64,
+    /// Prefill tokens queued on an engine (uncached prompt tokens of the
+    /// picks placed there that have not reached their first token) that
+    /// count as saturated: the engine's saturation is at least this share
+    /// of it, so "room" means an engine whose prefill backlog is short,
+    /// not only one with few requests waiting (with chunked prefill vLLM
+    /// runs several long prefills at once and none "waits"). 0: off.
+    pub saturated_prefill_tokens: u64,
+    /// Room kept for tenants under their weighted fair share of the work
+    /// in flight (0..1): a tenant over its share is let through or
+    /// released only below `threshold x (1 - reserve)` ([`room_bound`]),
+    /// so a tenant under its share finds an engine with room at once when
+    /// another floods the pool. A tenant alone is never over its share. 0:
+    /// off (work-conserving between tenants, as before).
+    pub reserve: f64,
 }
 
 impl Default for FlowControlConfig {
@@ -42,9 +56,21 @@ impl Default for FlowControlConfig {
             // A client waiting longer than this is usually better served by
             // a 429 it can retry elsewhere than by a first token later still.
             max_wait_ms: 10_000,
+            // Half a second of prefill on an H100 with an 8B model (about
+            // 0.03 ms per uncached token, FACTS.md and vllm-sim's
+            // h100-8b): two of vLLM's default 8192-token chunked-prefill
+            // steps, about what five queued chat prefills cost too (the
+            // `waiting` threshold's figure).
+            saturated_prefill_tokens: 16_384,
+            reserve: DEFAULT_RESERVE,
         }
     }
 }
+
+/// The default [`FlowControlConfig::reserve`]: measured on the noisy
+/// neighbour benchmark (bench/results/governance.md, "Noisy neighbour:
+/// work-based saturation and the reserve").
+pub const DEFAULT_RESERVE: f64 = 0.5;
 
 /// A setting out of range.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -63,6 +89,12 @@ impl FlowControlConfig {
             return Err(ConfigError {
                 field: "threshold",
                 message: format!("must be a number > 0, got {}", self.threshold),
+            });
+        }
+        if !(0.0..1.0).contains(&self.reserve) {
+            return Err(ConfigError {
+                field: "reserve",
+                message: format!("must be in [0, 1), got {}", self.reserve),
             });
         }
         if self.max_queued_per_tenant > self.max_queued {
@@ -126,6 +158,27 @@ pub fn has_room(saturation: f64, threshold: f64) -> bool {
     saturation.is_nan() || saturation < threshold
 }
 
+/// The saturation below which a pick of a tenant may go: `threshold`,
+/// or for a tenant over its share (while others are active)
+/// `threshold x (1 - reserve)`, keeping the room between the two for the
+/// tenants under theirs.
+pub fn room_bound(threshold: f64, reserve: f64, over_share: bool) -> f64 {
+    if over_share {
+        threshold * (1.0 - reserve.clamp(0.0, 1.0))
+    } else {
+        threshold
+    }
+}
+
+/// An engine's saturation from its queued prefill work: `tokens` queued
+/// over `saturated` (0: the term is off, 0.0).
+pub fn work_saturation(tokens: u64, saturated: u64) -> f64 {
+    if saturated == 0 {
+        return 0.0;
+    }
+    (tokens as f64 / saturated as f64).min(1.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +215,27 @@ mod tests {
         let e = per.validate().unwrap_err();
         assert_eq!(e.field, "maxQueuedPerTenant");
         assert!(e.to_string().starts_with("flowControl.maxQueuedPerTenant:"));
+    }
+
+    #[test]
+    fn reserve_and_work_settings() {
+        let c: FlowControlConfig =
+            serde_json::from_str(r#"{"reserve": 0.25, "saturatedPrefillTokens": 8192}"#).unwrap();
+        assert_eq!((c.reserve, c.saturated_prefill_tokens), (0.25, 8192));
+        assert!(c.validate().is_ok());
+        for bad in [1.0, -0.1, f64::NAN] {
+            let c = FlowControlConfig {
+                reserve: bad,
+                ..FlowControlConfig::default()
+            };
+            assert_eq!(c.validate().unwrap_err().field, "reserve");
+        }
+        assert_eq!(room_bound(0.8, 0.25, false), 0.8);
+        assert!((room_bound(0.8, 0.25, true) - 0.6).abs() < 1e-12);
+        assert_eq!(room_bound(0.8, 0.0, true), 0.8);
+        assert_eq!(work_saturation(4096, 16_384), 0.25);
+        assert_eq!(work_saturation(1 << 40, 16_384), 1.0);
+        assert_eq!(work_saturation(1 << 40, 0), 0.0, "off");
     }
 
     #[test]

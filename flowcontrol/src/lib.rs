@@ -20,6 +20,16 @@
 //!   when to call it next.
 //! * [`FlowQueue::remove`] cancels one (its client went away).
 //!
+//! # The reserve
+//!
+//! Work-conserving flow control lets a flooding tenant keep every engine at
+//! the threshold, so another tenant's pick, first in fair order, still
+//! waits for a slot. [`Shares`] says which tenants hold more than their
+//! weighted share of the work in flight; such a tenant may only go below
+//! [`room_bound`] (`threshold x (1 - reserve)`), and
+//! [`FlowQueue::pop_next_where`] releases past its held picks to the
+//! tenants allowed. A tenant alone is never over its share.
+//!
 //! Release is triggered by **capacity freed**, never by a timer alone: a
 //! report that a request reached its first token (its prefill no longer
 //! queues ahead of others) or is done, a scrape that shows an endpoint below
@@ -68,9 +78,14 @@
 mod band;
 mod config;
 mod queue;
+mod shares;
 
-pub use config::{has_room, should_queue, ConfigError, FlowControlConfig, Limits};
+pub use config::{
+    has_room, room_bound, should_queue, work_saturation, ConfigError, FlowControlConfig, Limits,
+    DEFAULT_RESERVE,
+};
 pub use queue::{FlowQueue, Refusal, Refused, Released, Ticket, Waiting};
+pub use shares::Shares;
 
 #[cfg(test)]
 mod queue_tests;

@@ -214,6 +214,28 @@ impl<T> FlowQueue<T> {
         self.take(ticket)
     }
 
+    /// The next request to place among the tenants `allow` lets go now
+    /// (the reserve: a tenant over its share may only take room a tenant
+    /// under it would not need, see [`crate::Shares`]). In band order, then
+    /// fair order; a band whose waiting tenants are all held back does not
+    /// hold a less urgent band's allowed tenants back (the held ones could
+    /// not use the room anyway). With `allow` always true it is
+    /// [`FlowQueue::pop_next`]'s order.
+    pub fn pop_next_where(&mut self, mut allow: impl FnMut(&str) -> bool) -> Option<Released<T>> {
+        let mut found = None;
+        for (&priority, band) in self.bands.iter_mut() {
+            if let Some((ticket, _)) = band.pop_where(&mut allow) {
+                found = Some((priority, ticket, band.len() == 0));
+                break;
+            }
+        }
+        let (priority, ticket, emptied) = found?;
+        if emptied {
+            self.bands.remove(&priority);
+        }
+        self.take(ticket)
+    }
+
     /// Takes out every request whose deadline is at or before `now`, earliest
     /// deadline first: the caller sheds them (429, or 503 when no endpoint is
     /// ready).

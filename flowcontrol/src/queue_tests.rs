@@ -327,3 +327,46 @@ fn zero_weight_and_zero_tokens_do_not_break_order() {
     assert_eq!(order.iter().filter(|t| *t == "zero").count(), 10);
     assert!(order.windows(2).all(|w| w[0] != w[1]), "{order:?}");
 }
+
+#[test]
+fn held_tenants_are_passed_over_and_keep_their_place() {
+    let now = Instant::now();
+    let mut q = FlowQueue::new(big());
+    for _ in 0..3 {
+        q.push(req("flood", 0, 1, 1_000), now).unwrap();
+    }
+    q.push(req("light", 0, 1, 1_000), now).unwrap();
+    q.push(req("batch", 5, 1, 1_000), now).unwrap();
+    // "flood" is first in fair order (arrived first) but held back.
+    let r = q.pop_next_where(|t| t != "flood").unwrap();
+    assert_eq!(r.waiting.tenant, "light");
+    // A held band does not hold a less urgent band's allowed tenants.
+    let r = q.pop_next_where(|t| t != "flood").unwrap();
+    assert_eq!(r.waiting.tenant, "batch");
+    assert!(q.pop_next_where(|t| t != "flood").is_none());
+    assert_eq!(q.len(), 3);
+    // Allowed again, it goes in its order, and the emptied band is gone.
+    assert_eq!(drain(&mut q, 10).len(), 3);
+    assert!(q.is_empty() && q.pop_next_where(|_| true).is_none());
+}
+
+#[test]
+fn allowing_everyone_is_the_fair_order() {
+    let now = Instant::now();
+    let (mut a, mut b) = (FlowQueue::new(big()), FlowQueue::new(big()));
+    for (i, t) in ["x", "y", "x", "z", "y", "x"].iter().enumerate() {
+        let tokens = 500 + 700 * i as u64;
+        a.push(req(t, (i % 2) as i32, 1 + (i % 3) as u32, tokens), now)
+            .unwrap();
+        b.push(req(t, (i % 2) as i32, 1 + (i % 3) as u32, tokens), now)
+            .unwrap();
+    }
+    let via_where: Vec<_> = std::iter::from_fn(|| a.pop_next_where(|_| true))
+        .map(|r| r.ticket)
+        .collect();
+    let via_next: Vec<_> = std::iter::from_fn(|| b.pop_next(true))
+        .map(|r| r.ticket)
+        .collect();
+    assert_eq!(via_where, via_next);
+    assert_eq!(via_where.len(), 6);
+}

@@ -114,7 +114,9 @@ pub fn check_flow_control(path: &str, fc: &FlowControl) -> Vec<ValidationError> 
     let tuned = fc.threshold.is_some()
         || fc.max_queued.is_some()
         || fc.max_queued_per_tenant.is_some()
-        || fc.max_wait_ms.is_some();
+        || fc.max_wait_ms.is_some()
+        || fc.saturated_prefill_tokens.is_some()
+        || fc.reserve.is_some();
     if fc.enabled != Some(true) && tuned {
         out.push(finding(
             path.to_owned(),
@@ -139,6 +141,10 @@ pub fn resolve(fc: &FlowControl) -> FlowControlConfig {
         max_queued: count(fc.max_queued, d.max_queued),
         max_queued_per_tenant: count(fc.max_queued_per_tenant, d.max_queued_per_tenant),
         max_wait_ms: fc.max_wait_ms.unwrap_or(d.max_wait_ms),
+        saturated_prefill_tokens: fc
+            .saturated_prefill_tokens
+            .unwrap_or(d.saturated_prefill_tokens),
+        reserve: fc.reserve.unwrap_or(d.reserve),
     }
 }
 

@@ -280,6 +280,15 @@ pub struct FlowControl {
     /// filter's pick deadline grows by the same amount.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_wait_ms: Option<u64>,
+    /// Queued prefill tokens on an engine that count as saturated
+    /// (default 16384; 0: requests and KV use only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saturated_prefill_tokens: Option<u64>,
+    /// Room kept for tenants under their fair share, 0..1 (default
+    /// `kvasir_flowcontrol::DEFAULT_RESERVE`): a tenant over its share goes
+    /// only below `threshold x (1 - reserve)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserve: Option<f64>,
 }
 
 /// An external model provider reached through an Envoy cluster.

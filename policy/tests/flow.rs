@@ -307,3 +307,35 @@ fn the_loader_refuses_bad_compiled_values_and_defaults_missing_ones() {
     assert!(cfg.tenants().iter().all(|t| t.weight == 1));
     assert!(cfg.pools().iter().all(|p| p.max_queue_wait_ms == 0));
 }
+
+#[test]
+fn work_saturation_and_reserve_are_carried_and_checked() {
+    let set = with(
+        None,
+        json!([]),
+        Some(json!({"enabled": true, "saturatedPrefillTokens": 8192, "reserve": 0.3})),
+    );
+    assert!(findings(&set).is_empty(), "{:?}", findings(&set));
+    let indexer = resolve(set.pools[0].flow_control.as_ref().unwrap());
+    assert_eq!(
+        (indexer.saturated_prefill_tokens, indexer.reserve),
+        (8192, 0.3)
+    );
+    // Unset: the indexer's defaults.
+    let d = resolve(&FlowControl::default());
+    let want = FlowControlConfig::default();
+    assert_eq!(
+        (d.saturated_prefill_tokens, d.reserve),
+        (want.saturated_prefill_tokens, want.reserve)
+    );
+    // A reserve of 1 would hold a tenant over its share for good.
+    let bad = with(
+        None,
+        json!([]),
+        Some(json!({"enabled": true, "reserve": 1.0})),
+    );
+    assert_eq!(
+        findings(&bad),
+        vec!["pools[0].flowControl.reserve: must be in [0, 1), got 1"]
+    );
+}

@@ -13,6 +13,11 @@
 //!   sharing round read after the scrape joins it, and each of its picks
 //!   that surely ended after the scrape leaves it ([`Since`]).
 //!
+//! Its queued prefill work ([`LoadView::queued_prefill_tokens`], exact for
+//! the picks placed by this replica and, with shared load, its peers)
+//! saturates it too, at [`Scale::saturated_prefill_tokens`]
+//! ([`engine_saturation`]).
+//!
 //! The engine then runs what it ran, as far as it can: a scrape with a
 //! waiting queue says the engine is full at its running count (out of batch
 //! slots or KV), so extra requests wait; without a queue it takes new ones
@@ -21,7 +26,28 @@
 //! share. Nothing running and nothing known about a request's share: the
 //! new ones run and add nothing (fail open until the next scrape says more).
 
+use kvasir_flowcontrol::work_saturation;
+
 use crate::load::{EngineLoad, LoadView, SaturationThresholds};
+
+/// What saturates an engine for flow control: the load thresholds and its
+/// queued prefill work.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scale<'t> {
+    /// KV use and waiting requests.
+    pub(crate) thresholds: &'t SaturationThresholds,
+    /// Queued prefill tokens that count as saturated (0: not counted).
+    pub(crate) saturated_prefill_tokens: u64,
+}
+
+/// An endpoint's saturation with `since` moved on it and `extra` prefill
+/// tokens more queued on it (picks in transit): the larger of
+/// [`saturation`] and its queued prefill work's.
+pub(crate) fn engine_saturation(view: &LoadView, since: Since, extra: u64, scale: &Scale) -> f64 {
+    let requests = saturation(view, since, scale.thresholds);
+    let queued = view.queued_prefill_tokens.saturating_add(extra);
+    requests.max(work_saturation(queued, scale.saturated_prefill_tokens))
+}
 
 /// What moved on an endpoint since its last scrape, besides this replica's
 /// DONE reports (in its view).
@@ -98,25 +124,33 @@ fn moved_on(
 }
 
 /// The least saturated endpoint's saturation once `in_transit` picks (let
-/// through or released, not placed yet) are placed, each where it finds the
-/// most room; `None` without endpoints. `loads` are each endpoint's view
-/// and what moved on it since its scrape. Stops adding once every endpoint
-/// is at `threshold` (the answer is then known).
+/// through or released, not placed yet: their count and tokens) are
+/// placed, each where it finds the most room, each with an even part of
+/// the tokens as its queued prefill; `None` without endpoints. `loads` are
+/// each endpoint's view and what moved on it since its scrape. Stops adding
+/// once every endpoint is at `threshold` (the answer is then known).
 pub(crate) fn least_saturation(
     loads: &[(&LoadView, Since)],
-    in_transit: usize,
-    thresholds: &SaturationThresholds,
+    in_transit: (usize, u64),
+    scale: &Scale,
     threshold: f64,
 ) -> Option<f64> {
-    let mut since: Vec<Since> = loads.iter().map(|(_, s)| *s).collect();
-    let sat = |i: usize, s: Since| saturation(loads[i].0, s, thresholds);
+    let (picks, tokens) = in_transit;
+    let each = if picks > 0 {
+        tokens.div_ceil(picks as u64)
+    } else {
+        0
+    };
+    let mut since: Vec<(Since, u64)> = loads.iter().map(|(_, s)| (*s, 0)).collect();
+    let sat = |i: usize, (s, extra): (Since, u64)| engine_saturation(loads[i].0, s, extra, scale);
     let mut sats: Vec<f64> = (0..loads.len()).map(|i| sat(i, since[i])).collect();
-    for _ in 0..in_transit {
+    for _ in 0..picks {
         let (i, s) = argmin(&sats)?;
         if s >= threshold {
             return Some(s);
         }
-        since[i].placed = since[i].placed.saturating_add(1);
+        since[i].0.placed = since[i].0.placed.saturating_add(1);
+        since[i].1 = since[i].1.saturating_add(each);
         sats[i] = sat(i, since[i]);
     }
     argmin(&sats).map(|(_, s)| s)
@@ -148,6 +182,48 @@ mod tests {
 
     fn th() -> SaturationThresholds {
         SaturationThresholds::default() // kv 0.9, waiting 5
+    }
+
+    fn scale(thresholds: &SaturationThresholds, tokens: u64) -> Scale<'_> {
+        Scale {
+            thresholds,
+            saturated_prefill_tokens: tokens,
+        }
+    }
+
+    #[test]
+    fn queued_prefill_work_saturates_an_engine_with_nothing_waiting() {
+        // Two long prefills running (chunked), none waiting: by requests
+        // the engine has room, by its work it is half full.
+        let mut v = view(2, 0, 0.1, 0);
+        v.queued_prefill_tokens = 8192;
+        let t = th();
+        let by_requests = saturation(&v, Since::placed(0), &t);
+        assert!(by_requests < 0.2);
+        assert_eq!(
+            engine_saturation(&v, Since::placed(0), 0, &scale(&t, 16_384)),
+            0.5
+        );
+        assert_eq!(
+            engine_saturation(&v, Since::placed(0), 8192, &scale(&t, 16_384)),
+            1.0,
+            "a pick in transit adds its tokens"
+        );
+        assert_eq!(
+            engine_saturation(&v, Since::placed(0), 0, &scale(&t, 0)),
+            by_requests,
+            "off"
+        );
+        // Picks in transit go where the backlog is shortest.
+        let mut w = view(2, 0, 0.1, 0);
+        w.queued_prefill_tokens = 0;
+        let loads = [(&v, Since::placed(0)), (&w, Since::placed(0))];
+        let s = scale(&t, 16_384);
+        let least = |picks, tokens| least_saturation(&loads, (picks, tokens), &s, 1.0).unwrap();
+        assert!(least(0, 0) < 0.2);
+        // One 8192-token pick lands on the idle engine: both at half.
+        assert!((least(1, 8192) - 0.5).abs() < 1e-9);
+        assert_eq!(least(3, 3 * 16_384), 1.0);
     }
 
     #[test]
@@ -201,14 +277,27 @@ mod tests {
         let a = view(0, 4, 0.0, 0); // room for one
         let b = view(0, 3, 0.0, 0); // room for two
         let loads = [(&a, Since::placed(0)), (&b, Since::placed(0))];
-        assert!((least_saturation(&loads, 0, &th(), 1.0).unwrap() - 0.6).abs() < 1e-9);
-        assert!((least_saturation(&loads, 2, &th(), 1.0).unwrap() - 0.8).abs() < 1e-9);
-        assert_eq!(least_saturation(&loads, 3, &th(), 1.0), Some(1.0));
-        assert_eq!(least_saturation(&loads, 1000, &th(), 1.0), Some(1.0));
-        assert_eq!(least_saturation(&[], 0, &th(), 1.0), None);
+        assert!(
+            (least_saturation(&loads, (0, 0), &scale(&th(), 0), 1.0).unwrap() - 0.6).abs() < 1e-9
+        );
+        assert!(
+            (least_saturation(&loads, (2, 0), &scale(&th(), 0), 1.0).unwrap() - 0.8).abs() < 1e-9
+        );
+        assert_eq!(
+            least_saturation(&loads, (3, 0), &scale(&th(), 0), 1.0),
+            Some(1.0)
+        );
+        assert_eq!(
+            least_saturation(&loads, (1000, 0), &scale(&th(), 0), 1.0),
+            Some(1.0)
+        );
+        assert_eq!(least_saturation(&[], (0, 0), &scale(&th(), 0), 1.0), None);
         // Placements since the scrape count like picks in transit.
         let loads = [(&a, Since::placed(1)), (&b, Since::placed(2))];
-        assert_eq!(least_saturation(&loads, 0, &th(), 1.0), Some(1.0));
+        assert_eq!(
+            least_saturation(&loads, (0, 0), &scale(&th(), 0), 1.0),
+            Some(1.0)
+        );
     }
 
     #[test]

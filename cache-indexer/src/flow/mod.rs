@@ -13,6 +13,19 @@
 //! arrivals, or one freed slot, lets through as many picks as there is
 //! room for, not more. No healthy endpoint: nothing is known, picks go (the
 //! ranking answers `no_endpoints`), as the indexer fails open elsewhere.
+//! An endpoint's saturation is also at least its queued prefill work over
+//! `saturatedPrefillTokens` (the uncached prompt tokens of picks placed
+//! there not at their first token yet, in transit ones added at their
+//! size): one 16k-token prompt is seconds of prefill, and vLLM's chunked
+//! prefill runs several at once with nothing "waiting".
+//!
+//! The reserve: a tenant holding more than its weighted share of the work
+//! in flight (by this replica's picks, [`kvasir_flowcontrol::Shares`]) goes
+//! only below `threshold x (1 - reserve)`, and the release passes over its
+//! waiting picks while tenants under their share may go; so a flooding
+//! tenant cannot keep every engine at the threshold. A pick's work is in
+//! flight from its pass until its DONE report ([`PoolFlow::settle`]), or
+//! until it is forgotten ([`MAX_CHARGES`], [`CHARGE_TTL`]).
 //!
 //! With several indexer replicas each keeps its own queue for the picks of
 //! the streams it serves (see flowcontrol/README.md, "Two or more indexer
@@ -22,15 +35,17 @@
 //! ([`PoolFlow::peer_moves`], [`crate::shared_load::moves`]).
 
 mod estimate;
-mod release;
 pub mod metrics;
+mod release;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvasir_flowcontrol::{has_room, should_queue, FlowControlConfig, FlowQueue, Refusal, Ticket};
+use kvasir_flowcontrol::{
+    has_room, room_bound, FlowControlConfig, FlowQueue, Refusal, Shares, Ticket,
+};
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
@@ -51,6 +66,11 @@ const MAX_PEER_READS_PER_ENDPOINT: usize = 1024;
 /// Released picks whose charge waits for their DONE report; past it the
 /// oldest are forgotten (their charge stays the estimate).
 const MAX_CHARGES: usize = 65_536;
+
+/// How long a placed pick's work counts in its tenant's share without its
+/// DONE report (a lost report must not hold a tenant over its share for
+/// good; a stream longer than this counts less than it holds).
+pub const CHARGE_TTL: Duration = Duration::from_secs(600);
 
 /// A pick that asks to wait (the queue's `Waiting` without its state).
 #[derive(Debug, Clone, PartialEq)]
@@ -102,13 +122,24 @@ pub enum Arrival {
 /// away after its release).
 #[derive(Debug)]
 pub struct Passage {
-    in_transit: Option<Arc<AtomicUsize>>,
+    in_transit: Option<Arc<Transit>>,
+    /// Its tokens, counted in `in_transit`.
+    tokens: u64,
     queued: Duration,
-    /// What the fair share charged a released pick, to settle later.
+    /// Its fair-share charge, to settle later.
     charge: Option<Charge>,
+    /// Its work in its tenant's share, ended on drop unless placed.
+    share: Option<ShareGuard>,
 }
 
-/// A released pick's fair-share charge.
+/// Picks in transit and their tokens.
+#[derive(Debug, Default)]
+struct Transit {
+    picks: AtomicUsize,
+    tokens: AtomicU64,
+}
+
+/// A pick's fair-share charge, kept from its placement to its report.
 #[derive(Debug, Clone, PartialEq)]
 struct Charge {
     request_id: String,
@@ -116,6 +147,28 @@ struct Charge {
     priority: i32,
     weight: u32,
     tokens: u64,
+    /// Whether it waited (only then the queue's tags are settled).
+    queued: bool,
+    /// When it was placed.
+    at: Instant,
+}
+
+/// A pass's work in its tenant's share: ended when the pass is dropped
+/// unplaced; a placed pick's moves to its charge.
+#[derive(Debug)]
+struct ShareGuard {
+    shares: Arc<Mutex<Shares>>,
+    tenant: String,
+    tokens: u64,
+    armed: bool,
+}
+
+impl Drop for ShareGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shares.lock().end(&self.tenant, self.tokens);
+        }
+    }
 }
 
 impl Passage {
@@ -123,17 +176,10 @@ impl Passage {
     pub fn free() -> Self {
         Passage {
             in_transit: None,
+            tokens: 0,
             queued: Duration::ZERO,
             charge: None,
-        }
-    }
-
-    fn counted(in_transit: &Arc<AtomicUsize>, queued: Duration, charge: Option<Charge>) -> Self {
-        in_transit.fetch_add(1, Ordering::AcqRel);
-        Passage {
-            in_transit: Some(Arc::clone(in_transit)),
-            queued,
-            charge,
+            share: None,
         }
     }
 
@@ -146,7 +192,8 @@ impl Passage {
 impl Drop for Passage {
     fn drop(&mut self) {
         if let Some(n) = self.in_transit.take() {
-            n.fetch_sub(1, Ordering::AcqRel);
+            n.picks.fetch_sub(1, Ordering::AcqRel);
+            n.tokens.fetch_sub(self.tokens, Ordering::AcqRel);
         }
     }
 }
@@ -222,7 +269,9 @@ impl Batches {
 pub struct PoolFlow {
     config: FlowControlConfig,
     inner: Mutex<Inner>,
-    in_transit: Arc<AtomicUsize>,
+    in_transit: Arc<Transit>,
+    /// Work in flight and waiting per tenant (locked after `inner`).
+    shares: Arc<Mutex<Shares>>,
     /// Counters and the wait histogram.
     pub metrics: FlowMetrics,
 }
@@ -240,7 +289,8 @@ impl PoolFlow {
                 charge_order: VecDeque::new(),
             }),
             config,
-            in_transit: Arc::new(AtomicUsize::new(0)),
+            in_transit: Arc::default(),
+            shares: Arc::default(),
             metrics: FlowMetrics::default(),
         }
     }
@@ -267,7 +317,53 @@ impl PoolFlow {
 
     /// Picks let through or released and not placed yet.
     pub fn in_transit(&self) -> usize {
-        self.in_transit.load(Ordering::Acquire)
+        self.in_transit.picks.load(Ordering::Acquire)
+    }
+
+    /// Whether `tenant` holds more than its weighted share of the work in
+    /// flight, with other tenants active (see the module docs).
+    pub fn over_share(&self, tenant: &str) -> bool {
+        self.shares.lock().over_share(tenant)
+    }
+
+    /// Tokens `tenant` has in flight (this replica's picks), and all
+    /// tenants'.
+    pub fn held(&self, tenant: &str) -> (u64, u64) {
+        let s = self.shares.lock();
+        (s.held(tenant), s.total())
+    }
+
+    /// The saturation below which `tenant`'s pick may go now
+    /// ([`room_bound`]).
+    fn bound(&self, shares: &Shares, tenant: &str) -> f64 {
+        room_bound(
+            self.config.threshold,
+            self.config.reserve,
+            shares.over_share(tenant),
+        )
+    }
+
+    /// A pass for a pick going now: in transit, its work in its tenant's
+    /// share.
+    fn pass(&self, queued: Duration, charge: Charge) -> Passage {
+        let t = &self.in_transit;
+        t.picks.fetch_add(1, Ordering::AcqRel);
+        t.tokens.fetch_add(charge.tokens, Ordering::AcqRel);
+        self.shares
+            .lock()
+            .start(&charge.tenant, charge.weight, charge.tokens);
+        Passage {
+            in_transit: Some(Arc::clone(t)),
+            tokens: charge.tokens,
+            queued,
+            share: Some(ShareGuard {
+                shares: Arc::clone(&self.shares),
+                tenant: charge.tenant.clone(),
+                tokens: charge.tokens,
+                armed: true,
+            }),
+            charge: Some(charge),
+        }
     }
 
     /// Per tenant with picks waiting: (tenant, picks, tokens), sorted.
@@ -299,8 +395,21 @@ impl PoolFlow {
             self.release_locked(&mut g, loads, thresholds, now);
             sat = self.saturation(&mut g, loads, thresholds, now);
         }
-        if !should_queue(sat, self.config.threshold, !g.queue.is_empty()) {
-            return Arrival::Go(Passage::counted(&self.in_transit, Duration::ZERO, None));
+        // What still waits now is held at this saturation (no room, or
+        // over its share): a newcomer with room by its own bound overtakes
+        // only those.
+        let bound = self.bound(&self.shares.lock(), &ask.tenant);
+        if has_room(sat, bound) {
+            let charge = Charge {
+                request_id: ask.request_id,
+                tenant: ask.tenant,
+                priority: ask.priority,
+                weight: ask.weight,
+                tokens: ask.tokens,
+                queued: false,
+                at: now,
+            };
+            return Arrival::Go(self.pass(Duration::ZERO, charge));
         }
         let tokens = ask.tokens;
         let wait = ask.max_wait.min(self.config.limits().max_wait);
@@ -326,6 +435,7 @@ impl PoolFlow {
             Ok(ticket) => {
                 self.metrics.queued.inc();
                 self.metrics.queued_tokens.add(tokens);
+                self.shares.lock().queue(&tenant, ask.weight);
                 track(&mut g.tokens, &tenant, tokens);
                 Arrival::Queued {
                     ticket,
@@ -370,6 +480,7 @@ impl PoolFlow {
             return;
         }
         for r in g.queue.expire(now) {
+            self.shares.lock().unqueue(&r.waiting.tenant);
             untrack(&mut g.tokens, &r.waiting.tenant, r.waiting.tokens);
             self.metrics
                 .count_shed(ShedCause::MaxWait, r.waiting.tokens);
@@ -377,9 +488,18 @@ impl PoolFlow {
         }
         loop {
             let sat = self.saturation(g, loads, thresholds, now);
-            let Some(r) = g.queue.pop_next(has_room(sat, self.config.threshold)) else {
+            if !has_room(sat, self.config.threshold) {
+                break;
+            }
+            let r = {
+                let shares = self.shares.lock();
+                g.queue
+                    .pop_next_where(|t| has_room(sat, self.bound(&shares, t)))
+            };
+            let Some(r) = r else {
                 break;
             };
+            self.shares.lock().unqueue(&r.waiting.tenant);
             untrack(&mut g.tokens, &r.waiting.tenant, r.waiting.tokens);
             let waited = now.saturating_duration_since(r.enqueued_at);
             let w = r.waiting;
@@ -389,8 +509,10 @@ impl PoolFlow {
                 priority: w.priority,
                 weight: w.weight,
                 tokens: w.tokens,
+                queued: true,
+                at: now,
             };
-            let passage = Passage::counted(&self.in_transit, waited, Some(charge));
+            let passage = self.pass(waited, charge);
             if w.item.tx.send(Wake::Go(passage)).is_ok() {
                 self.metrics.released.inc();
                 self.metrics.released_tokens.add(w.tokens);
@@ -424,6 +546,7 @@ impl PoolFlow {
     fn take(&self, ticket: Ticket) -> Option<u64> {
         let mut g = self.inner.lock();
         let r = g.queue.remove(ticket)?;
+        self.shares.lock().unqueue(&r.waiting.tenant);
         untrack(&mut g.tokens, &r.waiting.tenant, r.waiting.tokens);
         Some(r.waiting.tokens)
     }
@@ -443,9 +566,15 @@ impl PoolFlow {
         if q.len() >= MAX_PLACED_PER_ENDPOINT {
             q.pop_front();
         }
-        q.push_back(Instant::now());
-        if let Some(c) = passage.charge.take().filter(|c| !c.request_id.is_empty()) {
-            remember_charge(&mut g, c);
+        let now = Instant::now();
+        q.push_back(now);
+        if let Some(mut c) = passage.charge.take().filter(|c| !c.request_id.is_empty()) {
+            // Its work stays in its tenant's share until its report.
+            if let Some(s) = passage.share.as_mut() {
+                s.armed = false;
+            }
+            c.at = now;
+            remember_charge(&mut g, &self.shares, c, now);
         }
         drop(g);
         drop(passage);
@@ -460,7 +589,8 @@ impl PoolFlow {
         let Some(c) = g.charges.remove(request_id) else {
             return;
         };
-        if actual > 0 {
+        self.shares.lock().end(&c.tenant, c.tokens);
+        if actual > 0 && c.queued {
             g.queue
                 .settle(&c.tenant, c.priority, c.weight, c.tokens, actual);
         }
@@ -523,7 +653,7 @@ impl PoolFlow {
             .filter(|((_, v), s)| {
                 v.healthy
                     && has_room(
-                        estimate::saturation(v, *s, thresholds),
+                        estimate::engine_saturation(v, *s, 0, &self.scale(thresholds)),
                         self.config.threshold,
                     )
             })
@@ -547,13 +677,24 @@ impl PoolFlow {
             .filter(|((_, v), _)| v.healthy)
             .map(|((_, v), p)| (v, p))
             .collect();
+        let transit = (
+            self.in_transit(),
+            self.in_transit.tokens.load(Ordering::Acquire),
+        );
         estimate::least_saturation(
             &healthy,
-            self.in_transit(),
-            thresholds,
+            transit,
+            &self.scale(thresholds),
             self.config.threshold,
         )
         .unwrap_or(f64::NAN)
+    }
+
+    fn scale<'t>(&self, thresholds: &'t SaturationThresholds) -> estimate::Scale<'t> {
+        estimate::Scale {
+            thresholds,
+            saturated_prefill_tokens: self.config.saturated_prefill_tokens,
+        }
     }
 }
 
@@ -592,14 +733,23 @@ fn since_scrape(g: &mut Inner, loads: &[(EndpointId, LoadView)], now: Instant) -
 }
 
 /// Keeps a placed pick's charge for its report, forgetting the oldest past
-/// [`MAX_CHARGES`] (and ids settled already, met on the way).
-fn remember_charge(g: &mut Inner, c: Charge) {
-    while g.charges.len() >= MAX_CHARGES {
-        match g.charge_order.pop_front() {
-            Some(old) => {
-                g.charges.remove(&old);
-            }
-            None => break,
+/// [`MAX_CHARGES`] or older than [`CHARGE_TTL`] (and ids settled already,
+/// met on the way); a forgotten charge's work leaves its tenant's share.
+fn remember_charge(g: &mut Inner, shares: &Mutex<Shares>, c: Charge, now: Instant) {
+    while let Some(old) = g.charge_order.front() {
+        let stale = match g.charges.get(old) {
+            Some(o) => g.charges.len() >= MAX_CHARGES || now.duration_since(o.at) > CHARGE_TTL,
+            None => true,
+        };
+        if !stale {
+            break;
+        }
+        if let Some(o) = g
+            .charge_order
+            .pop_front()
+            .and_then(|id| g.charges.remove(&id))
+        {
+            shares.lock().end(&o.tenant, o.tokens);
         }
     }
     // (Settled ids stay in the order until met; it is bounded by twice
@@ -613,7 +763,11 @@ fn remember_charge(g: &mut Inner, c: Charge) {
         charge_order.retain(|id| charges.contains_key(id));
     }
     g.charge_order.push_back(c.request_id.clone());
-    g.charges.insert(c.request_id.clone(), c);
+    if let Some(old) = g.charges.insert(c.request_id.clone(), c) {
+        // A request id seen twice: the first pick's report will not come
+        // apart from the second's.
+        shares.lock().end(&old.tenant, old.tokens);
+    }
 }
 
 /// Adds a waiting pick's tokens to its tenant's.

@@ -8,6 +8,9 @@ fn cfg(max_queued: usize, per_tenant: usize) -> FlowControlConfig {
         max_queued,
         max_queued_per_tenant: per_tenant,
         max_wait_ms: 10_000,
+        // (The fair order alone; the reserve's tests set their own.)
+        reserve: 0.0,
+        ..FlowControlConfig::default()
     }
 }
 
@@ -388,4 +391,111 @@ fn other_replicas_moves_fill_and_free_room_until_the_next_scrape() {
     // Moves with nothing in them change nothing and free nothing.
     assert!(!f.peer_moves([(e1, 0, 0)], at(70), lag));
     assert_eq!(f.with_room(&loads(50, 70), &th(), at(70)), vec![e1]);
+}
+
+fn reserved(reserve: f64) -> FlowControlConfig {
+    FlowControlConfig {
+        reserve,
+        ..cfg(64, 64)
+    }
+}
+
+/// Lets `ask` through at `loads` and places it on endpoint 1.
+fn go_and_place(f: &PoolFlow, loads: &[(EndpointId, LoadView)], ask: Ask) {
+    let Arrival::Go(p) = f.arrive(loads, &th(), ask, Instant::now()) else {
+        panic!("room: it goes")
+    };
+    f.placed(p, Some(EndpointId(1)));
+}
+
+#[test]
+fn an_over_share_tenant_waits_while_one_under_its_share_goes() {
+    let f = PoolFlow::new(reserved(0.5));
+    let idle = [ep(1, 0, 0)];
+    go_and_place(&f, &idle, ask("b", 100));
+    go_and_place(&f, &idle, ask("a", 1000));
+    assert!(f.over_share("a") && !f.over_share("b"));
+    assert_eq!(f.held("a"), (1000, 1100));
+    // 2 waiting and the 2 placed since the scrape: saturation 0.8, room
+    // by the threshold (1.0) but not by a's bound (0.5).
+    let busy = [ep(1, 2, 0)];
+    let now = Instant::now();
+    let Arrival::Queued { rx: mut a_rx, .. } = f.arrive(&busy, &th(), ask("a", 1001), now) else {
+        panic!("a is over its share: it waits")
+    };
+    assert!(
+        matches!(f.arrive(&busy, &th(), ask("b", 101), now), Arrival::Go(_)),
+        "b, under its share, overtakes a's held pick"
+    );
+    f.release(&busy, &th(), now);
+    assert!(a_rx.try_recv().is_err(), "still held");
+    // Three done: 2 waiting of 5 after the placements, below a's bound.
+    f.release(&[ep(1, 2, 3)], &th(), now);
+    let Ok(Wake::Go(a2)) = a_rx.try_recv() else {
+        panic!("released")
+    };
+    // Done reports take the work out of the shares (b's second pass was
+    // dropped unplaced: out already).
+    f.settle("b-100", 100);
+    f.settle("a-1000", 1000);
+    assert_eq!(f.held("a"), (1001, 1001), "a's released pick (in transit)");
+    f.placed(a2, Some(EndpointId(1)));
+    f.settle("a-1001", 0);
+    assert_eq!(f.held("a"), (0, 0));
+}
+
+#[test]
+fn a_tenant_alone_uses_the_whole_pool_whatever_the_reserve() {
+    let through = |reserve: f64| {
+        let f = PoolFlow::new(reserved(reserve));
+        let idle = [ep(1, 0, 0)];
+        let mut n = 0;
+        while n < 100 {
+            match f.arrive(&idle, &th(), ask("a", 1000 + n), Instant::now()) {
+                Arrival::Go(p) => f.placed(p, Some(EndpointId(1))),
+                _ => break,
+            }
+            n += 1;
+        }
+        n
+    };
+    let all = through(0.0);
+    assert!(all > 5 && all < 100, "{all}");
+    assert_eq!(through(0.5), all);
+    assert_eq!(through(0.9), all);
+}
+
+#[test]
+fn a_pass_dropped_unplaced_leaves_the_share() {
+    let f = PoolFlow::new(reserved(0.5));
+    let idle = [ep(1, 0, 0)];
+    let Arrival::Go(p) = f.arrive(&idle, &th(), ask("a", 500), Instant::now()) else {
+        panic!()
+    };
+    assert_eq!(f.held("a"), (500, 500));
+    drop(p);
+    assert_eq!(f.held("a"), (0, 0));
+    let Arrival::Go(p) = f.arrive(&idle, &th(), ask("a", 500), Instant::now()) else {
+        panic!()
+    };
+    f.placed(p, None);
+    assert_eq!(f.held("a"), (0, 0), "nothing placed");
+}
+
+#[test]
+fn queued_prefill_work_leaves_an_engine_without_room() {
+    let f = PoolFlow::new(cfg(8, 8));
+    let mut long = ep(1, 0, 0);
+    long.1.queued_prefill_tokens = FlowControlConfig::default().saturated_prefill_tokens;
+    let short = ep(2, 0, 0);
+    let now = Instant::now();
+    assert_eq!(
+        f.with_room(&[long.clone(), short], &th(), now),
+        vec![EndpointId(2)]
+    );
+    // Nothing waits by request count, but the backlog is long: it waits.
+    assert!(matches!(
+        f.arrive(&[long], &th(), ask("a", 10), now),
+        Arrival::Queued { .. }
+    ));
 }
