@@ -266,11 +266,9 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
             cancel.clone(),
         )));
         // Engines whose event socket disconnects are probed at once.
-        tasks.push(tokio::spawn(Arc::clone(pool).probe_loop(
-            client.clone(),
-            pc.scrape.timeout(),
-            cancel.clone(),
-        )));
+        tasks.push(tokio::spawn(
+            Arc::clone(pool).probe_loop(pc.scrape.timeout(), cancel.clone()),
+        ));
     }
     if let Some(a) = &auth {
         tasks.push(tokio::spawn(Arc::clone(a).reload_loop(cancel.clone())));

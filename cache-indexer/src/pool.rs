@@ -398,12 +398,26 @@ impl Pool {
     /// a good answer is recorded as a scrape, so a blip on a live engine's
     /// socket changes nothing; other failures are left to the ticks and
     /// their `unhealthyAfter` count. Runs until `cancel`.
+    ///
+    /// Probes open a fresh connection each: a kept-alive one to an engine
+    /// that just died fails as "connection closed" until the pool notices,
+    /// which says nothing, while a new one is refused at once.
     pub async fn probe_loop(
         self: Arc<Self>,
-        client: reqwest::Client,
         timeout: std::time::Duration,
         cancel: tokio_util::sync::CancellationToken,
     ) {
+        let client = match reqwest::Client::builder()
+            .no_proxy()
+            .pool_max_idle_per_host(0)
+            .build()
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(pool = %self.name, error = %e, "no HTTP client for liveness probes; left to the scrapes");
+                return;
+            }
+        };
         loop {
             let ids = tokio::select! {
                 () = cancel.cancelled() => return,
@@ -424,7 +438,19 @@ impl Pool {
         let Some(e) = self.endpoints().iter().find(|e| e.id == id).cloned() else {
             return;
         };
-        match scrape(client, &e.spec.metrics_url(), timeout).await {
+        let url = e.spec.metrics_url();
+        let mut result = scrape(client, &url, timeout).await;
+        // An engine being killed closes its event socket a moment before its
+        // HTTP listener: a connection accepted meanwhile is reset. Ask
+        // again (a live engine does not reset fresh connections).
+        for _ in 0..PROBE_RETRIES {
+            if !matches!(result, Err(ScrapeError::Reset { .. })) {
+                break;
+            }
+            tokio::time::sleep(PROBE_RETRY_DELAY).await;
+            result = scrape(client, &url, timeout).await;
+        }
+        match result {
             Ok(load) => self.load.record_scrape(id, Some(load), Instant::now()),
             Err(ScrapeError::Refused { .. }) => {
                 if self.load.record_refused(id) {
@@ -449,6 +475,12 @@ impl Pool {
         self.clear_endpoint(e.id);
     }
 }
+
+/// Probes asked again after a reset connection (see [`Pool::probe_loop`]).
+const PROBE_RETRIES: u32 = 3;
+/// Wait before asking again: an exiting process closes its sockets within
+/// milliseconds.
+const PROBE_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A batch with one `BlockStored` of GPU blocks from the start of a
 /// sequence: how benchmarks and tests feed an index without an engine.

@@ -175,8 +175,10 @@ async fn a_killed_engine_leaves_picks_within_100_ms() {
     let xi = b.position(&x);
     let killed = Instant::now();
     b.sims[xi].kill();
+    // Picks every 5 ms until the engine is no longer listed (bounded by
+    // 2 s, so a failure says how late it was).
     let mut gone_after = None;
-    for i in 0..20 {
+    for i in 0..400 {
         let pick =
             b.ix.pick(chat_pick(&format!("turn-2b{i}"), &messages))
                 .await;
@@ -184,19 +186,18 @@ async fn a_killed_engine_leaves_picks_within_100_ms() {
             gone_after = Some(killed.elapsed());
             break;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        if killed.elapsed() >= Duration::from_millis(100) {
+        if killed.elapsed() >= Duration::from_secs(2) {
             break;
         }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let gone_after = gone_after.unwrap_or_else(|| {
-        panic!(
-            "the killed engine still listed {:?} after the kill",
-            killed.elapsed()
-        )
-    });
-    eprintln!("killed engine left out of picks {gone_after:?} after the kill");
-    assert!(gone_after < Duration::from_millis(100), "{gone_after:?}");
+    let probes = b.pool().liveness.probes();
+    eprintln!("killed engine left out of picks {gone_after:?} after the kill ({probes} probes)");
+    let gone_after = gone_after.expect("the killed engine listed 2 s after the kill");
+    assert!(
+        gone_after < Duration::from_millis(100),
+        "the killed engine listed {gone_after:?} after the kill ({probes} probes)"
+    );
     let s = b.ix.endpoint_state(&x).await;
     assert!(!s.healthy);
     assert_eq!(s.indexed_blocks, 0, "its blocks dropped: {s:?}");
