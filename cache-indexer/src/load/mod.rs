@@ -7,8 +7,11 @@
 //!   counts, averaged for KV usage: a data-parallel engine exposes one series
 //!   per rank, and its HTTP server balances across them). An endpoint is
 //!   healthy from its first successful scrape and unhealthy after
-//!   `unhealthyAfter` failures in a row; it has to be scraped once before it
-//!   is picked at all, so a freshly added endpoint joins within one interval.
+//!   `unhealthyAfter` failures in a row, or at once when the connection is
+//!   refused (nobody listens); it has to be scraped once before it is
+//!   picked at all, so a freshly added endpoint joins within one interval.
+//!   An endpoint whose KV-event socket disconnects is probed at once
+//!   ([`liveness`]), not at the next interval.
 //! * **In flight.** A pick with a request id adds the request to its
 //!   endpoint, with the prefill tokens it is expected to compute; a
 //!   FIRST_TOKEN report ends its prefill part, a DONE report (or the
