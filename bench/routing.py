@@ -61,14 +61,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, replace
-from http.client import HTTPException
 from pathlib import Path
 
 import kvasir_harness as h  # harness/kvasir_harness: processes, ports, bounded waits, the launchers
-from kvasir_harness import prom
 
 REPO = Path(__file__).resolve().parents[1]
 # bench/shapes.py: two runs of other shapes side by side (`--compare-to`).
@@ -440,54 +437,6 @@ class Cluster:
         return int(sum(ix.metric("kvasir_indexer_kv_event_source_changes_total") for ix in self.indexers))
 
 
-class SharedLoadSampler:
-    """Samples each replica's view of the others during a run: the
-    indexer exposes the peers' picks still in prefill and in-flight picks
-    only as gauges (no count of picks the peers' chains decided), which
-    read 0 once the run is over. Polls every SHARED_LOAD_SAMPLE_S on a
-    thread of its own, until `stop()` (bounded by the run)."""
-
-    def __init__(self, indexers: list[h.Indexer]):
-        self.indexers = indexers
-        self.samples: list[list[tuple[float, float]]] = [[] for _ in indexers]
-        self.misses = 0
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._loop, name="shared-load-sampler", daemon=True)
-
-    def _loop(self) -> None:
-        while not self.done.wait(SHARED_LOAD_SAMPLE_S):
-            for i, ix in enumerate(self.indexers):
-                try:
-                    text = ix.metrics_text()
-                except (OSError, HTTPException):
-                    # A busy indexer past the harness's HTTP timeout: a gap, not an error.
-                    self.misses += 1
-                    continue
-                self.samples[i].append((prom.total(text, "kvasir_indexer_shared_load_peer_pending_chains"),
-                                        prom.total(text, "kvasir_indexer_shared_load_peer_in_flight")))
-
-    def __enter__(self) -> "SharedLoadSampler":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.done.set()
-        self.thread.join(timeout=10)
-
-    def notes(self) -> dict:
-        """Per replica: the peers' pending chains it held (mean and most
-        over the samples) and the peers' in-flight picks it counted (mean)."""
-        out: dict = {}
-        for i, s in enumerate(self.samples):
-            if s:
-                out[f"indexer{i} peer pending chains mean"] = round(sum(x[0] for x in s) / len(s), 1)
-                out[f"indexer{i} peer pending chains max"] = int(max(x[0] for x in s))
-                out[f"indexer{i} peer in-flight mean"] = round(sum(x[1] for x in s) / len(s), 1)
-        if self.misses:
-            out["shared-load samples missed"] = self.misses
-        return out
-
-
 def bench(args: list[str]) -> None:
     cmd = [str(BENCH_BIN), *args]
     subprocess.run(cmd, check=True, timeout=3600)
@@ -602,7 +551,8 @@ def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Pa
             dur = p["chat_duration_s"]
             args = ["chat", *common, *CHAT_SHAPE, "--conversations-per-s", f"{rate:.4f}", "--duration-s", str(dur)]
         t0 = time.monotonic()
-        sampler = SharedLoadSampler(c.indexers) if shape.deployed and len(c.indexers) > 1 else None
+        sampler = (SHAPES.SharedLoadSampler(c.indexers, SHARED_LOAD_SAMPLE_S)
+                   if shape.deployed and len(c.indexers) > 1 else None)
         if shape.deployed:
             with sampler or contextlib.nullcontext():
                 restart_unix = bench_with_restart(args, c, RESTART_AT * arrival_window_s(workload, rate, p) * ts)
@@ -716,31 +666,6 @@ def deployed_setup(proxies: int, replicas: int, direct_share: float) -> str:
             "seconds after it."
             + (f" A share of {direct_share:.0%} of the trace requests / conversations (the same in every mode) goes "
                "to the engines directly, not through any router." if direct_share else ""))
-
-
-def deployment_record(kind: str, preset: str, p: dict, shapes: dict[str, Shape], rates: dict[str, float],
-                      direct_share: float) -> dict:
-    """What summary.json records of the run's setup (`deployment`), so that
-    bench/shapes.py can tell two runs that differ only in their shape from
-    two that differ in more."""
-    deployed = kind == "deployed"
-    any_shape = next(iter(shapes.values()), SINGLE)
-    workloads = {}
-    for w, sh in shapes.items():
-        rec = {"rate": rates[w], "num_gpu_blocks": sh.num_gpu_blocks, "max_model_len": sh.max_model_len,
-               "time_scale": p[f"{w}_time_scale"]}
-        if w == "trace":
-            rec.update(from_s=p["trace_from_s"], window_s=p["trace_window_s"])
-        else:
-            rec.update(duration_s=p["chat_duration_s"])
-        workloads[w] = rec
-    return {
-        "kind": kind, "preset": preset, "engines": ENGINES,
-        "proxies": any_shape.proxies, "replicas": any_shape.replicas, "direct_share": direct_share,
-        "restart": ({"engine": RESTARTED, "at_share_of_arrivals": RESTART_AT, "down_wall_s": RESTART_DOWN_S}
-                    if deployed else None),
-        "workloads": workloads,
-    }
 
 
 def main(argv: list[str]) -> int:
@@ -863,7 +788,11 @@ def main(argv: list[str]) -> int:
                             + ("; none was, so the closest is taken" if abs(u - TARGET_UTIL) > CALIBRATION_TOLERANCE
                                else "") + ")")
                          + ".")
-    record = deployment_record(a.deployment, a.preset, p, shapes, rates, a.direct_share)
+    record = SHAPES.deployment_record(
+        a.deployment, a.preset, ENGINES, (proxies, replicas) if deployed else (1, 1), a.direct_share,
+        {"engine": RESTARTED, "at_share_of_arrivals": RESTART_AT, "down_wall_s": RESTART_DOWN_S} if deployed else None,
+        {w: {"rate": rates[w], "num_gpu_blocks": sh.num_gpu_blocks, "max_model_len": sh.max_model_len}
+         for w, sh in shapes.items()}, p)
     if other is not None:
         diff = SHAPES.setup_differences(record, other["deployment"])
         if diff:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Two routing benchmark runs that differ only in their shape (Envoys x
 indexer replicas), side by side (issue 22: "the 2x2 deployment's p90 TTFT
-within 5% of a 1x1 run at the same load").
+within 5% of a 1x1 run at the same load"); also the setup record and the
+replicas' shared-load samples that `bench/routing.py` takes for it.
 
 It reads each results directory's summary.json (its `deployment` record,
 which `bench/routing.py` adds after the report) and the per-request CSVs,
@@ -23,14 +24,85 @@ import csv
 import json
 import math
 import sys
+import threading
+from http.client import HTTPException
 from pathlib import Path
 
 # The issue's target: the larger shape's p90 TTFT at most this much above
 # the 1x1 run's.
 P90_WITHIN = 0.05
-# Rates recorded from calibration differ in the last digits only if they
-# are different runs' calibrations; anything above this is another load.
+# Rates read back from JSON farther apart than this (relative) are
+# another load: a calibrated rate differs from run to run.
 RATE_TOLERANCE = 1e-6
+
+
+def deployment_record(kind: str, preset: str, engines: int, shape: tuple[int, int], direct_share: float,
+                      restart: dict | None, workloads: dict[str, dict], preset_settings: dict) -> dict:
+    """What routing.py adds to summary.json of a run's setup (`deployment`),
+    so that two runs that differ only in their shape can be told from two
+    that differ in more: `workloads` maps each workload to its load-1.0
+    rate and caches, completed here with its time scale and window."""
+    p = preset_settings
+    out = {}
+    for w, rec in workloads.items():
+        rec = {**rec, "time_scale": p[f"{w}_time_scale"]}
+        if w == "trace":
+            rec.update(from_s=p["trace_from_s"], window_s=p["trace_window_s"])
+        else:
+            rec.update(duration_s=p["chat_duration_s"])
+        out[w] = rec
+    return {"kind": kind, "preset": preset, "engines": engines, "proxies": shape[0], "replicas": shape[1],
+            "direct_share": direct_share, "restart": restart, "workloads": out}
+
+
+class SharedLoadSampler:
+    """Samples each indexer replica's view of the others while a run goes:
+    the indexer exposes the peers' picks still in prefill and their
+    in-flight picks only as gauges (it counts no picks that a peer's chain
+    decided), which read 0 once the run is over. Polls every `every_s` on a
+    thread of its own while the `with` block runs."""
+
+    def __init__(self, indexers: list, every_s: float):
+        self.indexers, self.every_s = indexers, every_s
+        self.samples: list[list[tuple[float, float]]] = [[] for _ in indexers]
+        self.misses = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="shared-load-sampler", daemon=True)
+
+    def _loop(self) -> None:
+        from kvasir_harness import prom  # only here: the comparison runs without the harness
+
+        while not self.done.wait(self.every_s):
+            for i, ix in enumerate(self.indexers):
+                try:
+                    text = ix.metrics_text()
+                except (OSError, HTTPException):
+                    # A busy indexer past the harness's HTTP timeout: a gap, not an error.
+                    self.misses += 1
+                    continue
+                self.samples[i].append((prom.total(text, "kvasir_indexer_shared_load_peer_pending_chains"),
+                                        prom.total(text, "kvasir_indexer_shared_load_peer_in_flight")))
+
+    def __enter__(self) -> "SharedLoadSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join(timeout=10)
+
+    def notes(self) -> dict:
+        """Per replica: the peers' pending chains it held (mean and most
+        over the samples) and the peers' in-flight picks it counted (mean)."""
+        out: dict = {}
+        for i, s in enumerate(self.samples):
+            if s:
+                out[f"indexer{i} peer pending chains mean"] = round(sum(x[0] for x in s) / len(s), 1)
+                out[f"indexer{i} peer pending chains max"] = int(max(x[0] for x in s))
+                out[f"indexer{i} peer in-flight mean"] = round(sum(x[1] for x in s) / len(s), 1)
+        if self.misses:
+            out["shared-load samples missed"] = self.misses
+        return out
 
 
 class Refused(Exception):
