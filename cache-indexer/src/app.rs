@@ -443,15 +443,8 @@ async fn scrape_loop(
                     let why = failures
                         .iter()
                         .find(|(id, _)| *id == e.id)
-                        .map(|(_, err)| err.to_string());
-                    tracing::warn!(pool = %pool.name, endpoint = %e.spec.address, error = ?why, "endpoint unhealthy; left out of picks, its blocks dropped");
-                    // An engine that went away may come back empty (a
-                    // restart): drop what the index holds for it, and have
-                    // the subscriber rebuild from replay at the next contact.
-                    if let Some(sub) = &e.subscriber {
-                        sub.mark_unreachable();
-                    }
-                    pool.clear_endpoint(e.id);
+                        .map_or_else(|| "scrapes failed".to_string(), |(_, err)| err.to_string());
+                    pool.went_down(e, &why);
                 }
                 _ => {}
             }

@@ -147,7 +147,7 @@ enum Value {
 }
 
 type EndpointStat = fn(&Row<'_>) -> Value;
-const ENDPOINT: [(&str, MetricType, &str, EndpointStat); 15] = [
+const ENDPOINT: [(&str, MetricType, &str, EndpointStat); 16] = [
     ("kvasir_indexer_indexed_blocks", Gauge, "Blocks the pool's prefix index holds for the endpoint (KV events, or the pick history with index picks).", |r| Value::Int(r.blocks as u64)),
     ("kvasir_indexer_endpoint_healthy", Gauge, "1 when the endpoint's /metrics scrapes succeed (picks use it), else 0.", |r| Value::Int(flag(r.load.healthy).into())),
     ("kvasir_indexer_endpoint_saturation", Gauge, "Endpoint saturation 0..1 from KV usage and waiting queue (1 = saturated or unhealthy).", |r| Value::Real(r.load.saturation)),
@@ -158,6 +158,7 @@ const ENDPOINT: [(&str, MetricType, &str, EndpointStat); 15] = [
     ("kvasir_indexer_endpoint_in_flight", Gauge, "Requests this indexer picked for the endpoint not yet reported done.", |r| Value::Int(r.load.in_flight.into())),
     ("kvasir_indexer_endpoint_queued_prefill_tokens", Gauge, "Prefill tokens of in-flight picks before their first token.", |r| Value::Int(r.load.queued_prefill_tokens)),
     ("kvasir_indexer_scrape_failures_total", Counter, "Failed /metrics scrapes of the endpoint.", |r| Value::Int(r.load.scrape_failures)),
+    ("kvasir_indexer_endpoint_refused_marks_total", Counter, "Times the endpoint was marked unhealthy at once because its /metrics connection was refused (nobody listening), without waiting for unhealthyAfter failed scrapes.", |r| Value::Int(r.load.refused_marks)),
     ("kvasir_indexer_endpoint_failing", Gauge, "1 while the endpoint's recent requests mostly failed (DONE reports with ERROR or TIMEOUT): picks rank it after the others, and probe it after failures.coolDownMs.", |r| Value::Int(flag(r.health.failing).into())),
     ("kvasir_indexer_endpoint_error_ratio", Gauge, "Share of errors among the endpoint's recent outcomes (decayed with failures.halfLifeMs; 0 with none).", |r| Value::Real(r.health.error_ratio)),
     ("kvasir_indexer_endpoint_request_successes_total", Counter, "DONE reports with SUCCESS (or no outcome) for requests the endpoint served.", |r| Value::Int(r.health.successes)),

@@ -98,7 +98,7 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 107] = [
+const FAMILIES: [(&str, &str); 108] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
@@ -131,6 +131,7 @@ const FAMILIES: [(&str, &str); 107] = [
     ("kvasir_indexer_endpoint_in_flight", "gauge"),
     ("kvasir_indexer_endpoint_kv_usage", "gauge"),
     ("kvasir_indexer_endpoint_queued_prefill_tokens", "gauge"),
+    ("kvasir_indexer_endpoint_refused_marks_total", "counter"),
     ("kvasir_indexer_endpoint_request_failures_total", "counter"),
     ("kvasir_indexer_endpoint_request_successes_total", "counter"),
     ("kvasir_indexer_endpoint_running", "gauge"),
