@@ -13,9 +13,14 @@
 //! joins the endpoints the released pick is ranked among, and the ranking
 //! decides. Only a holder offering blocks the endpoints with room do not
 //! hold joins (a prefix every engine holds changes nothing), and only while
-//! it is not saturated (below the pool's saturation thresholds: past them
-//! the engine is full by the pool's own measure, and the ranking prices
-//! its queue at `saturatedLoad` only once every engine is).
+//! it is not saturated: below the pool's saturation thresholds (requests
+//! waiting, KV use) and its queued prefill work below flow control's
+//! `saturatedPrefillTokens`. Past them the engine is full by the pool's
+//! own measure, and the ranking, which discounts queued prefill
+//! (`queuedPrefill`), would still send a long prefix there behind seconds
+//! of others' prefill.
+
+use kvasir_flowcontrol::work_saturation;
 
 use super::PoolFlow;
 use crate::load::{LoadView, SaturationThresholds};
@@ -38,19 +43,26 @@ impl PoolFlow {
         let Some(best_with_room) = room.iter().map(|id| held(*id)).max() else {
             return room;
         };
-        let holders = loads
-            .iter()
-            .filter(|(id, v)| !room.contains(id) && may_wait_on(v) && held(*id) > best_with_room);
+        let holders = loads.iter().filter(|(id, v)| {
+            !room.contains(id) && self.may_wait_on(v) && held(*id) > best_with_room
+        });
         let mut out = room.clone();
         out.extend(holders.map(|(id, _)| *id));
         out
     }
 }
 
-/// Whether a prefix holder without room may still take a released pick:
-/// healthy, and neither saturated nor left out by the scrape's figures.
-fn may_wait_on(v: &LoadView) -> bool {
-    v.healthy && !v.saturated && !v.left_out
+impl PoolFlow {
+    /// Whether a prefix holder without room may still take a released
+    /// pick: healthy, not saturated or left out by the scrape's figures,
+    /// and its queued prefill work short of saturating it.
+    fn may_wait_on(&self, v: &LoadView) -> bool {
+        let work = work_saturation(
+            v.queued_prefill_tokens,
+            self.config.saturated_prefill_tokens,
+        );
+        v.healthy && !v.saturated && !v.left_out && work < 1.0
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +128,28 @@ mod tests {
     fn a_saturated_holder_does_not() {
         assert_eq!(placeable(5, 8), vec![EndpointId(1)]);
         assert_eq!(placeable(50, 8), vec![EndpointId(1)]);
+    }
+
+    #[test]
+    fn a_holder_whose_prefill_backlog_saturates_it_does_not() {
+        let mut busy = view(1);
+        let th = SaturationThresholds::default();
+        let f = flow(0.2);
+        let full = f.config().saturated_prefill_tokens;
+        assert!(full > 0, "the work term is on by default");
+        let more = |id: EndpointId| if id == EndpointId(2) { 8 } else { 0 };
+        busy.queued_prefill_tokens = full - 1;
+        let loads = vec![(EndpointId(1), view(0)), (EndpointId(2), busy.clone())];
+        assert_eq!(
+            f.placeable(&loads, &th, Instant::now(), more),
+            vec![EndpointId(1), EndpointId(2)]
+        );
+        busy.queued_prefill_tokens = full;
+        let loads = vec![(EndpointId(1), view(0)), (EndpointId(2), busy)];
+        assert_eq!(
+            f.placeable(&loads, &th, Instant::now(), more),
+            vec![EndpointId(1)]
+        );
     }
 
     #[test]
