@@ -56,12 +56,16 @@ impl Default for FlowControlConfig {
             // A client waiting longer than this is usually better served by
             // a 429 it can retry elsewhere than by a first token later still.
             max_wait_ms: 10_000,
-            // Half a second of prefill on an H100 with an 8B model (about
-            // 0.03 ms per uncached token, FACTS.md and vllm-sim's
-            // h100-8b): two of vLLM's default 8192-token chunked-prefill
-            // steps, about what five queued chat prefills cost too (the
-            // `waiting` threshold's figure).
-            saturated_prefill_tokens: 16_384,
+            // About 2 s of prefill on an H100 with an 8B model (~0.03 ms
+            // per uncached token, FACTS.md and vllm-sim's h100-8b). The
+            // term holds a pick's tokens until its first token is
+            // reported, or its DONE when the filter sends no first-token
+            // reports (its default), so it includes the engine's own work
+            // in progress: at 16384 (0.5 s) an engine at 80% prefill use
+            // already looked saturated and the noisy-neighbour benchmark
+            // queued 98% of picks without any burst (governance.md,
+            // "Noisy neighbour: work-based saturation and the reserve").
+            saturated_prefill_tokens: 65_536,
             reserve: DEFAULT_RESERVE,
         }
     }

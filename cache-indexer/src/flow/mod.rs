@@ -16,7 +16,7 @@
 //! An endpoint's saturation is also at least its queued prefill work over
 //! `saturatedPrefillTokens` (the uncached prompt tokens of picks placed
 //! there not at their first token yet, in transit ones added at their
-//! size): one 16k-token prompt is seconds of prefill, and vLLM's chunked
+//! size): one long prompt can be seconds of prefill, and vLLM's chunked
 //! prefill runs several at once with nothing "waiting".
 //!
 //! The reserve: a tenant holding more than its weighted share of the work
