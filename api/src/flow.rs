@@ -14,7 +14,7 @@
 //! | `kvasir.dev/flow-control-max-queued` | `maxQueued` | 1024 |
 //! | `kvasir.dev/flow-control-max-queued-per-tenant` | `maxQueuedPerTenant` | 256 |
 //! | `kvasir.dev/flow-control-max-wait-ms` | `maxWaitMs` | 10000 |
-//! | `kvasir.dev/flow-control-saturated-prefill-tokens` | `saturatedPrefillTokens` | 65536 |
+//! | `kvasir.dev/flow-control-saturated-prefill-tokens` | `saturatedPrefillTokens` | 0 (off) |
 //! | `kvasir.dev/flow-control-reserve` | `reserve` | 0.5 |
 //!
 //! They become the policy set's `pools[].flowControl`, which compiles into

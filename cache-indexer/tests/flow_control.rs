@@ -511,8 +511,14 @@ async fn a_tenant_alone_uses_the_whole_pool() {
 
 #[tokio::test]
 async fn a_long_prefill_backlog_leaves_no_room() {
-    let saturated = FlowControlConfig::default().saturated_prefill_tokens as u32;
-    let pool = pool(flow_reserved(0.0), 1);
+    let saturated = 65_536;
+    let pool = pool(
+        FlowControlConfig {
+            saturated_prefill_tokens: u64::from(saturated),
+            ..flow_reserved(0.0)
+        },
+        1,
+    );
     scrape_all(&pool, 1, 0, 0.05);
     // One long prompt placed (nothing waiting by count): its prefill is
     // the engine's backlog until its first token.

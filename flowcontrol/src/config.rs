@@ -33,7 +33,8 @@ pub struct FlowControlConfig {
     /// count as saturated: the engine's saturation is at least this share
     /// of it, so "room" means an engine whose prefill backlog is short,
     /// not only one with few requests waiting (with chunked prefill vLLM
-    /// runs several long prefills at once and none "waits"). 0: off.
+    /// runs several long prefills at once and none "waits"). 0: off (the
+    /// default, [`DEFAULT_SATURATED_PREFILL_TOKENS`]).
     pub saturated_prefill_tokens: u64,
     /// Room kept for tenants under their weighted fair share of the work
     /// in flight (0..1): a tenant over its share is let through or
@@ -56,24 +57,35 @@ impl Default for FlowControlConfig {
             // A client waiting longer than this is usually better served by
             // a 429 it can retry elsewhere than by a first token later still.
             max_wait_ms: 10_000,
-            // About 2 s of prefill on an H100 with an 8B model (~0.03 ms
-            // per uncached token, FACTS.md and vllm-sim's h100-8b). The
-            // term holds a pick's tokens until its first token is
-            // reported, or its DONE when the filter sends no first-token
-            // reports (its default), so it includes the engine's own work
-            // in progress: at 16384 (0.5 s) an engine at 80% prefill use
-            // already looked saturated and the noisy-neighbour benchmark
-            // queued 98% of picks without any burst (governance.md,
-            // "Noisy neighbour: work-based saturation and the reserve").
-            saturated_prefill_tokens: 65_536,
+            // Off: see DEFAULT_SATURATED_PREFILL_TOKENS.
+            saturated_prefill_tokens: DEFAULT_SATURATED_PREFILL_TOKENS,
             reserve: DEFAULT_RESERVE,
         }
     }
 }
 
-/// The default [`FlowControlConfig::reserve`]: measured on the noisy
-/// neighbour benchmark (bench/results/governance.md, "Noisy neighbour:
-/// work-based saturation and the reserve").
+/// The default [`FlowControlConfig::saturated_prefill_tokens`]: off. A
+/// pick's tokens leave the term at its first-token report, or at its DONE
+/// when the filter sends none (its default), so the term also holds the
+/// engine's work in progress and decode. Measured (short preset, one run
+/// each, bench/results/governance.md, eleventh session): at 16384 (~0.5 s
+/// of h100-8b prefill at ~0.03 ms per uncached token, FACTS.md) an engine
+/// at 80% prefill use already looks saturated (98% of picks queued with no
+/// burst); at 65536 (~2 s) the noisy-neighbour target is met with the
+/// reserve, but the late-binding and saturation scenarios did worse with
+/// the term than without it. So a pool turns it on where it helps (65536
+/// is the figure measured); what would make it a safe default is an
+/// estimate that drains queued prefill at the engine's prefill rate.
+pub const DEFAULT_SATURATED_PREFILL_TOKENS: u64 = 0;
+
+/// The default [`FlowControlConfig::reserve`]: half the room below the
+/// threshold is kept for tenants under their share. Measured on the
+/// noisy-neighbour benchmark (bench/results/governance.md, "Noisy
+/// neighbour: work-based saturation and the reserve (eleventh
+/// session)"): the other tenants' p99 TTFT 1.01-1.08x their no-burst
+/// figure with it, 1.23-1.39x without, same settings otherwise. Its cost:
+/// with load spread evenly, whichever tenants are above the mean for a
+/// moment get the tighter bound (slower no-burst figures for some).
 pub const DEFAULT_RESERVE: f64 = 0.5;
 
 /// A setting out of range.

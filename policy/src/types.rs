@@ -281,7 +281,8 @@ pub struct FlowControl {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_wait_ms: Option<u64>,
     /// Queued prefill tokens on an engine that count as saturated
-    /// (default 65536; 0: requests and KV use only).
+    /// (default 0: requests and KV use only; see
+    /// `kvasir_flowcontrol::DEFAULT_SATURATED_PREFILL_TOKENS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub saturated_prefill_tokens: Option<u64>,
     /// Room kept for tenants under their fair share, 0..1 (default

@@ -484,9 +484,12 @@ fn a_pass_dropped_unplaced_leaves_the_share() {
 
 #[test]
 fn queued_prefill_work_leaves_an_engine_without_room() {
-    let f = PoolFlow::new(cfg(8, 8));
+    let f = PoolFlow::new(FlowControlConfig {
+        saturated_prefill_tokens: 65_536,
+        ..cfg(8, 8)
+    });
     let mut long = ep(1, 0, 0);
-    long.1.queued_prefill_tokens = FlowControlConfig::default().saturated_prefill_tokens;
+    long.1.queued_prefill_tokens = 65_536;
     let short = ep(2, 0, 0);
     let now = Instant::now();
     assert_eq!(
