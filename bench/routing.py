@@ -139,6 +139,10 @@ SETTINGS = {"exposeServedEndpoint": True, "bodyLimitBytes": 2 * 1024 * 1024 - 1}
 # The deployed-like shape (`--deployment deployed`, issue 22).
 PROXIES = 2
 REPLICAS = 2
+# The indexers' sharing round in a deployment (sharedLoad.intervalMs's
+# default) and the fastest the indexer accepts.
+SHARED_LOAD_MS = 25
+SHARED_LOAD_MIN_MS = 5
 # The workload's reused content over what all engines' caches hold together.
 WORKING_SET_OVER_CACHE = 2.0
 # When one engine is killed and restarted: this share into the arrival
@@ -383,7 +387,13 @@ class Cluster:
             # A scoring variant: the same pool, other settings.
             cfg["pools"] = [{"name": "main", "model": h.MODEL, "tokenizer": str(h.TOKENIZER), **overrides}]
         if redis is not None:
-            cfg["sharedLoad"] = {"redisUrl": redis.url, "replicaId": f"indexer-{i}"}
+            # The replicas' sharing round (25 wall ms by default) scaled with
+            # the run's clock, so the staleness a replica sees is the same in
+            # simulated time as in a deployment running in real time: at time
+            # scale 0.25 an unscaled round would be 100 simulated ms, four
+            # times a deployment's, against four times its request rate.
+            interval = max(SHARED_LOAD_MIN_MS, round(SHARED_LOAD_MS * self.time_scale))
+            cfg["sharedLoad"] = {"redisUrl": redis.url, "replicaId": f"indexer-{i}", "intervalMs": interval}
         return cfg
 
     def __exit__(self, *exc) -> None:
@@ -653,7 +663,8 @@ def deployed_setup(proxies: int, replicas: int, direct_share: float) -> str:
         indexers = (f"each Envoy's indexer cluster lists {replicas} cache-indexer replicas (Envoy's round robin spreads "
                     "each worker's `Session` stream, so picks and their reports stay on one replica) that share "
                     "in-flight picks, queued prefill and picks still in prefill through a redis-server started for "
-                    "the run (`sharedLoad`)")
+                    f"the run (`sharedLoad`, one round every {SHARED_LOAD_MS} simulated ms: its default 25 ms scaled by "
+                    "the run's time scale, at least 5 wall ms)")
     else:
         indexers = "each Envoy's indexer cluster holds the same single cache-indexer (no Redis, nothing to share)"
     return (f"Deployed-like shape ({proxies}x{replicas}): the load generator alternates trace requests (chat "
