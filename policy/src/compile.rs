@@ -102,6 +102,7 @@ pub fn compile(set: &PolicySet) -> Result<FilterConfig, Vec<ValidationError>> {
                     indexer_pool: p.indexer_pool.clone().unwrap_or_else(|| p.name.clone()),
                     indexer_timeout_ms: p.indexer_timeout_ms.unwrap_or(DEFAULT_INDEXER_TIMEOUT_MS),
                     max_queue_wait_ms: crate::flow::max_queue_wait_ms(p.flow_control.as_ref()),
+                    report_first_token: crate::flow::counts_prefill_work(p.flow_control.as_ref()),
                 })
                 .collect();
             v.sort_by(|a, b| a.name.cmp(&b.name));

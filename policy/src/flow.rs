@@ -148,6 +148,14 @@ pub fn resolve(fc: &FlowControl) -> FlowControlConfig {
     }
 }
 
+/// Whether a pool's flow control counts queued prefill work (enabled, with
+/// `saturatedPrefillTokens` above 0): its filter then reports every first
+/// token, which ends a pick's prefill in the indexer's count.
+pub fn counts_prefill_work(fc: Option<&FlowControl>) -> bool {
+    fc.map(resolve)
+        .is_some_and(|c| c.enabled && c.saturated_prefill_tokens > 0)
+}
+
 /// The filter's `maxQueueWaitMs` of a pool: the indexer's `maxWaitMs` when
 /// flow control is on, else 0 (the pick never waits). Saturates at
 /// [`MAX_WAIT_MS`] for an unvalidated section.

@@ -339,3 +339,37 @@ fn work_saturation_and_reserve_are_carried_and_checked() {
         vec!["pools[0].flowControl.reserve: must be in [0, 1), got 1"]
     );
 }
+
+/// The filter reports first tokens for a pool exactly when its flow control
+/// is on and counts queued prefill work; the compiled config says so only
+/// then (absent otherwise, so configs without it stay as they were).
+#[test]
+fn first_token_reports_follow_the_work_term() {
+    let pool = |fc: &str| {
+        let set = parse_json(&format!(
+            r#"{{"tenantSource": {{"header": "x-tenant"}},
+                "pools": [{{"name": "main", "models": ["m"], "cluster": "c", "indexerCluster": "i"{fc}}}],
+                "defaultAction": {{"route": {{"pool": "main"}}}}}}"#
+        ))
+        .unwrap();
+        let cfg = compiled(&set);
+        let json = String::from_utf8(cfg.to_json()).unwrap();
+        (
+            cfg.pools()[0].report_first_token,
+            json.contains("reportFirstToken"),
+        )
+    };
+    assert_eq!(pool(""), (false, false));
+    assert_eq!(
+        pool(r#", "flowControl": {"enabled": true}"#),
+        (false, false)
+    );
+    assert_eq!(
+        pool(r#", "flowControl": {"enabled": false, "saturatedPrefillTokens": 65536}"#),
+        (false, false)
+    );
+    assert_eq!(
+        pool(r#", "flowControl": {"enabled": true, "saturatedPrefillTokens": 65536}"#),
+        (true, true)
+    );
+}

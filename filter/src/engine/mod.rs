@@ -75,6 +75,8 @@ struct Routed {
     pool_name: String,
     indexer_pool: String,
     indexer_cluster: String,
+    /// The pool's `reportFirstToken` (or the shared setting's).
+    report_first_token: bool,
     picked: Option<Picked>,
 }
 
@@ -460,6 +462,7 @@ impl Flow {
             pool_name: pool.name.clone(),
             indexer_pool: pool.indexer_pool.clone(),
             indexer_cluster: pool.indexer_cluster.clone(),
+            report_first_token: s.report_first_token || pool.report_first_token,
             picked: None,
         });
         self.phase = Phase::Forwarded;

@@ -227,6 +227,32 @@ fn reports_wait_for_the_tick_or_the_streams_log_callback() {
     assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 2);
 }
 
+/// A pool whose flow control counts queued prefill work gets first-token
+/// reports with the shared setting off; other pools do not.
+#[test]
+fn a_pool_counting_prefill_work_reports_first_tokens() {
+    let first = "{\"usage\":";
+    let phases = |pool_extra: Value| {
+        let (shared, _) = config_with_pool(api_key(), json!({}), pool_extra);
+        let (mut flow, mut h) = picked_and_answering(&shared);
+        h.cb = Cb::RespBody;
+        h.resp_chunk = first.as_bytes().to_vec();
+        flow.on_response_body(&mut h, first.len(), false);
+        h.deferred
+            .iter()
+            .map(|d| ReportRequest::decode(d.msg.as_slice()).unwrap().phase)
+            .collect::<Vec<_>>()
+    };
+    let work = json!({"flowControl": {"enabled": true, "saturatedPrefillTokens": 65536}});
+    assert_eq!(
+        phases(work),
+        vec![kvasir_proto::v1::ReportPhase::FirstToken as i32]
+    );
+    let requests_only = json!({"flowControl": {"enabled": true}});
+    assert!(phases(requests_only).is_empty());
+    assert!(phases(json!({})).is_empty());
+}
+
 #[test]
 fn a_new_request_sends_the_reports_still_queued_before_it_is_picked() {
     let (shared, stats) = config(api_key(), json!({"reportFirstToken": true}));

@@ -108,7 +108,7 @@ impl Flow {
         } else if first
             && !self.learn_response_id
             && self.ok_status()
-            && self.shared.config.settings.report_first_token
+            && self.routed.as_ref().is_some_and(|r| r.report_first_token)
         {
             self.report(
                 host,

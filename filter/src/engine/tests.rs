@@ -272,13 +272,26 @@ fn key_hash(k: &str) -> String {
 }
 
 fn config(tenant_source: Value, settings: Value) -> (Rc<Shared>, Rc<MemStats>) {
+    config_with_pool(tenant_source, settings, json!({}))
+}
+
+/// [`config`] with `pool_extra`'s fields added to the pool `main`.
+fn config_with_pool(
+    tenant_source: Value,
+    settings: Value,
+    pool_extra: Value,
+) -> (Rc<Shared>, Rc<MemStats>) {
+    let mut pool = json!({"name": "main", "models": ["qwen"], "cluster": "pool", "indexerCluster": "indexer", "indexerTimeoutMs": 40});
+    if let (Some(p), Some(extra)) = (pool.as_object_mut(), pool_extra.as_object()) {
+        p.extend(extra.clone());
+    }
     let set = json!({
         "tenantSource": tenant_source,
         "tenants": [
             {"name": "acme", "apiKeyHashes": [key_hash("key-acme")]},
             {"name": "beta", "apiKeyHashes": [key_hash("key-beta")]}
         ],
-        "pools": [{"name": "main", "models": ["qwen"], "cluster": "pool", "indexerCluster": "indexer", "indexerTimeoutMs": 40}],
+        "pools": [pool],
         "providers": [{"name": "ext", "cluster": "ext-cluster", "authority": "api.example.com", "model": "ext-model",
                        "auth": {"header": "authorization", "secretRef": {"name": "ext", "key": "api-key"}}}],
         "policies": [

@@ -165,6 +165,12 @@ pub struct PoolConfig {
     /// the policy's `flowControl` is enabled, else 0; at most 600000.
     #[serde(default)]
     pub max_queue_wait_ms: u32,
+    /// Whether the filter reports each response's first token for this pool
+    /// even when the shared `reportFirstToken` setting is off: the pool's
+    /// flow control counts queued prefill work (`saturatedPrefillTokens`),
+    /// which without the report would count a pick's prefill until its end.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub report_first_token: bool,
 }
 
 /// A provider in the compiled config. It carries no credential (Envoy
