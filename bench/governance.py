@@ -89,16 +89,17 @@ PRESETS = {
 # Flow-control settings per scenario (the pool's `flowControl`; waits in
 # simulated ms, scaled to wall ms by the run's time scale).
 FLOW = {
-    # Saturation by work: an engine with 65,536 prefill tokens queued
-    # (about 2 s of h100-8b prefill) is saturated; picks wait once every
+    # Saturation by work: an engine with 16,384 prefill tokens queued
+    # (about 0.5 s of h100-8b prefill) is saturated; picks wait once every
     # engine is (threshold 1.0), and a tenant over its share of the work in
     # flight already at half of that (reserve 0.5), so the others find room
     # at once. With the work term on, the compiled config has the filter
     # report first tokens, which end a pick's prefill in that count.
     # Chosen from the tries in bench/results/governance.md (eleventh
-    # session); the request-count saturation of the first tries (0.2 = one
-    # waiting request) missed the target at 1.8-2.7x.
-    "noisy": {"threshold": 1.0, "saturatedPrefillTokens": 65536, "reserve": 0.5, "maxWaitSimMs": 5000,
+    # session: 65,536 before first-token reports, then 16,384 with them);
+    # the request-count saturation of the first tries (0.2 = one waiting
+    # request) missed the target at 1.8-2.7x.
+    "noisy": {"threshold": 1.0, "saturatedPrefillTokens": 16384, "reserve": 0.5, "maxWaitSimMs": 5000,
               "maxQueued": 1024, "maxQueuedPerTenant": 256},
     # One tenant (the trace): the whole queue is its. Engines keep at most
     # two prefills queued; a request that waited longer than this can no
