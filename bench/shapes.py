@@ -211,6 +211,16 @@ def reference_side(this: dict, other: dict) -> str | None:
     return "this" if one["this"] else "other"
 
 
+def shown(d: Path) -> str:
+    """`d` as the report names it: relative to the checkout when inside it,
+    so committed reports do not carry this machine's paths."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        return str(Path(d).resolve().relative_to(root))
+    except ValueError:
+        return str(d)
+
+
 def render(this_dir: Path, this: dict, other_dir: Path, other: dict) -> str:
     """The comparison as markdown (this run first, then the other)."""
     check_comparable(this, other, other_dir)
@@ -222,7 +232,7 @@ def render(this_dir: Path, this: dict, other_dir: Path, other: dict) -> str:
     lines = [
         f"## Shapes: {tn} against {on}",
         "",
-        f"This run (`{this_dir}`, {tn}: Envoys x indexer replicas) against `{other_dir}` ({on}), the same "
+        f"This run (`{shown(this_dir)}`, {tn}: Envoys x indexer replicas) against `{shown(other_dir)}` ({on}), the same "
         "preset, caches, load-1.0 rates, restart and direct share (checked on both runs' `deployment` records). "
         "TTFT p50 and p90 count unanswered requests as infinitely slow; the mean is over the answered ones "
         "(the restart cuts some off). Picks per replica: each indexer replica's picks, from the run's facts.",
