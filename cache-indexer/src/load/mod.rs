@@ -62,5 +62,6 @@ pub use saturation::SaturationThresholds;
 pub use scrape::{refused, scrape, scrape_all, ScrapeError};
 pub use tracker::{
     pool_saturation, Accounting, BoundStats, LoadConfig, LoadTracker, LoadView, PendingChains,
-    Phase, ReportMatch,
+    Phase,
 };
+pub use tracker_state::ReportMatch;

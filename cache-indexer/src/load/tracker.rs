@@ -11,7 +11,9 @@ use super::engine_metrics::EngineLoad;
 use super::peers::{PeerLoad, PeerPending, PeerStats, Peers};
 use super::prefix::common_prefix;
 use super::saturation::SaturationThresholds;
-use super::tracker_state::{confirm, finished, mark_down, release, settle, EndpointLoad, InFlight};
+use super::tracker_state::{
+    confirm, finished, mark_down, release, settle, EndpointLoad, InFlight, ReportMatch,
+};
 use crate::types::EndpointId;
 
 /// Settings of a [`LoadTracker`].
@@ -144,17 +146,6 @@ pub enum Accounting {
     EndpointCap,
     /// Not accounted: the pool tracks its most picks.
     PoolCap,
-}
-
-/// Result of a [`LoadTracker::report`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReportMatch {
-    /// The request id was in flight.
-    pub matched: bool,
-    /// The endpoint it had been picked for.
-    pub endpoint: Option<EndpointId>,
-    /// The cached tokens predicted at pick time.
-    pub predicted_cached: Option<u32>,
 }
 
 /// Which part of a request's life a report ends.

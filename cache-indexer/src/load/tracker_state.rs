@@ -7,8 +7,18 @@ use std::time::Instant;
 
 use super::engine_metrics::EngineLoad;
 use super::prefix::{MAX_PENDING_PREFIXES, PENDING_GRACE};
-use super::tracker::ReportMatch;
 use crate::types::EndpointId;
+
+/// Result of a [`LoadTracker::report`](super::LoadTracker::report).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportMatch {
+    /// The request id was in flight.
+    pub matched: bool,
+    /// The endpoint it had been picked for.
+    pub endpoint: Option<EndpointId>,
+    /// The cached tokens predicted at pick time.
+    pub predicted_cached: Option<u32>,
+}
 
 #[derive(Debug, Default)]
 pub(super) struct EndpointLoad {
