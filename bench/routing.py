@@ -52,9 +52,7 @@ summary.json gets a `deployment` record of the setup for that check.
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
-import csv
 import json
 import math
 import shutil
@@ -70,6 +68,8 @@ import kvasir_harness as h  # harness/kvasir_harness: processes, ports, bounded 
 REPO = Path(__file__).resolve().parents[1]
 # bench/shapes.py: two runs of other shapes side by side (`--compare-to`).
 SHAPES = h.load_script(REPO / "bench" / "shapes.py")
+# The trace's and the records' readings of the deployed-like runs.
+RECORDS = h.load_script(REPO / "bench" / "deployed_records.py")
 
 BENCH_BIN = h.TARGET / "release" / "kvasir-bench"
 TRACE = REPO.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -157,19 +157,10 @@ RESTARTED = 1  # which engine (sim1), the same in every mode
 RESTART_DOWN_S = 1.0
 # How often the replicas' view of each other is sampled during a run (wall).
 SHARED_LOAD_SAMPLE_S = 0.5
-# The restart note's window: requests sent this many simulated seconds
-# after the restart, against those sent before it.
-AFTER_RESTART_S = 60.0
 # The chat's prompts stay below 16k tokens (4k system + 10 turns of at most
 # 950): a smaller max-model-len lets its caches shrink below the trace's
 # longest prompt.
 CHAT_MAX_MODEL_LEN = 32_768
-# The chat's reused content, estimated from CHAT_SHAPE's means: a turn adds
-# a question and an answer, every turn but a conversation's last is read
-# again by the next, and no turn starts after the arrival window, so a
-# conversation arriving at a gets min(turns, 1 + (duration - a) / cycle)
-# turns, a cycle being the think time plus about one answer.
-CHAT_MEAN = {"system": 3000, "tenants": 8, "turns": 7.0, "turn_tokens": 500 + 100, "cycle_s": 3.0 + 1.5}
 
 
 @dataclass(frozen=True)
@@ -197,32 +188,6 @@ class Shape:
 SINGLE = Shape()
 
 
-def trace_reused_tokens(trace: Path, from_s: float, window_s: float | None) -> tuple[int, int]:
-    """(tokens of the trace blocks more than one request of the window
-    reads: what the caches must hold for every hit the window offers, the
-    window's longest prompt)."""
-    to = math.inf if window_s is None else from_s + window_s
-    readers: collections.Counter = collections.Counter()
-    longest = 0
-    with trace.open() as f:
-        for line in f:
-            r = json.loads(line)
-            if from_s * 1e3 <= r["timestamp"] < to * 1e3:
-                readers.update(set(r["hash_ids"]))
-                longest = max(longest, r["input_length"])
-    return sum(1 for n in readers.values() if n > 1) * 512, longest
-
-
-def chat_reused_tokens(conversations_per_s: float, duration_s: float) -> int:
-    """The chat's reused content, estimated (CHAT_MEAN); the run's own
-    records measure it afterwards (`measured_chat_reused_tokens`)."""
-    m = CHAT_MEAN
-    steps = 100
-    turns = sum(min(m["turns"], 1 + (duration_s - (i + 0.5) * duration_s / steps) / m["cycle_s"])
-                for i in range(steps)) / steps
-    return int(conversations_per_s * duration_s * (turns - 1) * m["turn_tokens"] + m["system"] * m["tenants"])
-
-
 def deployed_blocks(reused_tokens: int, max_model_len: int) -> tuple[int, str]:
     """Blocks per engine so all engines together hold 1 / WORKING_SET_OVER_CACHE
     of the reused content, never more than the single-proxy runs' caches and
@@ -238,29 +203,6 @@ def deployed_blocks(reused_tokens: int, max_model_len: int) -> tuple[int, str]:
            f" (raised to hold one sequence of max-model-len {max_model_len}, as vllm-sim requires)")
     return blocks, (f"{blocks} blocks per engine ({blocks * BLOCK * ENGINES / 1e6:.2f}M tokens in all) for "
                     f"{reused_tokens / 1e6:.2f}M tokens of reused content: {ratio:.1f}x what the caches hold{why}")
-
-
-def measured_chat_reused_tokens(csv_path: Path) -> int:
-    """From a chat run's records, roughly: every conversation's prompt and
-    answer up to its last turn but one (what that last turn read again)
-    less its tenant's system prompt, plus each system prompt once. A
-    tenant's system prompt is taken as its shortest first-turn prompt less
-    the shortest question (CHAT_SHAPE's 200 words)."""
-    by_conv: dict[str, list[dict]] = collections.defaultdict(list)
-    with csv_path.open() as f:
-        for r in csv.DictReader(f):
-            if r["outcome"] == "ok":
-                by_conv[r["conversation"]].append(r)
-    systems: dict[str, int] = {}
-    for turns in by_conv.values():
-        first = min(turns, key=lambda r: int(r["turn"]))
-        systems[first["tenant"]] = min(systems.get(first["tenant"], 1 << 30), max(0, int(first["prompt_tokens"]) - 200))
-    total = sum(systems.values())
-    for turns in by_conv.values():
-        if len(turns) > 1:
-            prev = sorted(turns, key=lambda r: int(r["turn"]))[-2]
-            total += int(prev["prompt_tokens"]) + int(prev["completion_tokens"]) - systems[prev["tenant"]]
-    return total
 
 
 # Scoring variants of the kvasir mode (`--variants`): mode name -> the
@@ -475,57 +417,6 @@ def bench_with_restart(args: list[str], c: Cluster, restart_after_s: float) -> f
             p.wait(timeout=10)
 
 
-def percentile(v: list[float], q: float) -> float:
-    """Nearest-rank percentile; unanswered requests are passed as inf."""
-    if not v:
-        return math.nan
-    v = sorted(v)
-    return v[min(len(v) - 1, max(0, math.ceil(q * len(v)) - 1))]
-
-
-def restart_notes(csv_path: Path, restarted: str, restart_s: float) -> dict:
-    """The restart as the records saw it: the requests the restarted engine
-    served before and after it, and TTFT (simulated ms, a request that
-    never answered counted as infinitely slow, as in the report) of the
-    requests sent in the AFTER_RESTART_S after it against those sent
-    before it (whose failures are mostly the requests the kill cut off)."""
-    before, after = [], []
-    with csv_path.open() as f:
-        for r in csv.DictReader(f):
-            t = float(r["sent_s"])
-            if t < restart_s:
-                before.append(r)
-            elif t < restart_s + AFTER_RESTART_S:
-                after.append(r)
-
-    def ttft(rs: list[dict]) -> list[float]:
-        return [float(r["ttft_ms"]) if r["outcome"] == "ok" and r["ttft_ms"] else math.inf for r in rs]
-
-    def to_restarted(rs: list[dict]) -> int:
-        return sum(1 for r in rs if r["endpoint"] == restarted)
-
-    def ms(v: float) -> float | None:
-        # JSON has no infinity: null is a percentile that never answered.
-        return None if math.isinf(v) or math.isnan(v) else round(v)
-
-    tb, ta = ttft(before), ttft(after)
-    w = f"{AFTER_RESTART_S:.0f}s after"
-    return {
-        "restart at s": round(restart_s, 1),
-        "requests before": len(before),
-        "of them to the restarted engine": to_restarted(before),
-        # Mostly those in flight on the engine when it was killed.
-        "failed before": sum(1 for r in before if r["outcome"] != "ok"),
-        f"requests {w}": len(after),
-        f"to the restarted engine {w}": to_restarted(after),
-        f"failed {w}": sum(1 for r in after if r["outcome"] != "ok"),
-        "TTFT p50 before ms": ms(percentile(tb, 0.5)),
-        "TTFT p90 before ms": ms(percentile(tb, 0.9)),
-        f"TTFT p50 {w} ms": ms(percentile(ta, 0.5)),
-        f"TTFT p90 {w} ms": ms(percentile(ta, 0.9)),
-    }
-
-
 def arrival_window_s(workload: str, rate: float, p: dict) -> float:
     """Simulated seconds over which the run's requests arrive."""
     if workload == "chat":
@@ -585,7 +476,7 @@ def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Pa
     meta = json.loads(meta_path.read_text())
     start_ms = meta["notes"].pop("start_unix_ms", None)
     if restart_unix is not None and start_ms is not None:
-        notes.update(restart_notes(out / f"{name}.csv", restarted, (restart_unix - start_ms / 1e3) / ts))
+        notes.update(RECORDS.restart_notes(out / f"{name}.csv", restarted, (restart_unix - start_ms / 1e3) / ts))
     meta["notes"].update(notes)
     meta["notes"]["wall_s_incl_start"] = round(time.monotonic() - t0, 1)
     meta_path.write_text(json.dumps(meta, indent=2))
@@ -633,14 +524,14 @@ def deployed_shape(workload: str, p: dict, direct_share: float, setup: list[str]
     content (the chat's estimated at its load-1.0 cap or guess), stated in
     `setup`."""
     if workload == "trace":
-        reused, longest = trace_reused_tokens(TRACE, p["trace_from_s"], p["trace_window_s"])
+        reused, longest = RECORDS.trace_reused_tokens(TRACE, p["trace_from_s"], p["trace_window_s"])
         if longest > MAX_MODEL_LEN:
             raise SystemExit(f"the trace window's longest prompt ({longest} tokens) exceeds {MAX_MODEL_LEN}")
         blocks, why = deployed_blocks(reused, MAX_MODEL_LEN)
         setup.append(f"trace caches: {why}.")
         return Shape(True, blocks, MAX_MODEL_LEN, direct_share)
     rate = min(p["chat_guess"], CHAT_MAX_RATE_PER_SCALE) * p["chat_time_scale"]
-    blocks, why = deployed_blocks(chat_reused_tokens(rate, p["chat_duration_s"]), CHAT_MAX_MODEL_LEN)
+    blocks, why = deployed_blocks(RECORDS.chat_reused_tokens(rate, p["chat_duration_s"]), CHAT_MAX_MODEL_LEN)
     setup.append(f"chat caches (max-model-len {CHAT_MAX_MODEL_LEN}): {why}, estimated at {rate:.1f} "
                  "conversations/s from the chat's mean shape.")
     return Shape(True, blocks, CHAT_MAX_MODEL_LEN, direct_share)
@@ -673,7 +564,7 @@ def deployed_setup(proxies: int, replicas: int, direct_share: float) -> str:
             f"and least-request run on {envoys} without the filter. Engine sim{RESTARTED} is killed (SIGKILL) "
             f"{RESTART_AT:.0%} into each run's arrival window and started again {RESTART_DOWN_S:.0f} wall s later on "
             "its port (empty cache, new KV-event sockets, event sequence from 0); the per-run facts give when, what "
-            f"it served before and after, and the TTFT of the requests sent in the {AFTER_RESTART_S:.0f} simulated "
+            f"it served before and after, and the TTFT of the requests sent in the {RECORDS.AFTER_RESTART_S:.0f} simulated "
             "seconds after it."
             + (f" A share of {direct_share:.0%} of the trace requests / conversations (the same in every mode) goes "
                "to the engines directly, not through any router." if direct_share else ""))
@@ -830,7 +721,7 @@ def main(argv: list[str]) -> int:
     if deployed and "chat" in workloads:
         rr = out / f"chat-{loads['chat'][0]:.2f}-round-robin.csv"
         if rr.exists():
-            got = measured_chat_reused_tokens(rr)
+            got = RECORDS.measured_chat_reused_tokens(rr)
             setup.append(f"chat: reused content measured on {rr.name}'s records: about {got / 1e6:.2f}M tokens, "
                          f"{got / (shapes['chat'].num_gpu_blocks * BLOCK * ENGINES):.1f}x what the caches hold.")
     setup.append(f"Total wall time {time.monotonic() - t_start:.0f} s.")
