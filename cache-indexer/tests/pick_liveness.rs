@@ -122,16 +122,7 @@ impl Bench {
         let address = pick.endpoints[0].address.clone();
         let resp = self.sims[self.position(&address)].chat(messages, 8).await;
         self.ix
-            .report(pb::ReportRequest {
-                pool: POOL.into(),
-                request_id: "turn-1".into(),
-                endpoint: address.clone(),
-                prompt_tokens: prompt_tokens(&resp) as u32,
-                completion_tokens: 8,
-                outcome: pb::Outcome::Success as i32,
-                phase: pb::ReportPhase::Done as i32,
-                ..Default::default()
-            })
+            .report(served_done("turn-1", &address, &resp, 8))
             .await;
         self.ix.wait_settled(&address).await;
         messages.push(("assistant", reply(&resp)));

@@ -49,17 +49,7 @@ async fn the_next_turn_finds_the_previous_prompt_before_its_events() {
         .find(|s| s.address() == home)
         .expect("picked a simulator");
     let resp = sim.chat(&messages, 8).await;
-    ix.report(pb::ReportRequest {
-        pool: POOL.into(),
-        request_id: "grace-t0".into(),
-        endpoint: home.clone(),
-        prompt_tokens: prompt_tokens(&resp) as u32,
-        completion_tokens: 8,
-        outcome: pb::Outcome::Success as i32,
-        phase: pb::ReportPhase::Done as i32,
-        ..Default::default()
-    })
-    .await;
+    ix.report(served_done("grace-t0", &home, &resp, 8)).await;
     messages.push(("assistant", reply(&resp)));
     messages.push(("user", "Go on.".into()));
 

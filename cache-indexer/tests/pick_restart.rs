@@ -114,17 +114,7 @@ impl Bench {
         let address = pick.endpoints[0].address.clone();
         let resp = self.sim(&address).chat(&conv.messages, MAX_TOKENS).await;
         self.ix
-            .report(pb::ReportRequest {
-                pool: POOL.into(),
-                request_id: conv.request_id(),
-                endpoint: address.clone(),
-                prompt_tokens: prompt_tokens(&resp) as u32,
-                cached_tokens: cached_tokens(&resp) as u32,
-                completion_tokens: MAX_TOKENS,
-                outcome: pb::Outcome::Success as i32,
-                phase: pb::ReportPhase::Done as i32,
-                ..Default::default()
-            })
+            .report(served_done(&conv.request_id(), &address, &resp, MAX_TOKENS))
             .await;
         conv.messages.push(("assistant", reply(&resp)));
         conv.turns += 1;

@@ -64,18 +64,8 @@ async fn send_turn(
     let address = pick.endpoints[0].address.clone();
     let sim = sims[&address];
     let resp = sim.chat(&conv.messages, 24).await;
-    ix.report(pb::ReportRequest {
-        pool: POOL.into(),
-        request_id: request_id.into(),
-        endpoint: address.clone(),
-        prompt_tokens: prompt_tokens(&resp) as u32,
-        cached_tokens: cached_tokens(&resp) as u32,
-        completion_tokens: 24,
-        outcome: pb::Outcome::Success as i32,
-        phase: pb::ReportPhase::Done as i32,
-        ..Default::default()
-    })
-    .await;
+    ix.report(served_done(request_id, &address, &resp, 24))
+        .await;
     conv.messages.push(("assistant", reply(&resp)));
     ix.wait_settled(&address).await;
     wait_idle(ix).await;

@@ -839,6 +839,27 @@ where
     }
 }
 
+/// The DONE report of a request the engine at `endpoint` served with
+/// `resp` (its usage: prompt and cached tokens) and `completion_tokens`.
+pub fn served_done(
+    request_id: &str,
+    endpoint: &str,
+    resp: &Value,
+    completion_tokens: u32,
+) -> pb::ReportRequest {
+    pb::ReportRequest {
+        pool: POOL.into(),
+        request_id: request_id.into(),
+        endpoint: endpoint.into(),
+        prompt_tokens: prompt_tokens(resp) as u32,
+        cached_tokens: cached_tokens(resp) as u32,
+        completion_tokens,
+        outcome: pb::Outcome::Success as i32,
+        phase: pb::ReportPhase::Done as i32,
+        ..Default::default()
+    }
+}
+
 /// A chat `PickRequest` for the test pool.
 pub fn chat_pick(request_id: &str, messages: &[(&str, String)]) -> pb::PickRequest {
     pb::PickRequest {
