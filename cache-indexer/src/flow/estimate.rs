@@ -14,9 +14,10 @@
 //!   that surely ended after the scrape leaves it ([`Since`]).
 //!
 //! Its queued prefill work ([`LoadView::queued_prefill_tokens`], exact for
-//! the picks placed by this replica and, with shared load, its peers)
-//! saturates it too, at [`Scale::saturated_prefill_tokens`]
-//! ([`engine_saturation`]).
+//! the picks placed by this replica and, with shared load, its peers, less
+//! what the engine computed since its last first-token report by its
+//! learned prefill rate, [`LoadView::prefill_drained_tokens`]) saturates it
+//! too, at [`Scale::saturated_prefill_tokens`] ([`engine_saturation`]).
 //!
 //! The engine then runs what it ran, as far as it can: a scrape with a
 //! waiting queue says the engine is full at its running count (out of batch
@@ -45,7 +46,12 @@ pub(crate) struct Scale<'t> {
 /// [`saturation`] and its queued prefill work's.
 pub(crate) fn engine_saturation(view: &LoadView, since: Since, extra: u64, scale: &Scale) -> f64 {
     let requests = saturation(view, since, scale.thresholds);
-    let queued = view.queued_prefill_tokens.saturating_add(extra);
+    // (What the engine computed since its last report, by its rate, is
+    // not queued any more: `load::drain`.)
+    let queued = view
+        .queued_prefill_tokens
+        .saturating_sub(view.prefill_drained_tokens)
+        .saturating_add(extra);
     requests.max(work_saturation(queued, scale.saturated_prefill_tokens))
 }
 
@@ -214,6 +220,15 @@ mod tests {
             by_requests,
             "off"
         );
+        // What the engine computed since its last report is not queued.
+        let mut drained = v.clone();
+        drained.prefill_drained_tokens = 4096;
+        assert_eq!(
+            engine_saturation(&drained, Since::placed(0), 0, &scale(&t, 16_384)),
+            0.25
+        );
+        drained.prefill_drained_tokens = u64::MAX;
+        assert!(engine_saturation(&drained, Since::placed(0), 0, &scale(&t, 16_384)) < 0.2);
         // Picks in transit go where the backlog is shortest.
         let mut w = view(2, 0, 0.1, 0);
         w.queued_prefill_tokens = 0;

@@ -37,6 +37,7 @@
 mod estimate;
 pub mod metrics;
 mod moves;
+pub mod recheck;
 mod release;
 
 use std::collections::{HashMap, VecDeque};
@@ -227,6 +228,8 @@ pub struct PoolFlow {
     shares: Arc<Mutex<Shares>>,
     /// Counters and the wait histogram.
     pub metrics: FlowMetrics,
+    /// The re-check timer while picks wait ([`recheck`]).
+    pub recheck: recheck::Recheck,
 }
 
 impl PoolFlow {
@@ -245,6 +248,7 @@ impl PoolFlow {
             in_transit: Arc::default(),
             shares: Arc::default(),
             metrics: FlowMetrics::default(),
+            recheck: recheck::Recheck::default(),
         }
     }
 

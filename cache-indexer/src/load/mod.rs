@@ -39,6 +39,7 @@
 //! prompts into block chains (shared with the pick path), [`tracker`] keeps
 //! the per-pool state and [`scrape`] fetches the pages into it.
 
+mod drain;
 pub mod engine_metrics;
 pub mod liveness;
 pub mod peer_chains;

@@ -12,7 +12,8 @@ use super::peers::{PeerLoad, PeerPending, PeerStats, Peers};
 use super::prefix::common_prefix;
 use super::saturation::SaturationThresholds;
 use super::tracker_state::{
-    confirm, finished, mark_down, release, settle, EndpointLoad, InFlight, ReportMatch,
+    confirm, finished, learn_rate, mark_down, release, settle, EndpointLoad, InFlight,
+    ReportMatch,
 };
 use crate::types::EndpointId;
 
@@ -75,6 +76,10 @@ pub struct LoadView {
     pub peer_in_flight: u32,
     /// Of `queued_prefill_tokens`, the other replicas'.
     pub peer_queued_prefill_tokens: u64,
+    /// Of `queued_prefill_tokens`, what the engine has computed by now by
+    /// its prefill rate, though no report said so yet (at most its oldest
+    /// pick's; see `load::drain`). Flow control counts the rest.
+    pub prefill_drained_tokens: u64,
     /// Saturation 0..1 (1 when unhealthy).
     pub saturation: f64,
     /// Whether saturated.
@@ -335,7 +340,7 @@ impl LoadTracker {
             ..
         } = &mut *g;
         if let Some(old) = in_flight.remove(request_id) {
-            release(endpoints, &old, true);
+            release(endpoints, &old, true, now);
             // The retry left that endpoint: for other replicas, as if done.
             if let Some(e) = endpoints.get_mut(&old.endpoint) {
                 e.done_total += 1;
@@ -358,6 +363,7 @@ impl LoadTracker {
         e.unconfirmed += 1;
         e.placed_total += 1;
         e.queued_prefill += prefill_tokens;
+        e.remember_prefill(seq, now, prefill_tokens);
         if let Some(chain) = chain.filter(|c| !c.is_empty()) {
             e.remember_pending(seq, chain);
         }
@@ -394,6 +400,7 @@ impl LoadTracker {
             in_flight,
             ..
         } = &mut *g;
+        let now = Instant::now();
         let unmatched = ReportMatch {
             matched: false,
             endpoint: None,
@@ -402,7 +409,7 @@ impl LoadTracker {
         match phase {
             Phase::Done => match in_flight.remove(request_id) {
                 Some(f) => {
-                    let chain = release(endpoints, &f, true);
+                    let chain = release(endpoints, &f, true, now);
                     settle(endpoints, request_id, &f, chain);
                     finished(endpoints, &f);
                     f.matched()
@@ -413,7 +420,8 @@ impl LoadTracker {
                 Some(f) => {
                     confirm(endpoints, f);
                     if f.prefill_pending {
-                        let chain = release(endpoints, f, false);
+                        learn_rate(endpoints, f, now);
+                        let chain = release(endpoints, f, false, now);
                         settle(endpoints, request_id, f, chain);
                         f.prefill_pending = false;
                     }
@@ -440,12 +448,12 @@ impl LoadTracker {
             let unconfirmed = !f.confirmed && age >= self.cfg.unconfirmed_timeout;
             if age >= self.cfg.in_flight_timeout || unconfirmed {
                 bounds.unconfirmed_expired += u64::from(unconfirmed);
-                release(endpoints, f, true);
+                release(endpoints, f, true, now);
                 expired += 1;
                 return false;
             }
             if f.prefill_pending && age >= self.cfg.prefill_horizon {
-                release(endpoints, f, false);
+                release(endpoints, f, false, now);
                 f.prefill_pending = false;
             }
             true
@@ -486,6 +494,7 @@ impl LoadTracker {
             queued_prefill_tokens: e.queued_prefill.saturating_add(peer.queued_prefill_tokens),
             peer_in_flight: peer.in_flight,
             peer_queued_prefill_tokens: peer.queued_prefill_tokens,
+            prefill_drained_tokens: e.drained(now),
             saturation,
             saturated: e.healthy && saturation >= 1.0,
             left_out: e.healthy && self.cfg.saturation.leaves_out(&e.engine),

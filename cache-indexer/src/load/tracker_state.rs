@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::drain::{self, PrefillRate};
 use super::engine_metrics::EngineLoad;
 use super::prefix::{MAX_PENDING_PREFIXES, PENDING_GRACE};
 use crate::types::EndpointId;
@@ -46,6 +47,13 @@ pub(super) struct EndpointLoad {
     pub(super) placed_total: u64,
     /// Of those, picks reported done or moved away by a retry.
     pub(super) done_total: u64,
+    /// (pick seq, picked at, prefill tokens) of the picks in prefill,
+    /// oldest first (see [`drain`]).
+    pub(super) prefills: std::collections::VecDeque<(u64, Instant, u64)>,
+    /// When a prefill here last ended (a report, or the horizon).
+    pub(super) prefill_end: Option<Instant>,
+    /// Its prefill rate, from first-token reports.
+    pub(super) rate: PrefillRate,
 }
 
 impl EndpointLoad {
@@ -56,6 +64,27 @@ impl EndpointLoad {
             self.pending.pop_front();
         }
         self.pending.push_back((seq, chain));
+    }
+
+    /// Remembers pick `seq`'s prefill of `tokens`, picked at `at`,
+    /// forgetting the oldest past [`MAX_PENDING_PREFIXES`] (the drain then
+    /// starts from a younger one: less is taken as done).
+    pub(super) fn remember_prefill(&mut self, seq: u64, at: Instant, tokens: u64) {
+        if self.prefills.len() >= MAX_PENDING_PREFIXES {
+            self.prefills.pop_front();
+        }
+        self.prefills.push_back((seq, at, tokens));
+    }
+
+    /// Queued prefill tokens the engine has computed by `now` by the
+    /// estimate of [`drain`]: of the oldest pick in prefill, at most.
+    pub(super) fn drained(&self, now: Instant) -> u64 {
+        let Some(&(_, picked_at, tokens)) = self.prefills.front() else {
+            return 0;
+        };
+        let since = drain::started(picked_at, self.prefill_end);
+        drain::drained(self.rate.per_sec(), Some(since), now, tokens)
+            .min(self.queued_prefill)
     }
 
     /// Keeps a chain whose prefill ended at `now` for [`PENDING_GRACE`],
@@ -131,17 +160,23 @@ impl InFlight {
     }
 }
 
-/// Ends `f`'s prefill part (if still pending) and, when `whole`, its
-/// in-flight count. Returns the chain it had in prefill, if any.
+/// Ends `f`'s prefill part (if still pending; at `now`) and, when `whole`,
+/// its in-flight count. Returns the chain it had in prefill, if any.
 pub(super) fn release(
     endpoints: &mut HashMap<EndpointId, EndpointLoad>,
     f: &InFlight,
     whole: bool,
+    now: Instant,
 ) -> Option<Arc<[u64]>> {
     let e = endpoints.get_mut(&f.endpoint)?;
     let mut chain = None;
     if f.prefill_pending {
         e.queued_prefill = e.queued_prefill.saturating_sub(f.prefill_tokens);
+        if let Some(pos) = e.prefills.iter().position(|(s, _, _)| *s == f.seq) {
+            e.prefills.remove(pos);
+        }
+        // (Later is safer: the next prefill is taken to start no earlier.)
+        e.prefill_end = Some(e.prefill_end.map_or(now, |t| t.max(now)));
         if let Some(pos) = e.pending.iter().position(|(s, _)| *s == f.seq) {
             chain = e.pending.remove(pos).map(|(_, c)| c);
         }
@@ -153,6 +188,20 @@ pub(super) fn release(
         }
     }
     chain
+}
+
+/// Learns the engine's prefill rate from `f`'s first token, reported at
+/// `now` (before its prefill part is released: see [`drain`]).
+pub(super) fn learn_rate(
+    endpoints: &mut HashMap<EndpointId, EndpointLoad>,
+    f: &InFlight,
+    now: Instant,
+) {
+    if let Some(e) = endpoints.get_mut(&f.endpoint) {
+        let since = drain::started(f.picked_at, e.prefill_end);
+        e.rate
+            .observe(f.prefill_tokens, now.saturating_duration_since(since));
+    }
 }
 
 /// Keeps the chain of `f`, whose prefill just ended on its endpoint, as

@@ -321,3 +321,40 @@ fn a_chain_completed_after_the_prefill_ended_still_settles() {
     assert_eq!(v[0].pending_matched_blocks, 16);
     assert!(!t.pending_chains().complete("unknown", Arc::clone(&whole)));
 }
+
+#[test]
+fn queued_prefill_drains_at_the_rate_first_tokens_showed() {
+    let (t, a, _, _) = tracker();
+    let ms = Duration::from_millis;
+    let Some(t0) = Instant::now().checked_sub(ms(100)) else {
+        return; // (a clock too young to go back: nothing to test)
+    };
+    t.record_scrape(a, Some(EngineLoad::default()), t0);
+    t.record_pick("r1", a, 10_000, 0, None, t0);
+    assert_eq!(
+        t.views([a], t0 + ms(1000))[0].prefill_drained_tokens,
+        0,
+        "no rate learned yet: nothing drains"
+    );
+    // Its first token at least 100 ms after its pick: at most 100k tokens/s.
+    t.report("r1", Phase::FirstToken);
+    let now = Instant::now();
+    t.record_pick("r2", a, 8000, 0, None, now);
+    t.record_pick("r3", a, 8000, 0, None, now);
+    let drained = |at: Instant| t.views([a], at)[0].prefill_drained_tokens;
+    assert_eq!(drained(now), 0);
+    let d = drained(now + ms(40));
+    assert!(d > 0 && d <= 4000, "40 ms at <= 100k tokens/s: {d}");
+    assert_eq!(
+        drained(now + ms(10_000)),
+        8000,
+        "never past the oldest pick without its report"
+    );
+    // r2's first token: its tokens leave the queue, r3's drain from then.
+    t.report("r2", Phase::FirstToken);
+    let later = Instant::now();
+    assert_eq!(t.views([a], later)[0].queued_prefill_tokens, 8000);
+    assert_eq!(drained(later + ms(10_000)), 8000);
+    t.report("r3", Phase::Done);
+    assert_eq!(drained(later + ms(10_000)), 0, "nothing left to drain");
+}

@@ -20,6 +20,7 @@ use super::prompt::Call;
 use super::rank::Ranked;
 use super::tokenize::{PickTokens, PrefixHashes};
 use crate::endpoint::Endpoint;
+use crate::flow::recheck::RECHECK_PERIOD;
 use crate::flow::{Arrival, Ask, Passage, PoolFlow, ShedCause, Wake};
 use crate::load::LoadView;
 use crate::pool::Pool;
@@ -71,7 +72,8 @@ impl Pool {
             } => (ticket, rx, deadline),
         };
         crate::session::release_pick_permit();
-        let Some(pass) = wait_in_queue(&self.flow, ticket, rx, deadline).await else {
+        let recheck = || self.capacity_freed();
+        let Some(pass) = wait_in_queue(&self.flow, ticket, rx, deadline, recheck).await else {
             let loads = self.flow_loads(&self.endpoints(), Instant::now());
             let mut shed = self.shed(call, tokens, &loads, ShedCause::MaxWait);
             shed.queued_ms = millis(now.elapsed());
@@ -132,7 +134,8 @@ impl Pool {
     }
 
     /// Something freed room in the pool (a report, a scrape, an endpoint
-    /// change): waiting picks may go.
+    /// change, or time alone, on the re-check timer while picks wait:
+    /// engines drain their queued prefill): waiting picks may go.
     pub(crate) fn capacity_freed(&self) {
         if !self.flow.enabled() || self.flow.is_empty() {
             return;
@@ -206,25 +209,58 @@ impl Pool {
 
 /// Waits for the queue's word or the deadline: a pass when released, none
 /// when it waited its longest. Dropped while waiting (the caller went
-/// away), it takes the pick out of the queue.
+/// away), it takes the pick out of the queue. Meanwhile, if no other
+/// waiting pick does, it runs the pool's re-check timer, calling `recheck`
+/// (a release pass) every [`RECHECK_PERIOD`] (see [`crate::flow::recheck`]).
 async fn wait_in_queue(
     flow: &PoolFlow,
     ticket: Ticket,
     mut rx: oneshot::Receiver<Wake>,
     deadline: Instant,
+    recheck: impl Fn(),
 ) -> Option<Passage> {
     let mut waiting = Waiting {
         flow,
         ticket: Some(ticket),
     };
-    let wake = match tokio::time::timeout_at(deadline.into(), &mut rx).await {
-        Ok(Ok(w)) => w,
-        // The queue went away (the pool was replaced): as if expired.
-        Ok(Err(_)) => Wake::Expired,
-        Err(_) if flow.expire_one(ticket) => Wake::Expired,
-        // It left the queue just now: its wake is in the channel.
-        Err(_) => rx.try_recv().unwrap_or(Wake::Expired),
+    let expiry = tokio::time::sleep_until(deadline.into());
+    tokio::pin!(expiry);
+    let mut ticker = None;
+    let wake = loop {
+        if ticker.is_none() {
+            ticker = flow.recheck.claim();
+        }
+        let ticking = ticker.is_some();
+        let nudge = async {
+            if ticking {
+                tokio::time::sleep(RECHECK_PERIOD).await;
+            } else {
+                flow.recheck.wanted().await;
+            }
+        };
+        tokio::select! {
+            biased;
+            w = &mut rx => break match w {
+                Ok(w) => w,
+                // The queue went away (the pool was replaced): as if expired.
+                Err(_) => Wake::Expired,
+            },
+            () = &mut expiry => break if flow.expire_one(ticket) {
+                Wake::Expired
+            } else {
+                // It left the queue just now: its wake is in the channel.
+                rx.try_recv().unwrap_or(Wake::Expired)
+            },
+            () = nudge => {
+                if let Some(t) = &ticker {
+                    t.tick();
+                    recheck();
+                }
+            }
+        }
     };
+    // (The role goes to another waiting pick, if any.)
+    drop(ticker);
     waiting.ticket = None;
     match wake {
         Wake::Go(pass) => Some(pass),
