@@ -64,8 +64,11 @@ def test_a_shared_system_prompt_still_spreads_across_endpoints(stack: Stack):
     # The zero-latency sims finish a request before the next is picked, so
     # nothing would ever be in flight: stall the engine holding the prompt
     # for the burst, as a busy engine would be, and let the load terms act.
+    # The stall must outlast the burst's first picks and a scrape (100 ms)
+    # that sees them waiting, also on a loaded CI machine: at 300 ms it
+    # sometimes ended before the first picks and all 36 went to the holder.
     holder = stack.by_address()[h[SERVED]]
-    status, _, b = request("POST", holder.port, "/sim/faults", json.dumps({"stall_ms": 300}),
+    status, _, b = request("POST", holder.port, "/sim/faults", json.dumps({"stall_ms": 2000}),
                            {"content-type": "application/json"})
     assert status == 200, b
 
