@@ -70,6 +70,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHAPES = h.load_script(REPO / "bench" / "shapes.py")
 # The trace's and the records' readings of the deployed-like runs.
 RECORDS = h.load_script(REPO / "bench" / "deployed_records.py")
+CPU = h.load_script(REPO / "bench" / "cpu_usage.py")
 
 BENCH_BIN = h.TARGET / "release" / "kvasir-bench"
 TRACE = REPO.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -452,6 +453,8 @@ def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Pa
             dur = p["chat_duration_s"]
             args = ["chat", *common, *CHAT_SHAPE, "--conversations-per-s", f"{rate:.4f}", "--duration-s", str(dur)]
         t0 = time.monotonic()
+        cpu = CPU.CpuWatch(lambda: {"engines": c.sims, "indexers": c.indexers, "proxies": c.envoys})
+        cpu.start()
         sampler = (SHAPES.SharedLoadSampler(c.indexers, SHARED_LOAD_SAMPLE_S)
                    if shape.deployed and len(c.indexers) > 1 else None)
         if shape.deployed:
@@ -460,7 +463,9 @@ def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Pa
             restarted = c.sims[RESTARTED].address
         else:
             bench(args)
+        cpu_notes = cpu.notes()
         notes = c.notes()
+        notes.update(cpu_notes)
         if sampler is not None:
             notes.update(sampler.notes())
         if shape.deployed and c.indexers:

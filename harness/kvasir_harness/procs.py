@@ -51,6 +51,29 @@ def wait_until(what: str, fn, timeout: float = START_TIMEOUT_S, interval: float 
     raise TimeoutError(f"timed out waiting for {what} (last: {last!r})")
 
 
+def proc_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` (not its children), from
+    `/proc/<pid>/stat`; None when it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces: count fields after its ")".
+    fields = stat.rsplit(")", 1)[1].split()
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, summed
+    over cores, from `/proc/stat` (idle and iowait count as not busy)."""
+    first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    ticks = [int(x) for x in first]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
 class Proc:
     """A child process with its output in `logdir/<name>.log`, in a session
     of its own so that stopping it reaches its children too."""
@@ -71,6 +94,11 @@ class Proc:
 
     def alive(self) -> bool:
         return self.p.poll() is None
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) the process has used so far, from
+        `/proc`; None once it has exited or where `/proc` is missing."""
+        return proc_cpu_seconds(self.p.pid) if self.alive() else None
 
     def log(self) -> str:
         self._log.flush()

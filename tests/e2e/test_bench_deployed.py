@@ -64,6 +64,12 @@ def test_the_deployed_mode_spreads_restarts_and_reports(tiny, tmp_path):
     assert notes["KV-event source changes seen"] >= 1, notes
     # The replicas' view of each other, sampled while the run went.
     assert "indexer0 peer pending chains mean" in notes and "indexer1 peer in-flight mean" in notes, notes
+    # CPU by process group over the load: every group ran and used some;
+    # round-robin has no indexers.
+    assert notes["cpu s engines"] > 0 and notes["cpu s indexers"] > 0 and notes["cpu s proxies"] > 0, notes
+    assert 0 < notes["cpu machine busy %"] <= 100 and notes["cpu cores busy"] > 0, notes
+    rr = json.loads((out / "trace-1.00-round-robin.json").read_text())["notes"]
+    assert rr["cpu s indexers"] == 0 and rr["cpu s engines"] > 0, rr
     md = (out / "report.md").read_text()
     assert "Deployed-like shape (2x2)" in md and "restart at s" in md
     assert "| 1.0 | kvasir | 28 |" in md
