@@ -4,7 +4,8 @@
 //! between tenants). The pick path ([`crate::pick`]) asks [`PoolFlow::arrive`]
 //! whether a pick goes, waits or is shed, and waits on the answer channel
 //! it gets; [`PoolFlow::release`] runs when capacity is freed (reports,
-//! scrapes, endpoint changes) and sends each released pick a [`Passage`].
+//! scrapes, endpoint changes, and time alone: see below) and sends each
+//! released pick a [`Passage`].
 //!
 //! Saturation is the least saturated healthy endpoint's, from its last
 //! scrape moved on by the requests reported done and the picks placed since
@@ -17,7 +18,13 @@
 //! `saturatedPrefillTokens` (the uncached prompt tokens of picks placed
 //! there not at their first token yet, in transit ones added at their
 //! size): one long prompt can be seconds of prefill, and vLLM's chunked
-//! prefill runs several at once with nothing "waiting".
+//! prefill runs several at once with nothing "waiting". That work drains
+//! with time between reports, at the engine's prefill rate learned from
+//! first-token reports and never past its oldest pick in prefill
+//! (`crate::load::drain`); so while picks wait, one of them runs a timer
+//! ([`recheck`], every 10 ms) that runs the release: what releases a held
+//! pick is a report, a scrape, a sharing round, an endpoint change, or the
+//! estimate saying an engine has worked its backlog down to the threshold.
 //!
 //! The reserve: a tenant holding more than its weighted share of the work
 //! in flight (by this replica's picks, [`kvasir_flowcontrol::Shares`]) goes
