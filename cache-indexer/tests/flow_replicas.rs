@@ -87,6 +87,7 @@ impl Sharing {
             retry_ms: 200,
             key_prefix: KEY_PREFIX.into(),
             replica_id: Some(replica.into()),
+            ..SharedLoadConfig::default()
         };
         let settings = cfg.settings().expect("valid settings").expect("sharing on");
         let pools = Arc::new(Pools::new(vec![Arc::clone(pool)]));

@@ -93,6 +93,18 @@ impl<K: Eq + Hash + Copy> Placements<K> {
         }
     }
 
+    /// Counts a conversation started on `key` at `at_ms` and learnt of at
+    /// `now_ms` (another replica's placement, read later): it adds what is
+    /// left of it after its decay, so a late count weighs as if counted on
+    /// time. A start dated after `now_ms` counts whole.
+    pub fn place_at(&mut self, key: K, at_ms: f64, now_ms: f64) {
+        let weight = self.decay(now_ms - at_ms);
+        if weight.is_finite() && weight > 0.0 {
+            let n = self.recent(key, now_ms) + weight;
+            self.counts.insert(key, (n, now_ms));
+        }
+    }
+
     /// Remembers the end of a picked prompt's full-block chain, so that
     /// prompts extending it continue its conversation. The whole prompt's
     /// chain: the end of only its head would make every prompt sharing
@@ -171,6 +183,23 @@ mod tests {
         let mut q = Placements::<u8>::new(0.0, 16);
         q.record(0, &[1], true, 0.0);
         assert_eq!(q.recent(0, 1e12), 1.0);
+    }
+
+    #[test]
+    fn a_start_learnt_late_weighs_what_is_left_of_it() {
+        let mut p = Placements::<u8>::new(1000.0, 16);
+        p.place(0, true, 0.0);
+        // Started at 0, learnt of at 1000: half of it is left, as of the
+        // one counted at 0 on time.
+        p.place_at(1, 0.0, 1000.0);
+        assert!((p.recent(1, 1000.0) - 0.5).abs() < 1e-12);
+        assert!((p.recent(0, 1000.0) - p.recent(1, 1000.0)).abs() < 1e-12);
+        // Adds to what is there, and decays on from there.
+        p.place_at(0, 1000.0, 1000.0);
+        assert!((p.recent(0, 2000.0) - 0.75).abs() < 1e-12);
+        // A start dated later than now (clocks disagree) counts whole.
+        p.place_at(2, 5000.0, 1000.0);
+        assert_eq!(p.recent(2, 1000.0), 1.0);
     }
 
     #[test]

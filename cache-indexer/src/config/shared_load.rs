@@ -13,6 +13,8 @@
 //!   retryMs: 1000         # after a failure, Redis is left alone this long
 //!   keyPrefix: "kvasir:load:"
 //!   replicaId: indexer-0  # default: $HOSTNAME, process id and start time
+//!   placements: true      # share recent placements (conversation starts,
+//!                         # prompt ends) too; false: each replica its own
 //! ```
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -63,6 +65,9 @@ pub struct SharedLoadConfig {
     /// This replica's field in each pool's hash; unique per replica.
     #[serde(alias = "replica_id")]
     pub replica_id: Option<String>,
+    /// Whether recent placements (the `placement` term's counts and which
+    /// prompts continue a conversation) are shared too.
+    pub placements: bool,
 }
 
 impl Default for SharedLoadConfig {
@@ -75,6 +80,7 @@ impl Default for SharedLoadConfig {
             retry_ms: 1_000,
             key_prefix: "kvasir:load:".into(),
             replica_id: None,
+            placements: true,
         }
     }
 }
@@ -136,6 +142,7 @@ impl SharedLoadConfig {
             retry_after: Duration::from_millis(self.retry_ms),
             key_prefix: self.key_prefix.clone(),
             replica_id: self.replica_id.clone().unwrap_or_else(default_replica_id),
+            placements: self.placements,
         }))
     }
 
@@ -209,6 +216,9 @@ mod tests {
         let s = c.settings().unwrap().unwrap();
         assert_eq!(s.replica_id, "a-1");
         assert_eq!(s.interval, Duration::from_millis(25));
+        assert!(s.placements, "placements are shared by default");
+        let off = parse("redisUrl: redis://127.0.0.1:6379\nplacements: false");
+        assert!(!off.settings().unwrap().unwrap().placements);
         let id = parse("redisUrl: redis://127.0.0.1:6379")
             .settings()
             .unwrap()

@@ -78,6 +78,14 @@ impl Collector for SharedLoadCollector {
             f.sample(&[("pool", pool), ("result", "ok")], s.rounds)?;
             f.sample(&[("pool", pool), ("result", "failed")], s.failures)?;
         }
+        let name = "kvasir_indexer_shared_load_peer_placements_total";
+        let help = "Other replicas' conversation starts and prompt ends merged into this replica's recent placements (sharedLoad.placements), by kind.";
+        let mut f = family(enc, name, Counter, help)?;
+        for p in self.0.iter() {
+            let (starts, ends) = p.placements.merged();
+            f.sample(&[("pool", &p.name), ("kind", "start")], starts)?;
+            f.sample(&[("pool", &p.name), ("kind", "end")], ends)?;
+        }
         let name = "kvasir_indexer_shared_load_refused_entries_total";
         let help = "Other replicas' load or pending entries read and refused (malformed, oversized): left out, never used.";
         let mut f = family(enc, name, Counter, help)?;

@@ -98,7 +98,7 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 108] = [
+const FAMILIES: [(&str, &str); 109] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
@@ -205,6 +205,10 @@ const FAMILIES: [(&str, &str); 108] = [
         "gauge",
     ),
     ("kvasir_indexer_shared_load_peer_pending_chains", "gauge"),
+    (
+        "kvasir_indexer_shared_load_peer_placements_total",
+        "counter",
+    ),
     ("kvasir_indexer_shared_load_peers", "gauge"),
     ("kvasir_indexer_shared_load_read_age_seconds", "gauge"),
     (

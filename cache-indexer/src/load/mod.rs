@@ -56,6 +56,7 @@ pub use liveness::Liveness;
 pub use peer_chains::SampledChain;
 pub use peers::{PeerLoad, PeerPending, PeerStats};
 pub(crate) use placed::Placed;
+pub use placed::{SharedPlacements, MAX_SHARED_ENDS, MAX_SHARED_STARTS};
 pub use prefix::{
     block_chain, common_prefix, extend_block_chain, MAX_PENDING_PREFIXES, PENDING_GRACE,
 };

@@ -43,6 +43,22 @@
 //!   a repeat picked by another replica would otherwise be prefilled again
 //!   elsewhere. Read only for live replicas, deleted with their load field.
 //!
+//! * **Recent placements.** With `placements` on (the default), the
+//!   conversations each replica started per endpoint and the prompt ends it
+//!   recorded ([`crate::load::Placed`], the `placement` term) go into a
+//!   stream per pool, `<keyPrefix><pool>:placed`, in the same round trip:
+//!   one entry per replica and round with placements since its last, read
+//!   by the others from where they left off ([`placed`]). So a later turn
+//!   through another replica continues its conversation there (no
+//!   `placement` charge on the engine holding its history), and cold
+//!   conversations spread by the pool's counts, not each replica's. Bounded:
+//!   an outbox keeps at most 1,024 starts and 4,096 ends per round, a read
+//!   takes at most 256 entries, the stream keeps about 4,096. Staleness as
+//!   the load's (two intervals plus two round trips); each start counts
+//!   what is left of it after its age (the server's `TIME` and the
+//!   entry's id, no shared clock), and one from before an endpoint's
+//!   restart, as this replica saw it, is not counted.
+//!
 //! * **Flow control.** A pool with flow control on also keeps a third hash,
 //!   `<keyPrefix><pool>:flow`: each replica's picks placed on and ended at
 //!   each endpoint, as running totals ([`moves`]), written in the same
@@ -52,6 +68,7 @@
 pub mod merge;
 pub mod moves;
 pub mod pending;
+pub mod placed;
 mod store;
 mod sync;
 
@@ -80,4 +97,6 @@ pub struct Settings {
     pub key_prefix: String,
     /// This replica's field.
     pub replica_id: String,
+    /// Whether recent placements are shared too ([`placed`]).
+    pub placements: bool,
 }

@@ -3,10 +3,14 @@
 //! heartbeat is due) and reads the whole hash back; the other replicas'
 //! load goes into each pool's tracker. Pools with flow control also write
 //! and read their picks' running totals ([`moves`]), whose increments go to
-//! the pool's flow control. Nothing here runs on a pick's path: a pick
-//! reads what the last round left in the tracker and the flow state.
+//! the pool's flow control. With `placements` on, every pool also adds this
+//! replica's recent placements to its stream and reads the others'
+//! ([`placed`]), merged into the pool's [`crate::load::Placed`]. Nothing
+//! here runs on a pick's path: a pick reads what the last round left in the
+//! tracker, the placements and the flow state.
 
 use std::collections::HashMap;
+use std::convert::identity;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -15,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::merge::{encode, PeerTable, FORGET_AFTER_TTLS};
 use super::moves::{self, MovesTable};
 use super::pending::{self, Fingerprint};
+use super::placed::{self, PlacedTable};
 use super::store::{Store, StoreError};
 use super::Settings;
 use crate::load::PeerLoad;
@@ -45,6 +50,14 @@ struct PoolSync {
     /// The third hash, picks' running totals for flow control: only for a
     /// pool with flow control on.
     flow: Option<FlowSync>,
+    /// The placements stream: only with `placements` on.
+    placed: Option<PlacedSync>,
+}
+
+/// A pool's placements side of the sync ([`placed`]).
+struct PlacedSync {
+    key: String,
+    table: PlacedTable,
 }
 
 /// A pool's flow-control side of the sync ([`moves`]).
@@ -101,6 +114,13 @@ impl Sync {
                     table: MovesTable::default(),
                     published: None,
                 }),
+                placed: s.placements.then(|| {
+                    p.placements.share();
+                    PlacedSync {
+                        key: format!("{}{}:placed", s.key_prefix, p.name),
+                        table: PlacedTable::default(),
+                    }
+                }),
             })
             .collect();
         let seq = SystemTime::now()
@@ -123,11 +143,9 @@ impl Sync {
             return;
         }
         let (pipe, writes) = self.pipeline(now);
-        let result = self
-            .store
-            .query::<Vec<HashMap<Vec<u8>, Vec<u8>>>>(&pipe)
-            .await;
-        let expected: usize = self.pools.iter().map(PoolSync::reads).sum();
+        let result = self.store.query::<Vec<redis::Value>>(&pipe).await;
+        let expected: usize =
+            usize::from(self.s.placements) + self.pools.iter().map(PoolSync::reads).sum::<usize>();
         match result {
             Ok(reads) if reads.len() == expected => self.apply(reads, writes),
             Ok(reads) => self.fail(&StoreError::Failed(format!(
@@ -144,6 +162,11 @@ impl Sync {
         let heartbeat = self.s.ttl / HEARTBEATS_PER_TTL;
         let key_ttl_ms = millis(self.s.ttl.saturating_mul(FORGET_AFTER_TTLS));
         let mut pipe = redis::pipe();
+        if self.s.placements {
+            // The server's clock, so a reader ages the placements it reads
+            // without any clock shared between replicas.
+            pipe.cmd("TIME");
+        }
         let mut writes = Vec::with_capacity(self.pools.len());
         for p in &mut self.pools {
             // Before the load entry: a reader that finds this replica live
@@ -183,6 +206,7 @@ impl Sync {
             if let Some(f) = &p.flow {
                 pipe.cmd("HGETALL").arg(&f.key);
             }
+            placed_round(&mut pipe, p, &self.s.replica_id, key_ttl_ms, now);
             writes.push(Written {
                 loads: due.then_some(own),
                 pending,
@@ -192,18 +216,33 @@ impl Sync {
         (pipe, writes)
     }
 
-    fn apply(&mut self, reads: Vec<HashMap<Vec<u8>, Vec<u8>>>, writes: Vec<Written>) {
+    fn apply(&mut self, reads: Vec<redis::Value>, writes: Vec<Written>) {
         let now = Instant::now();
         if self.failing {
             self.failing = false;
             tracing::info!(url = %self.s.url, "shared load: redis reachable again; counting other replicas' load");
         }
         let mut reads = reads.into_iter();
+        let server_ms = if self.s.placements {
+            reads.next().and_then(placed::server_ms)
+        } else {
+            None
+        };
         for (p, wrote) in self.pools.iter_mut().zip(writes) {
             let (Some(read), Some(pending_read)) = (reads.next(), reads.next()) else {
                 break;
             };
-            let flow_read = if p.flow.is_some() { reads.next() } else { None };
+            let (read, pending_read) = (hash(read), hash(pending_read));
+            let flow_read = if p.flow.is_some() {
+                reads.next().map(hash)
+            } else {
+                None
+            };
+            let placed_read = if p.placed.is_some() {
+                reads.next()
+            } else {
+                None
+            };
             if let Some(own) = wrote.loads {
                 p.published = Some((own, now));
             }
@@ -231,6 +270,13 @@ impl Sync {
                 }
                 _ => false,
             };
+            if let (Some(ps), Some(read)) = (&mut p.placed, placed_read) {
+                let got = ps.table.merge(&self.s.replica_id, read, server_ms);
+                peer_pending.refused += got.refused;
+                if !(got.starts.is_empty() && got.ends.is_empty()) {
+                    p.pool.placements.merge_peers(&got.starts, &got.ends, now);
+                }
+            }
             if peer_pending.refused > 0 {
                 tracing::debug!(pool = %p.pool.name, fields = peer_pending.refused, "shared load: unreadable fields left out");
             }
@@ -293,8 +339,50 @@ struct Written {
 impl PoolSync {
     /// Replies a round gets for this pool.
     fn reads(&self) -> usize {
-        2 + usize::from(self.flow.is_some())
+        2 + usize::from(self.flow.is_some()) + usize::from(self.placed.is_some())
     }
+}
+
+/// Adds this pool's placements to `pipe` (a pool sharing them): this
+/// replica's since the last round as one stream entry, when there are any,
+/// then the read of the entries after the last one read. A failed round
+/// loses the entry (each replica then steers by its own counts anyway).
+fn placed_round(
+    pipe: &mut redis::Pipeline,
+    p: &PoolSync,
+    replica: &str,
+    key_ttl_ms: u64,
+    now: Instant,
+) {
+    let Some(ps) = &p.placed else {
+        return;
+    };
+    let own = p.pool.placements.take_shared(now);
+    if !own.is_empty() {
+        pipe.cmd("XADD")
+            .arg(&ps.key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(placed::STREAM_MAX_ENTRIES)
+            .arg("*")
+            .arg(placed::REPLICA_FIELD)
+            .arg(replica)
+            .arg(placed::PLACED_FIELD)
+            .arg(placed::encode(&own))
+            .ignore();
+        pipe.cmd("PEXPIRE").arg(&ps.key).arg(key_ttl_ms).ignore();
+    }
+    pipe.cmd("XRANGE")
+        .arg(&ps.key)
+        .arg(ps.table.start())
+        .arg("+")
+        .arg("COUNT")
+        .arg(placed::READ_ENTRIES);
+}
+
+/// A hash read back; anything else reads as empty.
+fn hash(v: redis::Value) -> HashMap<Vec<u8>, Vec<u8>> {
+    redis::from_redis_value(v).map_or_else(|_| HashMap::new(), identity)
 }
 
 /// Adds the `HSET` of this replica's flow entry to `pipe` when its totals
