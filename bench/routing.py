@@ -326,6 +326,10 @@ class Cluster:
         """Replica `i`'s config file ({}: none): a variant's pool settings,
         the shared load through `redis` with several replicas."""
         cfg: dict = {}
+        # A variant's `sharedLoad.*` keys go to the indexer's own section
+        # (e.g. `noplace:sharedLoad.placements=false`), the rest to the pool.
+        overrides = dict(overrides or {})
+        shared = overrides.pop("sharedLoad", {})
         if overrides:
             # A scoring variant: the same pool, other settings.
             cfg["pools"] = [{"name": "main", "model": h.MODEL, "tokenizer": str(h.TOKENIZER), **overrides}]
@@ -336,7 +340,7 @@ class Cluster:
             # scale 0.25 an unscaled round would be 100 simulated ms, four
             # times a deployment's, against four times its request rate.
             interval = max(SHARED_LOAD_MIN_MS, round(SHARED_LOAD_MS * self.time_scale))
-            cfg["sharedLoad"] = {"redisUrl": redis.url, "replicaId": f"indexer-{i}", "intervalMs": interval}
+            cfg["sharedLoad"] = {"redisUrl": redis.url, "replicaId": f"indexer-{i}", "intervalMs": interval, **shared}
         return cfg
 
     def __exit__(self, *exc) -> None:
@@ -586,9 +590,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--loads", help="comma-separated load factors for every workload (default: the preset's)")
     ap.add_argument("--trace-rate", type=float, help="trace speed-up at load 1.0 (skips calibration)")
     ap.add_argument("--chat-rate", type=float, help="conversations/s at load 1.0 (skips calibration)")
+    ap.add_argument("--chat-time-scale", type=float, help="wall seconds per simulated second for the chat "
+                    "(default: the preset's); above 1 the chat's wall request rate, and so the load on this "
+                    "machine's cores, falls by that factor, and its load-1.0 cap rises with it")
     ap.add_argument("--variants", default="", help="extra kvasir modes with other pool settings: "
                     "`name:key=value[,section.key=value];...`, bare keys are scoring weights (e.g. "
-                    "`qp05:queuedPrefill=0.5,saturation.leaveOutQueued=true`), run after the modes")
+                    "`qp05:queuedPrefill=0.5,saturation.leaveOutQueued=true`), `sharedLoad.*` keys the "
+                    "replicas' sharing (e.g. `noplace:sharedLoad.placements=false`), run after the modes")
     ap.add_argument("--deployment", choices=["single", "deployed"], default="single",
                     help="single: one Envoy, one indexer (today's results, comparable run to run); deployed: "
                          f"{PROXIES} Envoys x {REPLICAS} indexer replicas sharing load through Redis, caches under "
@@ -624,6 +632,10 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"--compare-to: {e}")
 
     p = dict(PRESETS[a.preset])
+    if a.chat_time_scale is not None:
+        if not a.chat_time_scale > 0:
+            raise SystemExit("--chat-time-scale must be above 0")
+        p["chat_time_scale"] = a.chat_time_scale
     loads = {w: [float(x) for x in a.loads.split(",")] if a.loads else p[f"{w}_loads"] for w in ("trace", "chat")}
     modes = a.modes.split(",")
     workloads = a.workloads.split(",")
