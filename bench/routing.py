@@ -562,7 +562,8 @@ def deployed_setup(proxies: int, replicas: int, direct_share: float) -> str:
     if replicas > 1:
         indexers = (f"each Envoy's indexer cluster lists {replicas} cache-indexer replicas (Envoy's round robin spreads "
                     "each worker's `Session` stream, so picks and their reports stay on one replica) that share "
-                    "in-flight picks, queued prefill and picks still in prefill through a redis-server started for "
+                    "in-flight picks, queued prefill, picks still in prefill and recent placements (`sharedLoad."
+                    "placements`) through a redis-server started for "
                     f"the run (`sharedLoad`, one round every {SHARED_LOAD_MS} simulated ms: its default 25 ms scaled by "
                     "the run's time scale, at least 5 wall ms)")
     else:

@@ -1,0 +1,45 @@
+"""`bench/routing.py --variants`: what a variant writes into each indexer
+replica's config file. Pool keys go to the pool; `sharedLoad.*` keys go to
+the replicas' sharing section (e.g. turning `sharedLoad.placements` off to
+measure what sharing recent placements gives), leaving the pool as the
+plain kvasir mode's. No processes are started."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvasir_harness import load_script
+
+routing = load_script("bench/routing.py")
+
+
+class _Redis:
+    url = "redis://127.0.0.1:1"
+
+
+def _config(spec: str, replica: int = 0, redis=_Redis()) -> dict:
+    variants = routing.parse_variants(spec)
+    (mode, overrides), = variants.items()
+    cluster = routing.Cluster(mode, Path("/nonexistent"), 0.25)
+    return cluster.indexer_config(replica, redis, overrides)
+
+
+def test_a_shared_load_key_goes_to_the_sharing_section_not_the_pool():
+    cfg = _config("noplace:sharedLoad.placements=false", replica=1)
+    assert "pools" not in cfg, cfg
+    shared = cfg["sharedLoad"]
+    assert shared["placements"] is False
+    assert shared["replicaId"] == "indexer-1"
+    assert shared["intervalMs"] == max(routing.SHARED_LOAD_MIN_MS, round(routing.SHARED_LOAD_MS * 0.25))
+
+
+def test_pool_keys_still_go_to_the_pool_beside_a_shared_load_key():
+    cfg = _config("mix:queuedPrefill=0.5,sharedLoad.placements=false")
+    (pool,) = cfg["pools"]
+    assert pool["scoring"] == {"queuedPrefill": 0.5}
+    assert "sharedLoad" not in pool
+    assert cfg["sharedLoad"]["placements"] is False
+
+
+def test_without_redis_a_shared_load_key_writes_nothing():
+    assert _config("noplace:sharedLoad.placements=false", redis=None) == {}
