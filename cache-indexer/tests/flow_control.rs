@@ -35,6 +35,7 @@ fn flow_on(max_queued: usize, per_tenant: usize, max_wait_ms: u64) -> FlowContro
         // reserve's and the work term's tests set them.)
         reserve: 0.0,
         saturated_prefill_tokens: 0,
+        ..FlowControlConfig::default()
     }
 }
 

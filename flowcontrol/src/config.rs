@@ -43,6 +43,24 @@ pub struct FlowControlConfig {
     /// another floods the pool. A tenant alone is never over its share. 0:
     /// off (work-conserving between tenants, as before).
     pub reserve: f64,
+    /// Whether the reserve also bounds *where* an over-share tenant's pick
+    /// goes: only to an engine whose own saturation is below the tenant's
+    /// bound, not wherever its prefix or load ranks it once the least
+    /// saturated engine let it through ([`room_bound`]). Without it, the
+    /// gate looks at one engine and the pick may land on another one
+    /// already past the bound, in front of the others' requests.
+    pub reserve_per_engine: bool,
+    /// How far above its weighted share of the work in flight a tenant
+    /// must be for the reserve to apply to it (>= 0): over its share means
+    /// holding more than `1 + overShareSlack` times it. At 0 every tenant
+    /// momentarily above the mean is "over", equal tenants included.
+    pub over_share_slack: f64,
+    /// Whether a tenant's share for the reserve counts its picks waiting
+    /// with its work in flight (its demand), not the work in flight alone.
+    /// The fair order releases a flooding tenant's waiting picks at its
+    /// share, so by the work in flight alone it is seldom over it; by its
+    /// demand it is, and the others are not.
+    pub reserve_counts_waiting: bool,
 }
 
 impl Default for FlowControlConfig {
@@ -60,6 +78,9 @@ impl Default for FlowControlConfig {
             // Off: see DEFAULT_SATURATED_PREFILL_TOKENS.
             saturated_prefill_tokens: DEFAULT_SATURATED_PREFILL_TOKENS,
             reserve: DEFAULT_RESERVE,
+            reserve_per_engine: DEFAULT_RESERVE_PER_ENGINE,
+            over_share_slack: DEFAULT_OVER_SHARE_SLACK,
+            reserve_counts_waiting: DEFAULT_RESERVE_COUNTS_WAITING,
         }
     }
 }
@@ -88,6 +109,15 @@ pub const DEFAULT_SATURATED_PREFILL_TOKENS: u64 = 0;
 /// moment get the tighter bound (slower no-burst figures for some).
 pub const DEFAULT_RESERVE: f64 = 0.5;
 
+/// The default [`FlowControlConfig::reserve_per_engine`].
+pub const DEFAULT_RESERVE_PER_ENGINE: bool = false;
+
+/// The default [`FlowControlConfig::over_share_slack`].
+pub const DEFAULT_OVER_SHARE_SLACK: f64 = 0.0;
+
+/// The default [`FlowControlConfig::reserve_counts_waiting`].
+pub const DEFAULT_RESERVE_COUNTS_WAITING: bool = false;
+
 /// A setting out of range.
 #[derive(Debug, Clone, PartialEq, Error)]
 #[error("flowControl.{field}: {message}")]
@@ -111,6 +141,12 @@ impl FlowControlConfig {
             return Err(ConfigError {
                 field: "reserve",
                 message: format!("must be in [0, 1), got {}", self.reserve),
+            });
+        }
+        if !(self.over_share_slack.is_finite() && self.over_share_slack >= 0.0) {
+            return Err(ConfigError {
+                field: "overShareSlack",
+                message: format!("must be a number >= 0, got {}", self.over_share_slack),
             });
         }
         if self.max_queued_per_tenant > self.max_queued {
@@ -246,6 +282,21 @@ mod tests {
             };
             assert_eq!(c.validate().unwrap_err().field, "reserve");
         }
+        for bad in [-0.5, f64::INFINITY, f64::NAN] {
+            let c = FlowControlConfig {
+                over_share_slack: bad,
+                ..FlowControlConfig::default()
+            };
+            let e = c.validate().unwrap_err();
+            assert_eq!(e.field, "overShareSlack");
+            assert!(e
+                .to_string()
+                .starts_with("flowControl.overShareSlack: must be"));
+        }
+        let c: FlowControlConfig =
+            serde_json::from_str(r#"{"overShareSlack": 0.5, "reservePerEngine": true}"#).unwrap();
+        assert_eq!((c.over_share_slack, c.reserve_per_engine), (0.5, true));
+        assert!(c.validate().is_ok());
         assert_eq!(room_bound(0.8, 0.25, false), 0.8);
         assert!((room_bound(0.8, 0.25, true) - 0.6).abs() < 1e-12);
         assert_eq!(room_bound(0.8, 0.0, true), 0.8);

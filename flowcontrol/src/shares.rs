@@ -15,6 +15,8 @@ struct Held {
     tokens: u64,
     picks: u64,
     queued: usize,
+    /// Tokens of its picks waiting.
+    waiting: u64,
     weight: u32,
 }
 
@@ -23,6 +25,7 @@ struct Held {
 pub struct Shares {
     tenants: HashMap<String, Held>,
     tokens: u64,
+    waiting: u64,
     weights: u64,
 }
 
@@ -58,15 +61,26 @@ impl Shares {
         self.forget_idle(tenant);
     }
 
-    /// A pick of `tenant` starts waiting.
-    pub fn queue(&mut self, tenant: &str, weight: u32) {
-        self.entry(tenant, weight).queued += 1;
+    /// A pick of `tenant` of `tokens` starts waiting.
+    pub fn queue(&mut self, tenant: &str, weight: u32, tokens: u64) {
+        let h = self.entry(tenant, weight);
+        h.queued += 1;
+        h.waiting = h.waiting.saturating_add(tokens);
+        self.waiting = self.waiting.saturating_add(tokens);
     }
 
-    /// A pick of `tenant` stops waiting (released, expired or cancelled).
-    pub fn unqueue(&mut self, tenant: &str) {
+    /// A pick of `tenant` of `tokens` stops waiting (released, expired or
+    /// cancelled).
+    pub fn unqueue(&mut self, tenant: &str, tokens: u64) {
         if let Some(h) = self.tenants.get_mut(tenant) {
             h.queued = h.queued.saturating_sub(1);
+            let n = if h.queued == 0 {
+                h.waiting
+            } else {
+                tokens.min(h.waiting)
+            };
+            h.waiting -= n;
+            self.waiting -= n;
             self.forget_idle(tenant);
         }
     }
@@ -75,15 +89,50 @@ impl Shares {
     /// flight, among the tenants active now. A tenant holding nothing, or
     /// alone, is not.
     pub fn over_share(&self, tenant: &str) -> bool {
+        self.over_share_by(tenant, 0.0)
+    }
+
+    /// Whether `tenant` holds more than `1 + slack` times its weighted
+    /// share of the work in flight ([`Shares::over_share`] at 0): with
+    /// tenants of equal demand, whoever is momentarily above the mean is
+    /// over a share of exactly its weight, and the reserve would slow it
+    /// for noise; `slack` keeps it for the tenants clearly above theirs.
+    pub fn over_share_by(&self, tenant: &str, slack: f64) -> bool {
+        self.over_share_of(tenant, slack, false)
+    }
+
+    /// [`Shares::over_share_by`], of the work in flight or, with
+    /// `waiting`, of the work in flight and waiting (its demand): a
+    /// flooding tenant whose picks wait at the gateway holds no more than
+    /// its share in flight (the fair order releases it that much), but it
+    /// demands more.
+    pub fn over_share_of(&self, tenant: &str, slack: f64, waiting: bool) -> bool {
         if self.tenants.len() < 2 {
             return false;
         }
         let Some(h) = self.tenants.get(tenant) else {
             return false;
         };
-        // held / total > weight / weights, without division.
-        u128::from(h.tokens) * u128::from(self.weights)
-            > u128::from(self.tokens) * u128::from(h.weight)
+        let (mine, all) = if waiting {
+            (
+                h.tokens.saturating_add(h.waiting),
+                self.tokens.saturating_add(self.waiting),
+            )
+        } else {
+            (h.tokens, self.tokens)
+        };
+        if slack <= 0.0 {
+            // mine / all > weight / weights, without division.
+            return u128::from(mine) * u128::from(self.weights)
+                > u128::from(all) * u128::from(h.weight);
+        }
+        let share = all as f64 * f64::from(h.weight) / self.weights as f64;
+        mine as f64 > share * (1.0 + slack)
+    }
+
+    /// Tokens of `tenant`'s picks waiting.
+    pub fn waiting(&self, tenant: &str) -> u64 {
+        self.tenants.get(tenant).map_or(0, |h| h.waiting)
     }
 
     /// Tokens `tenant` has in flight.
@@ -130,13 +179,13 @@ mod tests {
         let mut s = Shares::new();
         s.start("a", 1, 100_000);
         assert!(!s.over_share("a"));
-        s.queue("a", 1);
+        s.queue("a", 1, 0);
         assert!(!s.over_share("a"));
         // Another tenant waiting makes it active: "a" now holds all of it.
-        s.queue("b", 1);
+        s.queue("b", 1, 0);
         assert!(s.over_share("a"));
         assert!(!s.over_share("b"));
-        s.unqueue("b");
+        s.unqueue("b", 0);
         assert!(!s.over_share("a"));
         assert_eq!(s.active(), 1);
     }
@@ -151,17 +200,55 @@ mod tests {
         s.start("b", 1, 1);
         assert!(s.over_share("b") && !s.over_share("a"));
         s.end("b", 1);
-        s.queue("a", 3);
+        s.queue("a", 3, 0);
         s.end("a", 300);
         assert!(s.over_share("b"), "b holds all, a still waits");
-        s.unqueue("a");
+        s.unqueue("a", 0);
         assert_eq!((s.active(), s.total()), (1, 100));
         assert!(!s.over_share("b"));
         s.end("b", 100);
         assert_eq!((s.active(), s.total(), s.weights), (0, 0, 0));
         s.end("nobody", 5);
-        s.unqueue("nobody");
+        s.unqueue("nobody", 0);
         assert_eq!(s.active(), 0);
+    }
+
+    #[test]
+    fn slack_leaves_a_tenant_just_above_its_share_alone() {
+        let mut s = Shares::new();
+        for (t, n) in [("a", 300), ("b", 200), ("c", 250), ("d", 250)] {
+            s.start(t, 1, n);
+        }
+        // a holds 300 of 1000, its share 250: over it by 20%.
+        assert!(s.over_share("a"));
+        assert!(s.over_share_by("a", 0.1));
+        assert!(!s.over_share_by("a", 0.25), "1.2x is within 1.25x");
+        assert!(!s.over_share_by("a", 0.5));
+        s.start("a", 1, 700);
+        // 1000 of 1700 against a share of 425: well past 1.5x.
+        assert!(s.over_share_by("a", 0.5));
+        assert!(!s.over_share_by("b", 0.0) && !s.over_share_by("b", 0.5));
+        // Alone, never.
+        let mut one = Shares::new();
+        one.start("a", 1, 5);
+        assert!(!one.over_share_by("a", 0.0) && !one.over_share_by("a", 2.0));
+    }
+
+    #[test]
+    fn a_flooding_tenants_waiting_picks_count_in_its_demand() {
+        let mut s = Shares::new();
+        for t in ["a", "b", "c", "d"] {
+            s.start(t, 1, 1000);
+        }
+        // a's share in flight is exact, but it has 9000 tokens waiting.
+        s.queue("a", 1, 9000);
+        assert!(!s.over_share_of("a", 0.0, false));
+        assert!(s.over_share_of("a", 0.0, true));
+        assert!(s.over_share_of("a", 1.0, true), "10000 of 13000 > 2 x 3250");
+        assert!(!s.over_share_of("b", 0.0, true));
+        s.unqueue("a", 9000);
+        assert!(!s.over_share_of("a", 0.0, true));
+        assert_eq!(s.waiting("a"), 0);
     }
 
     proptest! {
@@ -182,8 +269,8 @@ mod tests {
                         let (_, n) = started.remove(i);
                         s.end(names[t], n);
                     },
-                    2 => { s.queue(names[t], w); queued[t] += 1; }
-                    _ => if queued[t] > 0 { queued[t] -= 1; s.unqueue(names[t]); },
+                    2 => { s.queue(names[t], w, tokens); queued[t] += 1; }
+                    _ => if queued[t] > 0 { queued[t] -= 1; s.unqueue(names[t], tokens); },
                 }
                 let tokens: u64 = started.iter().map(|(_, n)| n).sum();
                 prop_assert_eq!(s.total(), tokens);
@@ -192,6 +279,13 @@ mod tests {
                     .count();
                 prop_assert_eq!(s.active(), active);
                 let weights: u64 = s.tenants.values().map(|h| u64::from(h.weight)).sum();
+                let waiting: u64 = s.tenants.values().map(|h| h.waiting).sum();
+                prop_assert_eq!(s.waiting, waiting);
+                for (i, n) in names.iter().enumerate() {
+                    if queued[i] == 0 {
+                        prop_assert_eq!(s.waiting(n), 0);
+                    }
+                }
                 prop_assert_eq!(s.weights, weights);
                 let over = names.iter().filter(|n| s.over_share(n)).count();
                 prop_assert!(active == 0 || over < active);

@@ -3,7 +3,9 @@
 //! so the tenant label is bounded by the queue), picks in transit, and the
 //! counters of picks queued, released, shed (by cause) and cancelled. Written
 //! for every pool, zeros when flow control is off, so the page's families do
-//! not depend on the configuration. The queue-wait histogram is written by
+//! not depend on the configuration. Per tenant seen (bounded,
+//! [`crate::flow::metrics::MAX_TENANTS`]): the reserve's held and passed
+//! picks, and the released picks' count and summed wait. The queue-wait histogram is written by
 //! hand ([`render_wait`]), as the latency histograms are.
 
 use std::fmt;
@@ -15,7 +17,7 @@ use prometheus_client::metrics::MetricType::{Counter, Gauge};
 
 use super::family;
 use super::histograms::TextWriter;
-use crate::flow::metrics::{ShedCause, WaitHistogram, WAIT_BUCKETS};
+use crate::flow::metrics::{ShedCause, TenantCounts, WaitHistogram, WAIT_BUCKETS};
 use crate::flow::FlowMetrics;
 use crate::pools::Pools;
 
@@ -94,11 +96,55 @@ impl Collector for FlowCollector {
                 }
             }
         }
-        Ok(())
+        self.tenants(enc)
     }
 }
 
 impl FlowCollector {
+    /// The per-tenant counters: what the reserve did to a tenant's picks,
+    /// and how long its released picks waited at the gateway (with the
+    /// TTFT a client sees, the rest is the engine's queue and prefill).
+    fn tenants(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let counts: Vec<(String, Vec<(String, TenantCounts)>)> = self
+            .0
+            .iter()
+            .map(|p| (p.name.clone(), p.flow.metrics.tenant_counts()))
+            .collect();
+        let name = "kvasir_indexer_flow_reserve_total";
+        let help = "Picks of a tenant over its weighted share of the work in flight, by outcome: held (waited only for the reserve: the pool had room by the threshold, none below the tenant's bound), passed (went, or were released, below the bound).";
+        let mut f = family(enc, name, Counter, help)?;
+        for (pool, ts) in &counts {
+            for (tenant, c) in ts {
+                for (outcome, n) in [("held", c.reserve_held), ("passed", c.reserve_passed)] {
+                    let labels = [
+                        ("pool", pool.as_str()),
+                        ("tenant", tenant),
+                        ("outcome", outcome),
+                    ];
+                    f.sample(&labels, n)?;
+                }
+            }
+        }
+        let name = "kvasir_indexer_flow_tenant_released_total";
+        let help = "Queued picks released, per tenant.";
+        let mut f = family(enc, name, Counter, help)?;
+        for (pool, ts) in &counts {
+            for (tenant, c) in ts {
+                f.sample(&[("pool", pool), ("tenant", tenant)], c.released)?;
+            }
+        }
+        let name = "kvasir_indexer_flow_tenant_queue_wait_seconds_total";
+        let help = "Summed wait of the released picks in the flow-control queue, per tenant.";
+        let mut f = family(enc, name, Counter, help)?;
+        for (pool, ts) in &counts {
+            for (tenant, c) in ts {
+                let secs = c.wait_ns as f64 / 1e9;
+                f.sample(&[("pool", pool), ("tenant", tenant)], secs)?;
+            }
+        }
+        Ok(())
+    }
+
     fn gauges(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let per_pool: [GaugeFamily; 3] = [
             (
@@ -183,7 +229,7 @@ mod tests {
 
     use kvasir_flowcontrol::FlowControlConfig;
 
-    use crate::flow::Ask;
+    use crate::flow::{Arrival, Ask};
     use crate::load::{EngineLoad, LoadConfig, LoadTracker, LoadView};
     use crate::pool::Pool;
     use crate::pools::Pools;
@@ -249,6 +295,86 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} in\n{text}");
         }
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            crate::load::parse_sample(line).unwrap();
+        }
+    }
+
+    /// An endpoint with `waiting` of the 5 that saturate it queued.
+    fn ep(id: u64, waiting: u32, done: u32) -> (EndpointId, LoadView) {
+        let view = LoadView {
+            engine: EngineLoad {
+                running: 4,
+                waiting,
+                kv_usage: 0.2,
+            },
+            healthy: true,
+            done_since_scrape: done,
+            ..Default::default()
+        };
+        (EndpointId(id), view)
+    }
+
+    fn ask(tenant: &str, tokens: u64) -> Ask {
+        Ask {
+            request_id: format!("{tenant}-{tokens}"),
+            tenant: tenant.into(),
+            priority: 0,
+            weight: 1,
+            tokens,
+            max_wait: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn the_reserve_and_waits_are_written_per_tenant() {
+        let pool = Pool::new(
+            "p",
+            "m",
+            4,
+            RequestTokenizer::Approx,
+            LoadTracker::new(LoadConfig::default()),
+            Weights::default(),
+        )
+        .with_flow_control(FlowControlConfig {
+            enabled: true,
+            reserve: 0.5,
+            ..FlowControlConfig::default()
+        });
+        let th = pool.load.config().saturation.clone();
+        let flow = &pool.flow;
+        // b and a start work in flight elsewhere; a holds the most.
+        for (t, n) in [("b", 100), ("a", 1000)] {
+            let Arrival::Go(p) = flow.arrive(&[ep(1, 0, 0)], &th, ask(t, n), Instant::now()) else {
+                panic!("room")
+            };
+            flow.placed(p, Some(EndpointId(9)));
+        }
+        // Saturation 0.6: room by the threshold, none by a's bound (0.5).
+        let now = Instant::now();
+        let Arrival::Queued { rx: _a, .. } = flow.arrive(&[ep(1, 3, 0)], &th, ask("a", 7), now)
+        else {
+            panic!("a waits for the reserve")
+        };
+        // Two done: 0.2, a's pick goes after 250 ms.
+        flow.release(&[ep(1, 3, 2)], &th, now + Duration::from_millis(250));
+        let pools = Arc::new(Pools::new(vec![Arc::new(pool)]));
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(super::FlowCollector(Arc::clone(&pools))));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode_registry(&mut text, &registry).unwrap();
+        for want in [
+            "kvasir_indexer_flow_reserve_total{pool=\"p\",tenant=\"a\",outcome=\"held\"} 1\n",
+            "kvasir_indexer_flow_reserve_total{pool=\"p\",tenant=\"a\",outcome=\"passed\"} 1\n",
+            "kvasir_indexer_flow_tenant_released_total{pool=\"p\",tenant=\"a\"} 1\n",
+            "kvasir_indexer_flow_tenant_queue_wait_seconds_total{pool=\"p\",tenant=\"a\"} 0.25\n",
+        ] {
+            assert!(text.contains(want), "{want} in\n{text}");
+        }
+        assert!(
+            !text.contains("tenant=\"b\""),
+            "b was never over its share:\n{text}"
+        );
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             crate::load::parse_sample(line).unwrap();
         }

@@ -98,7 +98,7 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 109] = [
+const FAMILIES: [(&str, &str); 112] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
@@ -156,8 +156,14 @@ const FAMILIES: [(&str, &str); 109] = [
     ("kvasir_indexer_flow_queued_total", "counter"),
     ("kvasir_indexer_flow_released_tokens_total", "counter"),
     ("kvasir_indexer_flow_released_total", "counter"),
+    ("kvasir_indexer_flow_reserve_total", "counter"),
     ("kvasir_indexer_flow_shed_tokens_total", "counter"),
     ("kvasir_indexer_flow_shed_total", "counter"),
+    (
+        "kvasir_indexer_flow_tenant_queue_wait_seconds_total",
+        "counter",
+    ),
+    ("kvasir_indexer_flow_tenant_released_total", "counter"),
     ("kvasir_indexer_grpc_unauthenticated_total", "counter"),
     ("kvasir_indexer_grpc_unavailable_total", "counter"),
     ("kvasir_indexer_in_flight_expired_total", "counter"),

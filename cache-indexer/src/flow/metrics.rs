@@ -1,11 +1,23 @@
 //! Flow control's counters and its queue-wait histogram (per pool; the
 //! queue's lengths per tenant are read from the queue at scrape time, so
-//! only tenants with picks waiting carry a label).
+//! only tenants with picks waiting carry a label), and per tenant what the
+//! reserve did and how long released picks waited ([`TenantCounts`]).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use parking_lot::Mutex;
+
 use crate::metrics::Counter;
+
+/// Tenants counted by name per pool at most; the rest are counted under
+/// [`OTHER_TENANTS`] (tenants come from the policy, but a request's tenant
+/// header must not grow the page without bound).
+pub const MAX_TENANTS: usize = 256;
+
+/// The tenant label of the tenants past [`MAX_TENANTS`].
+pub const OTHER_TENANTS: &str = "_other";
 
 /// Bucket bounds (seconds) of the queue-wait histogram: 1 ms .. 30 s (the
 /// default maximum wait is 10 s).
@@ -116,9 +128,70 @@ pub struct FlowMetrics {
     pub cancelled: Counter,
     /// How long released picks waited.
     pub wait: WaitHistogram,
+    /// Per tenant: the reserve's picks and the released picks' waits.
+    tenants: Mutex<HashMap<String, TenantCounts>>,
+}
+
+/// One tenant's flow-control counts in a pool.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TenantCounts {
+    /// Picks that waited only because of the reserve: the pool had room by
+    /// the threshold, none below the tenant's bound (it was over its share).
+    pub reserve_held: u64,
+    /// Picks of the tenant while over its share that went anyway (let
+    /// through or released below its bound).
+    pub reserve_passed: u64,
+    /// Its queued picks released.
+    pub released: u64,
+    /// Their waits, nanoseconds.
+    pub wait_ns: u64,
 }
 
 impl FlowMetrics {
+    /// A pick of `tenant` waited only because of the reserve.
+    pub fn reserve_held(&self, tenant: &str) {
+        self.tenant(tenant, |c| c.reserve_held += 1);
+    }
+
+    /// A pick of `tenant`, over its share, went below its bound.
+    pub fn reserve_passed(&self, tenant: &str) {
+        self.tenant(tenant, |c| c.reserve_passed += 1);
+    }
+
+    /// A queued pick of `tenant` was released after `waited`.
+    pub fn tenant_released(&self, tenant: &str, waited: Duration) {
+        let ns = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.tenant(tenant, |c| {
+            c.released += 1;
+            c.wait_ns = c.wait_ns.saturating_add(ns);
+        });
+    }
+
+    /// Every tenant's counts, sorted by tenant.
+    pub fn tenant_counts(&self) -> Vec<(String, TenantCounts)> {
+        let mut out: Vec<(String, TenantCounts)> = self
+            .tenants
+            .lock()
+            .iter()
+            .map(|(t, c)| (t.clone(), *c))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    fn tenant(&self, tenant: &str, f: impl FnOnce(&mut TenantCounts)) {
+        let mut g = self.tenants.lock();
+        if let Some(c) = g.get_mut(tenant) {
+            return f(c);
+        }
+        let name = if g.len() < MAX_TENANTS {
+            tenant
+        } else {
+            OTHER_TENANTS
+        };
+        f(g.entry(name.to_owned()).or_default());
+    }
+
     /// Counts a shed pick of `tokens`.
     pub fn count_shed(&self, cause: ShedCause, tokens: u64) {
         self.shed[cause.index()].inc();
@@ -142,5 +215,29 @@ mod tests {
         assert_eq!(h.buckets()[1], 1, "3 ms is in the 5 ms bucket");
         assert_eq!(h.buckets().iter().sum::<u64>(), 1, "60 s only in +Inf");
         assert!((h.sum_seconds() - 60.003).abs() < 1e-6);
+    }
+
+    #[test]
+    fn tenants_past_the_bound_are_counted_together() {
+        let m = FlowMetrics::default();
+        for i in 0..MAX_TENANTS + 3 {
+            m.reserve_held(&format!("t{i}"));
+        }
+        m.reserve_passed("t0");
+        m.tenant_released("t0", Duration::from_millis(250));
+        let counts = m.tenant_counts();
+        assert_eq!(counts.len(), MAX_TENANTS + 1);
+        let other = counts.iter().find(|(t, _)| t == OTHER_TENANTS).unwrap();
+        assert_eq!(other.1.reserve_held, 3);
+        let t0 = counts.iter().find(|(t, _)| t == "t0").unwrap().1;
+        assert_eq!(
+            t0,
+            TenantCounts {
+                reserve_held: 1,
+                reserve_passed: 1,
+                released: 1,
+                wait_ns: 250_000_000,
+            }
+        );
     }
 }

@@ -46,6 +46,7 @@ pub mod metrics;
 mod moves;
 pub mod recheck;
 mod release;
+mod reserve;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -135,6 +136,11 @@ pub struct Passage {
     charge: Option<Charge>,
     /// Its work in its tenant's share, ended on drop unless placed.
     share: Option<ShareGuard>,
+    /// The saturation below which its tenant's pick could go, when that
+    /// was the reserve's (the tenant was over its share): with
+    /// `reservePerEngine` it is placed only on an engine below it
+    /// ([`PoolFlow::allowed_for`]).
+    reserve_bound: Option<f64>,
 }
 
 /// Picks in transit and their tokens.
@@ -185,6 +191,7 @@ impl Passage {
             queued: Duration::ZERO,
             charge: None,
             share: None,
+            reserve_bound: None,
         }
     }
 
@@ -287,7 +294,10 @@ impl PoolFlow {
     /// Whether `tenant` holds more than its weighted share of the work in
     /// flight, with other tenants active (see the module docs).
     pub fn over_share(&self, tenant: &str) -> bool {
-        self.shares.lock().over_share(tenant)
+        let c = &self.config;
+        self.shares
+            .lock()
+            .over_share_of(tenant, c.over_share_slack, c.reserve_counts_waiting)
     }
 
     /// Tokens `tenant` has in flight (this replica's picks), and all
@@ -303,13 +313,17 @@ impl PoolFlow {
         room_bound(
             self.config.threshold,
             self.config.reserve,
-            shares.over_share(tenant),
+            shares.over_share_of(
+                tenant,
+                self.config.over_share_slack,
+                self.config.reserve_counts_waiting,
+            ),
         )
     }
 
-    /// A pass for a pick going now: in transit, its work in its tenant's
-    /// share.
-    fn pass(&self, queued: Duration, charge: Charge) -> Passage {
+    /// A pass for a pick going now below `bound`: in transit, its work in
+    /// its tenant's share.
+    fn pass(&self, queued: Duration, charge: Charge, bound: f64) -> Passage {
         let t = &self.in_transit;
         t.picks.fetch_add(1, Ordering::AcqRel);
         t.tokens.fetch_add(charge.tokens, Ordering::AcqRel);
@@ -327,6 +341,7 @@ impl PoolFlow {
                 armed: true,
             }),
             charge: Some(charge),
+            reserve_bound: (bound < self.config.threshold).then_some(bound),
         }
     }
 
@@ -363,7 +378,11 @@ impl PoolFlow {
         // over its share): a newcomer with room by its own bound overtakes
         // only those.
         let bound = self.bound(&self.shares.lock(), &ask.tenant);
+        let reserved = bound < self.config.threshold;
         if has_room(sat, bound) {
+            if reserved {
+                self.metrics.reserve_passed(&ask.tenant);
+            }
             let charge = Charge {
                 request_id: ask.request_id,
                 tenant: ask.tenant,
@@ -373,8 +392,10 @@ impl PoolFlow {
                 queued: false,
                 at: now,
             };
-            return Arrival::Go(self.pass(Duration::ZERO, charge));
+            return Arrival::Go(self.pass(Duration::ZERO, charge, bound));
         }
+        // Room by the threshold, none by its bound: it waits for the reserve.
+        let held = reserved && has_room(sat, self.config.threshold);
         let tokens = ask.tokens;
         let wait = ask.max_wait.min(self.config.limits().max_wait);
         if wait.is_zero() {
@@ -397,9 +418,12 @@ impl PoolFlow {
         };
         match g.queue.push(waiting, now) {
             Ok(ticket) => {
+                if held {
+                    self.metrics.reserve_held(&tenant);
+                }
                 self.metrics.queued.inc();
                 self.metrics.queued_tokens.add(tokens);
-                self.shares.lock().queue(&tenant, ask.weight);
+                self.shares.lock().queue(&tenant, ask.weight, tokens);
                 track(&mut g.tokens, &tenant, tokens);
                 Arrival::Queued {
                     ticket,
@@ -444,7 +468,9 @@ impl PoolFlow {
             return;
         }
         for r in g.queue.expire(now) {
-            self.shares.lock().unqueue(&r.waiting.tenant);
+            self.shares
+                .lock()
+                .unqueue(&r.waiting.tenant, r.waiting.tokens);
             untrack(&mut g.tokens, &r.waiting.tenant, r.waiting.tokens);
             self.metrics
                 .count_shed(ShedCause::MaxWait, r.waiting.tokens);
@@ -463,7 +489,13 @@ impl PoolFlow {
             let Some(r) = r else {
                 break;
             };
-            self.shares.lock().unqueue(&r.waiting.tenant);
+            let bound = self.bound(&self.shares.lock(), &r.waiting.tenant);
+            if bound < self.config.threshold {
+                self.metrics.reserve_passed(&r.waiting.tenant);
+            }
+            self.shares
+                .lock()
+                .unqueue(&r.waiting.tenant, r.waiting.tokens);
             untrack(&mut g.tokens, &r.waiting.tenant, r.waiting.tokens);
             let waited = now.saturating_duration_since(r.enqueued_at);
             let w = r.waiting;
@@ -476,8 +508,10 @@ impl PoolFlow {
                 queued: true,
                 at: now,
             };
-            let passage = self.pass(waited, charge);
+            let tenant = charge.tenant.clone();
+            let passage = self.pass(waited, charge, bound);
             if w.item.tx.send(Wake::Go(passage)).is_ok() {
+                self.metrics.tenant_released(&tenant, waited);
                 self.metrics.released.inc();
                 self.metrics.released_tokens.add(w.tokens);
                 self.metrics.wait.observe(waited);
@@ -510,7 +544,9 @@ impl PoolFlow {
     fn take(&self, ticket: Ticket) -> Option<u64> {
         let mut g = self.inner.lock();
         let r = g.queue.remove(ticket)?;
-        self.shares.lock().unqueue(&r.waiting.tenant);
+        self.shares
+            .lock()
+            .unqueue(&r.waiting.tenant, r.waiting.tokens);
         untrack(&mut g.tokens, &r.waiting.tenant, r.waiting.tokens);
         Some(r.waiting.tokens)
     }

@@ -502,3 +502,72 @@ fn queued_prefill_work_leaves_an_engine_without_room() {
         Arrival::Queued { .. }
     ));
 }
+
+#[test]
+fn the_reserves_holds_and_passes_are_counted_per_tenant() {
+    let f = PoolFlow::new(reserved(0.5));
+    let idle = [ep(1, 0, 0)];
+    go_and_place(&f, &idle, ask("b", 100));
+    go_and_place(&f, &idle, ask("a", 1000));
+    let busy = [ep(1, 2, 0)];
+    let now = Instant::now();
+    let Arrival::Queued { rx: mut a_rx, .. } = f.arrive(&busy, &th(), ask("a", 1001), now) else {
+        panic!("held for the reserve")
+    };
+    let later = now + Duration::from_millis(40);
+    f.release(&[ep(1, 2, 3)], &th(), later);
+    assert!(matches!(a_rx.try_recv(), Ok(Wake::Go(_))));
+    let counts = f.metrics.tenant_counts();
+    assert_eq!(counts.len(), 1, "b was never over its share: {counts:?}");
+    let (t, a) = &counts[0];
+    assert_eq!(t, "a");
+    assert_eq!((a.reserve_held, a.reserve_passed, a.released), (1, 1, 1));
+    assert_eq!(a.wait_ns, 40_000_000);
+}
+
+/// Endpoint 1 at saturation 0.2 (one waiting), 2 at 0.6, 3 at 0.8.
+fn three_engines() -> Vec<(EndpointId, LoadView)> {
+    vec![ep(1, 1, 0), ep(2, 3, 0), ep(3, 4, 0)]
+}
+
+/// An over-share pass of `a` (held 1000 against b's 100) at `loads`.
+fn over_share_pass(f: &PoolFlow, loads: &[(EndpointId, LoadView)]) -> Passage {
+    let idle = [ep(9, 0, 0)];
+    for (t, n) in [("b", 100), ("a", 1000)] {
+        let Arrival::Go(p) = f.arrive(&idle, &th(), ask(t, n), Instant::now()) else {
+            panic!("room")
+        };
+        f.placed(p, Some(EndpointId(9)));
+    }
+    assert!(f.over_share("a"));
+    let Arrival::Go(p) = f.arrive(loads, &th(), ask("a", 10), Instant::now()) else {
+        panic!("below a's bound on endpoint 1: it goes")
+    };
+    p
+}
+
+#[test]
+fn per_engine_an_over_share_pick_goes_only_where_its_bound_has_room() {
+    let on = PoolFlow::new(FlowControlConfig {
+        reserve_per_engine: true,
+        ..reserved(0.5)
+    });
+    let loads = three_engines();
+    let p = over_share_pass(&on, &loads);
+    assert_eq!(
+        on.allowed_for(&p, &loads, &th(), Instant::now()),
+        Some(vec![EndpointId(1)])
+    );
+    // None below the bound any more: no restriction (the ranking chooses).
+    let full = [ep(2, 3, 0), ep(3, 4, 0)];
+    assert_eq!(on.allowed_for(&p, &full, &th(), Instant::now()), None);
+    // A tenant under its share is not restricted.
+    let Arrival::Go(b) = on.arrive(&loads, &th(), ask("b", 10), Instant::now()) else {
+        panic!("b goes")
+    };
+    assert_eq!(on.allowed_for(&b, &loads, &th(), Instant::now()), None);
+    // The setting off: the gate only, as before.
+    let off = PoolFlow::new(reserved(0.5));
+    let p = over_share_pass(&off, &loads);
+    assert_eq!(off.allowed_for(&p, &loads, &th(), Instant::now()), None);
+}

@@ -63,7 +63,9 @@ impl Pool {
         };
         let thresholds = &self.load.config().saturation;
         let (ticket, rx, deadline) = match self.flow.arrive(&loads, thresholds, ask, now) {
-            Arrival::Go(pass) => return Ok((endpoints, matched, pass)),
+            Arrival::Go(pass) => {
+                return Ok((self.reserve_candidates(&pass, endpoints), matched, pass))
+            }
             Arrival::Shed(cause) => return Err(self.shed(call, tokens, &loads, cause)),
             Arrival::Queued {
                 ticket,
@@ -80,7 +82,7 @@ impl Pool {
             return Err(shed);
         };
         let (endpoints, matched) = self.bind_late(call, tokens, matched, hashes);
-        Ok((endpoints, matched, pass))
+        Ok((self.reserve_candidates(&pass, endpoints), matched, pass))
     }
 
     /// Late binding of a released pick: the prefix matched against the
