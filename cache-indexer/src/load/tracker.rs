@@ -12,8 +12,7 @@ use super::peers::{PeerLoad, PeerPending, PeerStats, Peers};
 use super::prefix::common_prefix;
 use super::saturation::SaturationThresholds;
 use super::tracker_state::{
-    confirm, finished, learn_rate, mark_down, release, settle, EndpointLoad, InFlight,
-    ReportMatch,
+    confirm, finished, learn_rate, mark_down, release, settle, EndpointLoad, InFlight, ReportMatch,
 };
 use crate::types::EndpointId;
 

@@ -83,8 +83,7 @@ impl EndpointLoad {
             return 0;
         };
         let since = drain::started(picked_at, self.prefill_end);
-        drain::drained(self.rate.per_sec(), Some(since), now, tokens)
-            .min(self.queued_prefill)
+        drain::drained(self.rate.per_sec(), Some(since), now, tokens).min(self.queued_prefill)
     }
 
     /// Keeps a chain whose prefill ended at `now` for [`PENDING_GRACE`],
