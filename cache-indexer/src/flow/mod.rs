@@ -32,7 +32,14 @@
 //! waiting picks while tenants under their share may go; so a flooding
 //! tenant cannot keep every engine at the threshold. A pick's work is in
 //! flight from its pass until its DONE report ([`PoolFlow::settle`]), or
-//! until it is forgotten ([`MAX_CHARGES`], [`CHARGE_TTL`]).
+//! until it is forgotten ([`MAX_CHARGES`], [`CHARGE_TTL`]). With
+//! `reserveCountsWaiting` the share counts the tenant's waiting picks too
+//! (its demand: the fair order releases a flooding tenant at about its
+//! share, so by the work in flight alone it is seldom over it); with
+//! `overShareSlack` "over" means past `1 + slack` times the share; with
+//! `reservePerEngine` a pick let through under the reserve's bound is
+//! ranked only among the engines below that bound ([`reserve`]). What the
+//! reserve did is counted per tenant ([`metrics::TenantCounts`]).
 //!
 //! With several indexer replicas each keeps its own queue for the picks of
 //! the streams it serves (see flowcontrol/README.md, "Two or more indexer
