@@ -43,13 +43,6 @@ pub struct FlowControlConfig {
     /// another floods the pool. A tenant alone is never over its share. 0:
     /// off (work-conserving between tenants, as before).
     pub reserve: f64,
-    /// Whether the reserve also bounds *where* an over-share tenant's pick
-    /// goes: only to an engine whose own saturation is below the tenant's
-    /// bound, not wherever its prefix or load ranks it once the least
-    /// saturated engine let it through ([`room_bound`]). Without it, the
-    /// gate looks at one engine and the pick may land on another one
-    /// already past the bound, in front of the others' requests.
-    pub reserve_per_engine: bool,
     /// How far above its weighted share of the work in flight a tenant
     /// must be for the reserve to apply to it (>= 0): over its share means
     /// holding more than `1 + overShareSlack` times it. At 0 every tenant
@@ -78,7 +71,6 @@ impl Default for FlowControlConfig {
             // Off: see DEFAULT_SATURATED_PREFILL_TOKENS.
             saturated_prefill_tokens: DEFAULT_SATURATED_PREFILL_TOKENS,
             reserve: DEFAULT_RESERVE,
-            reserve_per_engine: DEFAULT_RESERVE_PER_ENGINE,
             over_share_slack: DEFAULT_OVER_SHARE_SLACK,
             reserve_counts_waiting: DEFAULT_RESERVE_COUNTS_WAITING,
         }
@@ -108,9 +100,6 @@ pub const DEFAULT_SATURATED_PREFILL_TOKENS: u64 = 0;
 /// with load spread evenly, whichever tenants are above the mean for a
 /// moment get the tighter bound (slower no-burst figures for some).
 pub const DEFAULT_RESERVE: f64 = 0.5;
-
-/// The default [`FlowControlConfig::reserve_per_engine`].
-pub const DEFAULT_RESERVE_PER_ENGINE: bool = false;
 
 /// The default [`FlowControlConfig::over_share_slack`].
 pub const DEFAULT_OVER_SHARE_SLACK: f64 = 0.0;
@@ -293,9 +282,8 @@ mod tests {
                 .to_string()
                 .starts_with("flowControl.overShareSlack: must be"));
         }
-        let c: FlowControlConfig =
-            serde_json::from_str(r#"{"overShareSlack": 0.5, "reservePerEngine": true}"#).unwrap();
-        assert_eq!((c.over_share_slack, c.reserve_per_engine), (0.5, true));
+        let c: FlowControlConfig = serde_json::from_str(r#"{"overShareSlack": 0.5}"#).unwrap();
+        assert_eq!(c.over_share_slack, 0.5);
         assert!(c.validate().is_ok());
         assert_eq!(room_bound(0.8, 0.25, false), 0.8);
         assert!((room_bound(0.8, 0.25, true) - 0.6).abs() < 1e-12);

@@ -145,7 +145,6 @@ pub fn resolve(fc: &FlowControl) -> FlowControlConfig {
             .saturated_prefill_tokens
             .unwrap_or(d.saturated_prefill_tokens),
         reserve: fc.reserve.unwrap_or(d.reserve),
-        reserve_per_engine: d.reserve_per_engine,
         over_share_slack: d.over_share_slack,
         reserve_counts_waiting: d.reserve_counts_waiting,
     }

@@ -36,9 +36,7 @@
 //! `reserveCountsWaiting` the share counts the tenant's waiting picks too
 //! (its demand: the fair order releases a flooding tenant at about its
 //! share, so by the work in flight alone it is seldom over it); with
-//! `overShareSlack` "over" means past `1 + slack` times the share; with
-//! `reservePerEngine` a pick let through under the reserve's bound is
-//! ranked only among the engines below that bound ([`reserve`]). What the
+//! `overShareSlack` "over" means past `1 + slack` times the share. What the
 //! reserve did is counted per tenant ([`metrics::TenantCounts`]).
 //!
 //! With several indexer replicas each keeps its own queue for the picks of
@@ -53,7 +51,6 @@ pub mod metrics;
 mod moves;
 pub mod recheck;
 mod release;
-mod reserve;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -143,11 +140,6 @@ pub struct Passage {
     charge: Option<Charge>,
     /// Its work in its tenant's share, ended on drop unless placed.
     share: Option<ShareGuard>,
-    /// The saturation below which its tenant's pick could go, when that
-    /// was the reserve's (the tenant was over its share): with
-    /// `reservePerEngine` it is placed only on an engine below it
-    /// ([`PoolFlow::allowed_for`]).
-    reserve_bound: Option<f64>,
 }
 
 /// Picks in transit and their tokens.
@@ -198,7 +190,6 @@ impl Passage {
             queued: Duration::ZERO,
             charge: None,
             share: None,
-            reserve_bound: None,
         }
     }
 
@@ -328,9 +319,9 @@ impl PoolFlow {
         )
     }
 
-    /// A pass for a pick going now below `bound`: in transit, its work in
-    /// its tenant's share.
-    fn pass(&self, queued: Duration, charge: Charge, bound: f64) -> Passage {
+    /// A pass for a pick going now: in transit, its work in its tenant's
+    /// share.
+    fn pass(&self, queued: Duration, charge: Charge) -> Passage {
         let t = &self.in_transit;
         t.picks.fetch_add(1, Ordering::AcqRel);
         t.tokens.fetch_add(charge.tokens, Ordering::AcqRel);
@@ -348,7 +339,6 @@ impl PoolFlow {
                 armed: true,
             }),
             charge: Some(charge),
-            reserve_bound: (bound < self.config.threshold).then_some(bound),
         }
     }
 
@@ -399,7 +389,7 @@ impl PoolFlow {
                 queued: false,
                 at: now,
             };
-            return Arrival::Go(self.pass(Duration::ZERO, charge, bound));
+            return Arrival::Go(self.pass(Duration::ZERO, charge));
         }
         // Room by the threshold, none by its bound: it waits for the reserve.
         let held = reserved && has_room(sat, self.config.threshold);
@@ -516,7 +506,7 @@ impl PoolFlow {
                 at: now,
             };
             let tenant = charge.tenant.clone();
-            let passage = self.pass(waited, charge, bound);
+            let passage = self.pass(waited, charge);
             if w.item.tx.send(Wake::Go(passage)).is_ok() {
                 self.metrics.tenant_released(&tenant, waited);
                 self.metrics.released.inc();

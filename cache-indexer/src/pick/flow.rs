@@ -63,9 +63,7 @@ impl Pool {
         };
         let thresholds = &self.load.config().saturation;
         let (ticket, rx, deadline) = match self.flow.arrive(&loads, thresholds, ask, now) {
-            Arrival::Go(pass) => {
-                return Ok((self.reserve_candidates(&pass, endpoints), matched, pass))
-            }
+            Arrival::Go(pass) => return Ok((endpoints, matched, pass)),
             Arrival::Shed(cause) => return Err(self.shed(call, tokens, &loads, cause)),
             Arrival::Queued {
                 ticket,
@@ -82,7 +80,7 @@ impl Pool {
             return Err(shed);
         };
         let (endpoints, matched) = self.bind_late(call, tokens, matched, hashes);
-        Ok((self.reserve_candidates(&pass, endpoints), matched, pass))
+        Ok((endpoints, matched, pass))
     }
 
     /// Late binding of a released pick: the prefix matched against the
