@@ -239,15 +239,7 @@ mod tests {
 
     #[test]
     fn flow_families_are_written_per_pool_and_waiting_tenant() {
-        let pool = Pool::new(
-            "p",
-            "m",
-            4,
-            RequestTokenizer::Approx,
-            LoadTracker::new(LoadConfig::default()),
-            Weights::default(),
-        )
-        .with_flow_control(FlowControlConfig {
+        let pool = flow_pool(FlowControlConfig {
             enabled: true,
             ..FlowControlConfig::default()
         });
@@ -300,6 +292,19 @@ mod tests {
         }
     }
 
+    /// Pool "p" with `flow` as its flow control.
+    fn flow_pool(flow: FlowControlConfig) -> Pool {
+        Pool::new(
+            "p",
+            "m",
+            4,
+            RequestTokenizer::Approx,
+            LoadTracker::new(LoadConfig::default()),
+            Weights::default(),
+        )
+        .with_flow_control(flow)
+    }
+
     /// An endpoint with `waiting` of the 5 that saturate it queued.
     fn ep(id: u64, waiting: u32, done: u32) -> (EndpointId, LoadView) {
         let view = LoadView {
@@ -328,15 +333,7 @@ mod tests {
 
     #[test]
     fn the_reserve_and_waits_are_written_per_tenant() {
-        let pool = Pool::new(
-            "p",
-            "m",
-            4,
-            RequestTokenizer::Approx,
-            LoadTracker::new(LoadConfig::default()),
-            Weights::default(),
-        )
-        .with_flow_control(FlowControlConfig {
+        let pool = flow_pool(FlowControlConfig {
             enabled: true,
             reserve: 0.5,
             ..FlowControlConfig::default()
