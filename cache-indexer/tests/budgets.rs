@@ -8,17 +8,16 @@
 //! In process, with flow control: a pick shed from the queue, or whose
 //! caller goes away while it waits, gives its reservation back.
 
+mod flow_support;
 mod responses_support;
 mod service_support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flow_support::flow_pool;
 use kvasir_cache_indexer::config::ResponsesConfig;
-use kvasir_cache_indexer::load::{EngineLoad, LoadConfig, LoadTracker};
-use kvasir_cache_indexer::scoring::Weights;
-use kvasir_cache_indexer::tokenize::RequestTokenizer;
-use kvasir_cache_indexer::types::IndexSource;
+use kvasir_cache_indexer::load::EngineLoad;
 use kvasir_cache_indexer::Pool;
 use kvasir_flowcontrol::FlowControlConfig;
 use kvasir_proto::v1 as pb;
@@ -314,24 +313,15 @@ async fn too_large_unknown_reports_and_missing_ids() {
 /// A pool of one engine scraped saturated, with flow control on: every
 /// pick waits (at most `max_wait_ms`).
 fn saturated_pool(max_wait_ms: u64) -> Arc<Pool> {
-    let pool = Pool::new(
-        "p",
-        "m",
-        16,
-        RequestTokenizer::Approx,
-        LoadTracker::new(LoadConfig::default()),
-        Weights::default(),
-    )
-    .with_index(IndexSource::Picks, 1 << 20)
-    .with_flow_control(FlowControlConfig {
+    let flow = FlowControlConfig {
         enabled: true,
         threshold: 1.0,
         max_queued: 8,
         max_queued_per_tenant: 8,
         max_wait_ms,
         ..FlowControlConfig::default()
-    });
-    pool.set_idle_loopback_endpoints(1);
+    };
+    let pool = flow_pool(flow, 1);
     let busy = EngineLoad {
         running: 4,
         waiting: 5,

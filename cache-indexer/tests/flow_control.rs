@@ -7,15 +7,15 @@
 //! that cannot wait), a caller that goes away, flow control off, and the
 //! config's checks.
 
+mod flow_support;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flow_support::{done, flow_pool, pick};
 use kvasir_cache_indexer::config;
-use kvasir_cache_indexer::load::{EngineLoad, LoadConfig, LoadTracker};
-use kvasir_cache_indexer::scoring::Weights;
-use kvasir_cache_indexer::tokenize::RequestTokenizer;
-use kvasir_cache_indexer::types::IndexSource;
+use kvasir_cache_indexer::load::EngineLoad;
 use kvasir_cache_indexer::Pool;
 use kvasir_flowcontrol::FlowControlConfig;
 use kvasir_proto::v1 as pb;
@@ -41,18 +41,7 @@ fn flow_on(max_queued: usize, per_tenant: usize, max_wait_ms: u64) -> FlowContro
 
 /// A pool of `n` idle engines whose index is its own picks (block size 16).
 fn pool(flow: FlowControlConfig, n: usize) -> Arc<Pool> {
-    let pool = Pool::new(
-        "p",
-        "m",
-        16,
-        RequestTokenizer::Approx,
-        LoadTracker::new(LoadConfig::default()),
-        Weights::default(),
-    )
-    .with_index(IndexSource::Picks, 1 << 20)
-    .with_flow_control(flow);
-    pool.set_idle_loopback_endpoints(n);
-    Arc::new(pool)
+    Arc::new(flow_pool(flow, n))
 }
 
 /// Every engine of `pool` scraped now with this load.
@@ -90,21 +79,6 @@ fn with_priority(mut r: pb::PickRequest, priority: i32) -> pb::PickRequest {
         ..Default::default()
     });
     r
-}
-
-async fn pick(pool: &Pool, r: pb::PickRequest) -> pb::PickResponse {
-    pool.pick(r).await.expect("a valid pick")
-}
-
-fn done(pool: &Pool, request_id: &str) {
-    pool.report(&pb::ReportRequest {
-        pool: "p".into(),
-        request_id: request_id.into(),
-        phase: pb::ReportPhase::Done as i32,
-        outcome: pb::Outcome::Success as i32,
-        ..Default::default()
-    })
-    .expect("a valid report");
 }
 
 /// Starts a pick as its own task and waits until it is in the queue.

@@ -7,13 +7,12 @@
 //! drains, and the drain never passes the oldest pick in prefill without
 //! its report. In process: one engine, scraped once (idle), no scrape loop.
 
+mod flow_support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvasir_cache_indexer::load::{LoadConfig, LoadTracker};
-use kvasir_cache_indexer::scoring::Weights;
-use kvasir_cache_indexer::tokenize::RequestTokenizer;
-use kvasir_cache_indexer::types::IndexSource;
+use flow_support::{first_token, flow_pool, pick};
 use kvasir_cache_indexer::Pool;
 use kvasir_flowcontrol::FlowControlConfig;
 use kvasir_proto::v1 as pb;
@@ -32,16 +31,7 @@ const LEARN: Duration = Duration::from_millis(100);
 const LEARN_TOKENS: u32 = 4000;
 
 fn pool() -> Arc<Pool> {
-    let pool = Pool::new(
-        "p",
-        "m",
-        16,
-        RequestTokenizer::Approx,
-        LoadTracker::new(LoadConfig::default()),
-        Weights::default(),
-    )
-    .with_index(IndexSource::Picks, 1 << 20)
-    .with_flow_control(FlowControlConfig {
+    let flow = FlowControlConfig {
         enabled: true,
         threshold: 0.5,
         saturated_prefill_tokens: SATURATED,
@@ -49,9 +39,8 @@ fn pool() -> Arc<Pool> {
         max_queued_per_tenant: 64,
         max_wait_ms: 10_000,
         ..FlowControlConfig::default()
-    });
-    pool.set_idle_loopback_endpoints(1);
-    Arc::new(pool)
+    };
+    Arc::new(flow_pool(flow, 1))
 }
 
 /// A pick of `len` tokens no other pick shares (`seed` apart).
@@ -65,21 +54,6 @@ fn req(request_id: &str, seed: u32, len: u32, max_wait_ms: u32) -> pb::PickReque
         max_wait_ms,
         ..Default::default()
     }
-}
-
-async fn pick(pool: &Pool, r: pb::PickRequest) -> pb::PickResponse {
-    pool.pick(r).await.expect("a valid pick")
-}
-
-fn first_token(pool: &Pool, request_id: &str) {
-    pool.report(&pb::ReportRequest {
-        pool: "p".into(),
-        request_id: request_id.into(),
-        phase: pb::ReportPhase::FirstToken as i32,
-        outcome: pb::Outcome::Success as i32,
-        ..Default::default()
-    })
-    .expect("a valid report");
 }
 
 /// Teaches the engine's prefill rate: one pick whose first token comes

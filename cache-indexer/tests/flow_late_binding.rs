@@ -5,13 +5,14 @@
 //! room once the holder is saturated. In process: two engines whose load
 //! is set by recorded scrapes, a DONE report that frees a slot.
 
+mod flow_support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvasir_cache_indexer::load::{EngineLoad, LoadConfig, LoadTracker};
-use kvasir_cache_indexer::scoring::Weights;
-use kvasir_cache_indexer::tokenize::RequestTokenizer;
-use kvasir_cache_indexer::types::{EndpointId, IndexSource};
+use flow_support::{done, flow_pool, pick};
+use kvasir_cache_indexer::load::EngineLoad;
+use kvasir_cache_indexer::types::EndpointId;
 use kvasir_cache_indexer::Pool;
 use kvasir_flowcontrol::FlowControlConfig;
 use kvasir_proto::v1 as pb;
@@ -27,25 +28,15 @@ const PREFIX: u32 = 8192;
 /// 16), holding picks while no engine is below saturation 0.2 (one
 /// request waiting).
 fn pool() -> Arc<Pool> {
-    let pool = Pool::new(
-        "p",
-        "m",
-        16,
-        RequestTokenizer::Approx,
-        LoadTracker::new(LoadConfig::default()),
-        Weights::default(),
-    )
-    .with_index(IndexSource::Picks, 1 << 20)
-    .with_flow_control(FlowControlConfig {
+    let flow = FlowControlConfig {
         enabled: true,
         threshold: 0.2,
         max_queued: 64,
         max_queued_per_tenant: 64,
         max_wait_ms: 10_000,
         ..FlowControlConfig::default()
-    });
-    pool.set_idle_loopback_endpoints(2);
-    Arc::new(pool)
+    };
+    Arc::new(flow_pool(flow, 2))
 }
 
 fn scrape(pool: &Pool, address: &str, waiting: u32) {
@@ -69,21 +60,6 @@ fn req(request_id: &str, prompt: Vec<u32>) -> pb::PickRequest {
         max_wait_ms: 10_000,
         ..Default::default()
     }
-}
-
-async fn pick(pool: &Pool, r: pb::PickRequest) -> pb::PickResponse {
-    pool.pick(r).await.expect("a valid pick")
-}
-
-fn done(pool: &Pool, request_id: &str) {
-    pool.report(&pb::ReportRequest {
-        pool: "p".into(),
-        request_id: request_id.into(),
-        phase: pb::ReportPhase::Done as i32,
-        outcome: pb::Outcome::Success as i32,
-        ..Default::default()
-    })
-    .expect("a valid report");
 }
 
 /// The prefix goes to one engine (`home`), a pick to the other; then the

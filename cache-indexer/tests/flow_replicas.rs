@@ -8,17 +8,16 @@
 //! overshoot sharing removes). Also what the flow hash holds, and that a
 //! pool without flow control writes none.
 
+mod flow_support;
 mod responses_support;
 mod service_support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flow_support::{done, flow_pool};
 use kvasir_cache_indexer::config::SharedLoadConfig;
-use kvasir_cache_indexer::load::{EngineLoad, LoadConfig, LoadTracker};
-use kvasir_cache_indexer::scoring::Weights;
-use kvasir_cache_indexer::tokenize::RequestTokenizer;
-use kvasir_cache_indexer::types::IndexSource;
+use kvasir_cache_indexer::load::EngineLoad;
 use kvasir_cache_indexer::{shared_load, Pool, Pools};
 use kvasir_flowcontrol::FlowControlConfig;
 use kvasir_proto::v1 as pb;
@@ -48,17 +47,7 @@ fn flow(enabled: bool) -> FlowControlConfig {
 /// scraped with room for exactly one more request (4 waiting of the 5 that
 /// saturate it).
 fn pool(flow_control: bool) -> Arc<Pool> {
-    let pool = Pool::new(
-        "p",
-        "m",
-        16,
-        RequestTokenizer::Approx,
-        LoadTracker::new(LoadConfig::default()),
-        Weights::default(),
-    )
-    .with_index(IndexSource::Picks, 1 << 20)
-    .with_flow_control(flow(flow_control));
-    pool.set_idle_loopback_endpoints(1);
+    let pool = flow_pool(flow(flow_control), 1);
     let room_for_one = EngineLoad {
         running: 4,
         waiting: 4,
@@ -124,17 +113,6 @@ fn req(request_id: &str, tenant: &str, seed: u32) -> pb::PickRequest {
         max_wait_ms: 60_000,
         ..Default::default()
     }
-}
-
-fn done(pool: &Pool, request_id: &str) {
-    pool.report(&pb::ReportRequest {
-        pool: "p".into(),
-        request_id: request_id.into(),
-        phase: pb::ReportPhase::Done as i32,
-        outcome: pb::Outcome::Success as i32,
-        ..Default::default()
-    })
-    .expect("a valid report");
 }
 
 fn placed(a: &pb::PickResponse) -> bool {
