@@ -189,7 +189,8 @@ impl Placed {
     }
 
     /// This replica's placements since the last take (empty when sharing
-    /// is off), their times as ms before `at`.
+    /// is off), their times as whole ms before `at` (rounded: the clock is
+    /// f64, so 30 ms can read as 29.99...).
     pub(crate) fn take_shared(&self, at: Instant) -> SharedPlacements {
         let now = self.ms(at);
         let mut g = self.inner.lock();
@@ -199,7 +200,7 @@ impl Placed {
         let starts = o
             .starts
             .drain(..)
-            .map(|(e, t)| (e, (now - t).max(0.0) as u64))
+            .map(|(e, t)| (e, (now - t).max(0.0).round() as u64))
             .collect();
         SharedPlacements {
             starts,
