@@ -105,15 +105,9 @@ FLOW = {
     # two prefills queued; a request that waited longer than this can no
     # longer meet the 2 s SLO: shed it.
     "saturation": {"threshold": 0.1, "maxWaitSimMs": 1200, "maxQueued": 4096, "maxQueuedPerTenant": 4096},
-    # Late binding, never shed: picks wait once every engine has about
-    # 0.2 s of prefill queued (6,554 tokens at h100-8b's ~30k tokens/s),
-    # released as the engines' queued prefill drains (learned from
-    # first-token reports) and re-checked every 10 ms while picks wait.
-    # Chosen from the tries in bench/results/governance.md (twelfth
-    # session): threshold 0.4 by requests held no pick at all before the
-    # drain, and holding picks (0.2) was worse than kvasir alone.
-    "below": {"threshold": 1.0, "saturatedPrefillTokens": 6554, "maxWaitSimMs": 60000, "maxQueued": 4096,
-              "maxQueuedPerTenant": 4096},
+    # Late binding, never shed: the routing benchmark's (bench/variants.py,
+    # LATE_BINDING, also its `flow.*` variants), where the choice is explained.
+    "below": dict(R.VAR.LATE_BINDING),
 }
 
 # Budgets tenants: (demand over the budget, requests carry max_tokens).
@@ -135,9 +129,7 @@ MODES: dict[str, Mode] = {}
 
 def flow_config(scenario: str, time_scale: float, flow: dict | None = None) -> dict:
     """The indexer pool's flowControl for `scenario`, waits in wall ms."""
-    f = dict(flow or FLOW[scenario])
-    sim_ms = f.pop("maxWaitSimMs")
-    return {"enabled": True, **f, "maxWaitMs": max(1, round(sim_ms * time_scale))}
+    return R.VAR.flow_section(flow or FLOW[scenario], time_scale)
 
 
 class Cluster(R.Cluster):

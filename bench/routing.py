@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import math
 import shutil
@@ -71,6 +72,9 @@ SHAPES = h.load_script(REPO / "bench" / "shapes.py")
 # The trace's and the records' readings of the deployed-like runs.
 RECORDS = h.load_script(REPO / "bench" / "deployed_records.py")
 CPU = h.load_script(REPO / "bench" / "cpu_usage.py")
+# The kvasir mode's variants (`--variants`): other pool settings, late binding.
+VAR = h.load_script(REPO / "bench" / "variants.py")
+VARIANTS, LATE_BINDING, parse_variants = VAR.VARIANTS, VAR.LATE_BINDING, VAR.parse_variants
 
 BENCH_BIN = h.TARGET / "release" / "kvasir-bench"
 TRACE = REPO.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
@@ -215,38 +219,6 @@ def deployed_blocks(reused_tokens: int, max_model_len: int) -> tuple[int, str]:
                     f"{reused_tokens / 1e6:.2f}M tokens of reused content: {ratio:.1f}x what the caches hold{why}")
 
 
-# Scoring variants of the kvasir mode (`--variants`): mode name -> the
-# cache-indexer pool's settings to override (see cache-indexer/README.md):
-# `scoring` weights by bare key, other pool sections by dotted key
-# (`saturation.waiting`).
-VARIANTS: dict[str, dict] = {}
-
-
-def parse_variants(spec: str) -> dict[str, dict]:
-    """`name:key=v,sec.key=v;name2:...` -> {"kvasir-name": {"scoring": {key: v}, "sec": {key: v}}}."""
-    out = {}
-    for part in filter(None, (x.strip() for x in spec.split(";"))):
-        name, _, kvs = part.partition(":")
-        if not name or not kvs:
-            raise SystemExit(f"--variants: expected name:key=value[,key=value], got {part!r}")
-        w: dict[str, dict] = {}
-        for kv in kvs.split(","):
-            k, _, v = kv.partition("=")
-            section, _, key = k.strip().rpartition(".")
-            v = v.strip()
-            if v in ("true", "false"):
-                val: object = v == "true"
-            elif v == "null":
-                val = None
-            else:
-                f = float(v)
-                # Integral values as JSON integers: counts (`saturation.waiting`) are u32.
-                val = int(f) if f.is_integer() else f
-            w.setdefault(section or "scoring", {})[key] = val
-        out[f"kvasir-{name}"] = w
-    return out
-
-
 def log(msg: str) -> None:
     print(f"[routing] {msg}", file=sys.stderr, flush=True)
 
@@ -326,10 +298,22 @@ class Cluster:
             ix.start()
             self.indexers.append(ix)
 
+    def flow(self) -> dict | None:
+        """The mode's pool `flowControl` (late binding), or None."""
+        flow = (VARIANTS.get(self.mode) or {}).get("flow")
+        return VAR.flow_section(flow, self.time_scale) if flow else None
+
     def policy(self) -> dict:
         """The policy set the filter runs (bench/governance.py's cluster
-        gives other modes their own)."""
-        return POLICY
+        gives other modes their own). With flow control the pool carries
+        the indexer's section too: the filter's pick deadline grows by its
+        maxWaitMs and, with the work term, the filter reports first tokens."""
+        flow = self.flow()
+        if not flow:
+            return POLICY
+        pol = copy.deepcopy(POLICY)
+        pol["pools"][0]["flowControl"] = flow
+        return pol
 
     def indexer_config(self, i: int, redis: h.Redis | None, overrides: dict | None) -> dict:
         """Replica `i`'s config file ({}: none): a variant's pool settings,
@@ -339,6 +323,8 @@ class Cluster:
         # (e.g. `noplace:sharedLoad.placements=false`), the rest to the pool.
         overrides = dict(overrides or {})
         shared = overrides.pop("sharedLoad", {})
+        if overrides.pop("flow", None):
+            overrides["flowControl"] = self.flow()
         if overrides:
             # A scoring variant: the same pool, other settings.
             cfg["pools"] = [{"name": "main", "model": h.MODEL, "tokenizer": str(h.TOKENIZER), **overrides}]
@@ -395,6 +381,20 @@ class Cluster:
         for d, n in sorted(decisions.items()):
             if n:
                 out[f"decision.{d}"] = n
+        if self.flow():
+            out.update(self.flow_notes())
+        return out
+
+    def flow_notes(self) -> dict:
+        """Late binding's picks held, released and shed, and their wait,
+        summed over the replicas."""
+        names = {"flow held picks": "kvasir_indexer_flow_queued_total",
+                 "flow released picks": "kvasir_indexer_flow_released_total",
+                 "flow shed picks": "kvasir_indexer_flow_shed_total",
+                 "flow wait s (sum)": "kvasir_indexer_flow_queue_wait_seconds_sum"}
+        out = {k: round(sum(ix.metric(m) for ix in self.indexers), 3) for k, m in names.items()}
+        held = out["flow released picks"]
+        out["flow wait ms per released pick"] = round(1e3 * out["flow wait s (sum)"] / held, 1) if held else 0.0
         return out
 
     def engine_source_changes(self) -> int:
@@ -606,7 +606,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--variants", default="", help="extra kvasir modes with other pool settings: "
                     "`name:key=value[,section.key=value];...`, bare keys are scoring weights (e.g. "
                     "`qp05:queuedPrefill=0.5,saturation.leaveOutQueued=true`), `sharedLoad.*` keys the "
-                    "replicas' sharing (e.g. `noplace:sharedLoad.placements=false`), run after the modes")
+                    "replicas' sharing (e.g. `noplace:sharedLoad.placements=false`), `flow.*` keys turn on late "
+                    "binding (the pool's flow control, in the indexers and the filter's policy) with LATE_BINDING's "
+                    "settings overridden (e.g. `lb:flow.threshold=1.0,flow.saturatedPrefillTokens=6554`; waits as "
+                    "`flow.maxWaitSimMs`, simulated ms); run after the modes")
     ap.add_argument("--deployment", choices=["single", "deployed"], default="single",
                     help="single: one Envoy, one indexer (today's results, comparable run to run); deployed: "
                          f"{PROXIES} Envoys x {REPLICAS} indexer replicas sharing load through Redis, caches under "

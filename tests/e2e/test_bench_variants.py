@@ -2,11 +2,14 @@
 replica's config file. Pool keys go to the pool; `sharedLoad.*` keys go to
 the replicas' sharing section (e.g. turning `sharedLoad.placements` off to
 measure what sharing recent placements gives), leaving the pool as the
-plain kvasir mode's. No processes are started."""
+plain kvasir mode's; `flow.*` keys turn on late binding (the pool's flowControl)
+in every replica and in the filter's policy. No processes are started."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from kvasir_harness import load_script
 
@@ -43,3 +46,30 @@ def test_pool_keys_still_go_to_the_pool_beside_a_shared_load_key():
 
 def test_without_redis_a_shared_load_key_writes_nothing():
     assert _config("noplace:sharedLoad.placements=false", redis=None) == {}
+
+
+def test_a_flow_key_turns_on_late_binding_in_every_replica_and_the_policy():
+    spec = "lb:flow.saturatedPrefillTokens=8192"
+    (mode, _), = routing.parse_variants(spec).items()
+    routing.VARIANTS.update(routing.parse_variants(spec))
+    try:
+        want = {**routing.LATE_BINDING, "saturatedPrefillTokens": 8192}
+        wall_ms = round(want.pop("maxWaitSimMs") * 0.25)
+        for replica in (0, 1):
+            cfg = _config(spec, replica=replica)
+            (pool,) = cfg["pools"]
+            assert pool["flowControl"] == {"enabled": True, **want, "maxWaitMs": wall_ms}, pool
+            assert "flow" not in pool and "scoring" not in pool
+            assert cfg["sharedLoad"]["replicaId"] == f"indexer-{replica}"
+        # The filter's policy carries the same section (its pick deadline, first-token reports).
+        policy = routing.Cluster(mode, Path("/nonexistent"), 0.25).policy()
+        assert policy["pools"][0]["flowControl"] == pool["flowControl"]
+        assert "flowControl" not in routing.POLICY["pools"][0], "the shared policy must stay untouched"
+        assert "flowControl" not in routing.Cluster("kvasir", Path("/nonexistent"), 0.25).policy()["pools"][0]
+    finally:
+        routing.VARIANTS.pop(mode)
+
+
+def test_a_flow_wait_is_given_in_simulated_ms():
+    with pytest.raises(SystemExit):
+        routing.parse_variants("lb:flow.maxWaitMs=100")

@@ -1,0 +1,62 @@
+"""The kvasir mode's variants in the routing benchmark (`bench/routing.py
+--variants`): other cache-indexer pool settings, the replicas' sharing
+settings, and late binding (the pool's flow control, issue 23), which
+bench/governance.py's below-saturation runs use too."""
+
+from __future__ import annotations
+
+
+# Scoring variants of the kvasir mode (`--variants`): mode name -> the
+# cache-indexer pool's settings to override (see cache-indexer/README.md):
+# `scoring` weights by bare key, other pool sections by dotted key
+# (`saturation.waiting`); `flow.*` keys turn on late binding (below).
+VARIANTS: dict[str, dict] = {}
+
+# Late binding (issue 23): the pool's flow control with picks held only
+# once every engine has about 0.2 s of prefill queued (6,554 tokens at
+# h100-8b's ~30k tokens/s), released as the engines' queued prefill drains
+# (learned from first-token reports) and re-checked every 10 ms while picks
+# wait; never shed (waits in simulated ms, scaled by the run's time scale).
+# Chosen from the tries in bench/results/governance.md (twelfth session):
+# threshold 0.4 by requests held no pick at all before the drain, and
+# holding picks (0.2) was worse than kvasir alone. bench/governance.py's
+# FLOW["below"]; a variant's `flow.*` keys override it.
+LATE_BINDING = {"threshold": 1.0, "saturatedPrefillTokens": 6554, "maxWaitSimMs": 60000, "maxQueued": 4096,
+                "maxQueuedPerTenant": 4096}
+
+
+def flow_section(flow: dict, time_scale: float) -> dict:
+    """A pool's `flowControl` (indexer pools file and policy alike) from
+    `flow`, whose `maxWaitSimMs` is in simulated ms, waits in wall ms."""
+    f = dict(flow)
+    sim_ms = f.pop("maxWaitSimMs")
+    return {"enabled": True, **f, "maxWaitMs": max(1, round(sim_ms * time_scale))}
+
+
+def parse_variants(spec: str) -> dict[str, dict]:
+    """`name:key=v,sec.key=v;name2:...` -> {"kvasir-name": {"scoring": {key: v}, "sec": {key: v}}}."""
+    out = {}
+    for part in filter(None, (x.strip() for x in spec.split(";"))):
+        name, _, kvs = part.partition(":")
+        if not name or not kvs:
+            raise SystemExit(f"--variants: expected name:key=value[,key=value], got {part!r}")
+        w: dict[str, dict] = {}
+        for kv in kvs.split(","):
+            k, _, v = kv.partition("=")
+            section, _, key = k.strip().rpartition(".")
+            v = v.strip()
+            if v in ("true", "false"):
+                val: object = v == "true"
+            elif v == "null":
+                val = None
+            else:
+                f = float(v)
+                # Integral values as JSON integers: counts (`saturation.waiting`) are u32.
+                val = int(f) if f.is_integer() else f
+            w.setdefault(section or "scoring", {})[key] = val
+        if "flow" in w:
+            if "maxWaitMs" in w["flow"]:
+                raise SystemExit(f"--variants {name}: give flow.maxWaitSimMs (simulated ms), not flow.maxWaitMs")
+            w["flow"] = {**LATE_BINDING, **w["flow"]}
+        out[f"kvasir-{name}"] = w
+    return out
