@@ -402,7 +402,10 @@ pub async fn messages(
         Ok(j) => j,
         Err(e) => return anthropic_error(e),
     };
-    let run = match Run::start(&st, job.prompt, job.plan, job.salt) {
+    // vLLM's Messages request has no `priority`; the chat handler it goes
+    // through still reads the X-Vllm-Priority header.
+    let priority = crate::priority::request_priority(&headers, 0);
+    let run = match Run::start(&st, job.prompt, job.plan, job.salt, priority) {
         Ok(r) => r,
         Err(e) => return anthropic_error(e),
     };

@@ -96,9 +96,10 @@ impl Run {
         prompt: Vec<u32>,
         plan: (u32, FinishReason),
         salt: Option<String>,
+        priority: i64,
     ) -> Result<Run, ApiError> {
         let prompt_len = prompt.len();
-        let (id, rx) = st.submit(prompt, plan.0, plan.1, salt)?;
+        let (id, rx) = st.submit(prompt, plan.0, plan.1, salt, priority)?;
         Ok(Run {
             st: st.clone(),
             rx,

@@ -2,6 +2,7 @@
 
 use crate::kv_events::{EventEncoding, HashFormat};
 use crate::latency::LatencyProfile;
+use crate::waiting::SchedulingPolicy;
 use clap::Parser;
 use std::path::PathBuf;
 
@@ -60,6 +61,12 @@ pub struct Args {
     /// Turn the prefix cache off.
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
+    /// Waiting-queue order: fcfs (arrival order, vLLM's default) or
+    /// priority (the request's `priority` field or X-Vllm-Priority header,
+    /// lower first; under KV pressure the lowest-priority, latest running
+    /// request is preempted).
+    #[arg(long, value_enum, default_value_t = SchedulingPolicy::Fcfs)]
+    pub scheduling_policy: SchedulingPolicy,
     /// Report usage.prompt_tokens_details.cached_tokens, as vLLM does with
     /// this flag.
     #[arg(long)]

@@ -11,7 +11,8 @@ use crate::hashing::{extend_chain, BlockHash, HashSeed};
 use crate::kv_events::KvEvent;
 use crate::latency::{LatencyProfile, StepWork};
 use crate::metrics::EngineStats;
-use std::collections::VecDeque;
+pub use crate::waiting::SchedulingPolicy;
+use crate::waiting::{Queued, WaitingQueue};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
@@ -35,6 +36,8 @@ pub struct EngineConfig {
     pub profile: LatencyProfile,
     /// Root of this engine's block-hash chains.
     pub hash_seed: HashSeed,
+    /// Waiting-queue order and preemption victim (`--scheduling-policy`).
+    pub policy: SchedulingPolicy,
 }
 
 /// Why a request finished.
@@ -84,6 +87,9 @@ pub struct NewRequest {
     pub cache_salt: Option<String>,
     /// Virtual arrival time, seconds.
     pub arrival: f64,
+    /// vLLM's request `priority` (lower is served earlier); only the
+    /// priority policy reads it.
+    pub priority: i64,
     /// Where tokens go.
     pub sink: UnboundedSender<TokenOutput>,
 }
@@ -103,6 +109,7 @@ struct Seq {
     registered: usize,
     cached_tokens: Option<u32>,
     arrival: f64,
+    priority: i64,
     first_token: Option<f64>,
     last_token: f64,
     sink: UnboundedSender<TokenOutput>,
@@ -111,6 +118,18 @@ struct Seq {
 impl Seq {
     fn output_len(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+}
+
+impl Queued for Seq {
+    fn id(&self) -> u64 {
+        self.id
+    }
+    fn priority(&self) -> i64 {
+        self.priority
+    }
+    fn arrival(&self) -> f64 {
+        self.arrival
     }
 }
 
@@ -132,7 +151,7 @@ pub struct StepOutput {
 pub struct Engine {
     cfg: EngineConfig,
     pool: BlockPool,
-    waiting: VecDeque<Seq>,
+    waiting: WaitingQueue<Seq>,
     running: Vec<Seq>,
     now: f64,
     output_vocab: Arc<[u32]>,
@@ -150,8 +169,8 @@ impl Engine {
         assert!(cfg.block_size > 0, "block size must be positive");
         Engine {
             pool: BlockPool::new(cfg.num_gpu_blocks),
+            waiting: WaitingQueue::new(cfg.policy),
             cfg,
-            waiting: VecDeque::new(),
             running: Vec::new(),
             now: 0.0,
             output_vocab,
@@ -197,7 +216,7 @@ impl Engine {
     /// Queues a request. The caller has validated lengths.
     pub fn add_request(&mut self, r: NewRequest) {
         let prompt_len = r.prompt.len();
-        self.waiting.push_back(Seq {
+        self.waiting.add(Seq {
             id: r.id,
             tokens: r.prompt,
             prompt_len,
@@ -210,6 +229,7 @@ impl Engine {
             registered: 0,
             cached_tokens: None,
             arrival: r.arrival.min(self.now),
+            priority: r.priority,
             first_token: None,
             last_token: 0.0,
             sink: r.sink,
@@ -224,10 +244,8 @@ impl Engine {
             self.stats.aborted += 1;
             return true;
         }
-        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
-            if let Some(s) = self.waiting.remove(i) {
-                self.pool.release(&s.blocks);
-            }
+        if let Some(s) = self.waiting.remove(id) {
+            self.pool.release(&s.blocks);
             self.stats.aborted += 1;
             return true;
         }
@@ -255,43 +273,9 @@ impl Engine {
         let mut budget = self.cfg.max_num_batched_tokens;
         // (index into running, tokens scheduled)
         let mut sched: Vec<(usize, usize)> = Vec::new();
-        let mut preempted = false;
 
-        // 1. Running requests, in arrival order, each gets its next chunk.
-        let mut i = 0;
-        while i < self.running.len() && budget > 0 {
-            let s = &self.running[i];
-            let n = (s.tokens.len() - s.num_computed).min(budget);
-            let need = self
-                .blocks_for(s.num_computed + n)
-                .saturating_sub(s.blocks.len());
-            // Recompute-preemption from the back until the blocks fit.
-            let mut fits = true;
-            while self.pool.free_blocks() < need {
-                if self.running.len() - 1 == i {
-                    fits = false;
-                    break;
-                }
-                let victim = self.running.pop().expect("non-empty");
-                self.preempt(victim);
-                preempted = true;
-            }
-            if !fits {
-                let victim = self.running.pop().expect("non-empty");
-                self.preempt(victim);
-                preempted = true;
-                break;
-            }
-            allocate_n(
-                &mut self.pool,
-                need,
-                &mut self.running[i].blocks,
-                &mut changes,
-            );
-            sched.push((i, n));
-            budget -= n;
-            i += 1;
-        }
+        // 1. Running requests, in batch order, each gets its next chunk.
+        let preempted = self.schedule_running(&mut budget, &mut sched, &mut changes);
 
         // 2. Admit waiting requests while the batch and the cache allow.
         while !preempted
@@ -444,13 +428,90 @@ impl Engine {
         out
     }
 
+    /// Gives each running request its next chunk, in batch order
+    /// (vLLM's first loop of `schedule`). When the blocks run out it
+    /// preempts (recompute) the policy's victim until the chunk fits or the
+    /// request itself is the victim. Returns whether anything was preempted.
+    fn schedule_running(
+        &mut self,
+        budget: &mut usize,
+        sched: &mut Vec<(usize, usize)>,
+        changes: &mut Vec<PoolChange>,
+    ) -> bool {
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && *budget > 0 {
+            let s = &self.running[i];
+            let n = (s.tokens.len() - s.num_computed).min(*budget);
+            let need = self
+                .blocks_for(s.num_computed + n)
+                .saturating_sub(s.blocks.len());
+            let mut preempted_itself = false;
+            while self.pool.free_blocks() < need {
+                let v = self.victim();
+                let victim = self.running.remove(v);
+                // A victim scheduled earlier in this step gives its tokens
+                // back (only the priority policy picks one before `i`).
+                if let Some(k) = sched.iter().position(|&(j, _)| j == v) {
+                    *budget += sched.remove(k).1;
+                }
+                for e in sched.iter_mut().filter(|e| e.0 > v) {
+                    e.0 -= 1;
+                }
+                self.preempt(victim);
+                preempted = true;
+                if v == i {
+                    preempted_itself = true;
+                    break;
+                }
+                if v < i {
+                    i -= 1;
+                }
+            }
+            if preempted_itself {
+                // FCFS: everything after it was preempted already. Priority:
+                // the requests after it rank higher and may still fit in the
+                // blocks it freed; `i` already points at the next one.
+                match self.cfg.policy {
+                    SchedulingPolicy::Fcfs => break,
+                    SchedulingPolicy::Priority => continue,
+                }
+            }
+            allocate_n(&mut self.pool, need, &mut self.running[i].blocks, changes);
+            sched.push((i, n));
+            *budget -= n;
+            i += 1;
+        }
+        preempted
+    }
+
+    /// The running request to preempt: the last admitted under FCFS; under
+    /// priority the largest (priority, arrival). vLLM's arrivals are wall
+    /// timestamps that never tie; virtual ones can (a burst reaching an
+    /// idle engine), so the later submission counts as the later arrival.
+    fn victim(&self) -> usize {
+        match self.cfg.policy {
+            SchedulingPolicy::Fcfs => self.running.len() - 1,
+            SchedulingPolicy::Priority => {
+                let key = |s: &Seq| (s.priority, s.arrival, s.id);
+                let mut best = 0;
+                for (j, s) in self.running.iter().enumerate().skip(1) {
+                    if key(s) > key(&self.running[best]) {
+                        best = j;
+                    }
+                }
+                best
+            }
+        }
+    }
+
     fn preempt(&mut self, mut s: Seq) {
         self.pool.release(&s.blocks);
         s.blocks.clear();
         s.num_computed = 0;
         s.registered = 0;
         self.stats.preemptions += 1;
-        self.waiting.push_front(s);
+        self.waiting.prepend(s);
     }
 }
 
@@ -487,245 +548,5 @@ fn stored_event(s: &Seq, start: usize, end: usize, bs: usize) -> KvEvent {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-
-    fn cfg(blocks: usize) -> EngineConfig {
-        EngineConfig {
-            block_size: 4,
-            num_gpu_blocks: blocks,
-            max_num_seqs: 8,
-            max_num_batched_tokens: 64,
-            max_model_len: 1024,
-            enable_prefix_caching: true,
-            profile: LatencyProfile::h100_8b(),
-            hash_seed: HashSeed(0),
-        }
-    }
-
-    fn engine(blocks: usize) -> Engine {
-        Engine::new(cfg(blocks), Arc::from(vec![7u32, 8, 9]))
-    }
-
-    fn add(
-        e: &mut Engine,
-        id: u64,
-        prompt: Vec<u32>,
-        max_tokens: u32,
-    ) -> UnboundedReceiver<TokenOutput> {
-        let (tx, rx) = unbounded_channel();
-        e.add_request(NewRequest {
-            id,
-            prompt,
-            max_tokens,
-            finish_reason: FinishReason::Length,
-            cache_salt: None,
-            arrival: e.now(),
-            sink: tx,
-        });
-        rx
-    }
-
-    fn run_to_idle(e: &mut Engine) -> Vec<StepOutput> {
-        let mut outs = Vec::new();
-        for _ in 0..10_000 {
-            if !e.has_work() {
-                return outs;
-            }
-            let o = e.step();
-            for (sink, t) in &o.tokens {
-                let _ = sink.send(t.clone());
-            }
-            outs.push(o);
-        }
-        panic!("engine did not go idle");
-    }
-
-    fn drain(rx: &mut UnboundedReceiver<TokenOutput>) -> Vec<TokenOutput> {
-        let mut v = Vec::new();
-        while let Ok(t) = rx.try_recv() {
-            v.push(t);
-        }
-        v
-    }
-
-    #[test]
-    fn generates_exactly_max_tokens_and_frees_blocks() {
-        let mut e = engine(16);
-        let mut rx = add(&mut e, 1, (0..10).collect(), 5);
-        run_to_idle(&mut e);
-        let toks = drain(&mut rx);
-        assert_eq!(toks.len(), 5);
-        assert_eq!(toks.last().unwrap().finished, Some(FinishReason::Length));
-        assert!(toks[..4].iter().all(|t| t.finished.is_none()));
-        assert_eq!(e.pool().free_blocks(), 16);
-        // 10 prompt + 4 computed output tokens = 14 -> 3 full blocks cached.
-        assert_eq!(e.pool().cached_blocks(), 3);
-    }
-
-    #[test]
-    fn shared_prefix_is_cached_and_costs_no_prefill() {
-        let mut e = engine(64);
-        let prefix: Vec<u32> = (100..132).collect(); // 8 blocks
-        let mut p1 = prefix.clone();
-        p1.extend([1, 2, 3]);
-        let mut p2 = prefix.clone();
-        p2.extend([4, 5, 6]);
-        let mut r1 = add(&mut e, 1, p1, 1);
-        let o1 = run_to_idle(&mut e);
-        assert_eq!(drain(&mut r1)[0].cached_tokens, 0);
-        let mut r2 = add(&mut e, 2, p2, 1);
-        let o2 = run_to_idle(&mut e);
-        assert_eq!(drain(&mut r2)[0].cached_tokens, 32);
-        assert_eq!(o1[0].work.prefill_tokens, 35);
-        assert_eq!(
-            o2[0].work.prefill_tokens, 3,
-            "only the uncached suffix is computed"
-        );
-        assert!(o2[0].duration < o1[0].duration);
-        assert_eq!(e.stats().prefix_cache_hits, 32);
-        assert_eq!(e.stats().prefix_cache_queries, 70);
-    }
-
-    #[test]
-    fn fully_cached_prompt_recomputes_last_block() {
-        let mut e = engine(64);
-        let p: Vec<u32> = (0..16).collect(); // exactly 4 blocks
-        let mut r = add(&mut e, 1, p.clone(), 1);
-        run_to_idle(&mut e);
-        drain(&mut r);
-        let mut r = add(&mut e, 2, p, 1);
-        run_to_idle(&mut e);
-        assert_eq!(drain(&mut r)[0].cached_tokens, 12);
-    }
-
-    #[test]
-    fn events_chain_parents_and_carry_tokens() {
-        let mut e = engine(64);
-        let mut r = add(&mut e, 1, (0..9).collect(), 4);
-        let outs = run_to_idle(&mut e);
-        drain(&mut r);
-        let stored: Vec<_> = outs
-            .iter()
-            .flat_map(|o| o.events.iter())
-            .filter_map(|ev| match ev {
-                KvEvent::BlockStored {
-                    block_hashes,
-                    parent_block_hash,
-                    token_ids,
-                    ..
-                } => Some((block_hashes.clone(), *parent_block_hash, token_ids.clone())),
-                _ => None,
-            })
-            .collect();
-        // Prefill stores blocks 0,1 in one event; decode fills block 2 later.
-        assert_eq!(stored.len(), 2);
-        assert_eq!(stored[0].0.len(), 2);
-        assert_eq!(stored[0].1, None);
-        assert_eq!(stored[0].2, (0..8).collect::<Vec<u32>>());
-        assert_eq!(stored[1].1, Some(stored[0].0[1]));
-        assert_eq!(stored[1].2.len(), 4);
-        assert_eq!(&stored[1].2[..1], &[8]);
-    }
-
-    #[test]
-    fn eviction_emits_removals_lru_first() {
-        let mut e = engine(4);
-        let mut r = add(&mut e, 1, (0..8).collect(), 1); // 2 blocks + 1 for the 9th? no: 8 tokens, output 1
-        run_to_idle(&mut e);
-        drain(&mut r);
-        assert_eq!(e.pool().cached_blocks(), 2);
-        let mut r = add(&mut e, 2, (50..66).collect(), 1); // needs 4 fresh blocks
-        let outs = run_to_idle(&mut e);
-        drain(&mut r);
-        let removed: Vec<_> = outs
-            .iter()
-            .flat_map(|o| o.events.iter())
-            .filter_map(|ev| match ev {
-                KvEvent::BlockRemoved { block_hashes } => Some(block_hashes.clone()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        assert_eq!(removed.len(), 2);
-        // The tail block of request 1 goes before its first block.
-        let mut h = Vec::new();
-        extend_chain(HashSeed(0), &mut h, &(0..8).collect::<Vec<u32>>(), 4, None);
-        assert_eq!(removed, vec![h[1], h[0]]);
-    }
-
-    #[test]
-    fn chunked_prefill_respects_token_budget_and_batch_limit() {
-        let mut c = cfg(256);
-        c.max_num_batched_tokens = 16;
-        c.max_num_seqs = 2;
-        let mut e = Engine::new(c, Arc::from(vec![1u32]));
-        let mut rxs: Vec<_> = (0..3)
-            .map(|i| add(&mut e, i, (0..40).map(|t| t + i as u32 * 1000).collect(), 2))
-            .collect();
-        let outs = run_to_idle(&mut e);
-        assert_eq!(outs[0].work.prefill_tokens, 16);
-        assert_eq!(
-            outs[0].work.prefill_seqs, 1,
-            "one 16-token chunk fills the budget"
-        );
-        assert!(outs
-            .iter()
-            .all(|o| o.work.prefill_tokens + o.work.decode_seqs as u64 <= 16));
-        assert!(outs
-            .iter()
-            .all(|o| o.work.prefill_seqs + o.work.decode_seqs <= 2));
-        for rx in &mut rxs {
-            assert_eq!(drain(rx).len(), 2);
-        }
-    }
-
-    #[test]
-    fn preemption_when_cache_runs_out_still_completes_everything() {
-        let mut e = engine(6); // 24 tokens of KV
-        let mut a = add(&mut e, 1, (0..8).collect(), 12); // grows to 20 tokens
-        let mut b = add(&mut e, 2, (100..108).collect(), 12);
-        run_to_idle(&mut e);
-        assert_eq!(drain(&mut a).len(), 12);
-        assert_eq!(drain(&mut b).len(), 12);
-        assert!(e.stats().preemptions > 0);
-        assert_eq!(e.pool().free_blocks(), 6);
-    }
-
-    #[test]
-    fn ttft_includes_queueing_and_is_in_virtual_time() {
-        let mut c = cfg(256);
-        c.max_num_seqs = 1;
-        let mut e = Engine::new(c, Arc::from(vec![1u32]));
-        let _a = add(&mut e, 1, (0..20).collect(), 10);
-        let _b = add(&mut e, 2, (100..120).collect(), 1);
-        run_to_idle(&mut e);
-        let s = e.stats();
-        assert_eq!(s.ttft.count(), 2);
-        // The second waited for ten steps of the first.
-        assert!(s.ttft.sum() > 2.0 * 0.030 + 9.0 * 0.006);
-    }
-
-    #[test]
-    fn abort_frees_blocks() {
-        let mut e = engine(16);
-        let _r = add(&mut e, 1, (0..30).collect(), 100);
-        e.step();
-        assert!(e.pool().free_blocks() < 16);
-        assert!(e.abort(1));
-        assert_eq!(e.pool().free_blocks(), 16);
-        assert!(!e.has_work());
-    }
-
-    #[test]
-    fn reset_prefix_cache_only_when_idle() {
-        let mut e = engine(16);
-        let _r = add(&mut e, 1, (0..30).collect(), 3);
-        e.step();
-        assert!(e.reset_prefix_cache().is_none());
-        run_to_idle(&mut e);
-        assert_eq!(e.reset_prefix_cache(), Some(KvEvent::AllBlocksCleared));
-        assert_eq!(e.pool().cached_blocks(), 0);
-    }
-}
+#[path = "engine_tests.rs"]
+mod tests;

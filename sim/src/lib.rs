@@ -19,6 +19,7 @@ pub mod kv_events;
 pub mod latency;
 pub mod metrics;
 pub mod openai;
+pub mod priority;
 pub mod publisher;
 pub mod response_store;
 pub mod responses;
@@ -27,6 +28,7 @@ pub mod runner;
 pub mod server;
 pub mod state;
 pub mod validation;
+pub mod waiting;
 
 use anyhow::Context;
 use config::Args;
@@ -147,6 +149,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         enable_prefix_caching: !args.no_enable_prefix_caching,
         profile: profile.clone(),
         hash_seed: args.hash_seed(),
+        policy: args.scheduling_policy,
     };
     let hash_seed = cfg.hash_seed.0;
     let ids: Arc<[u32]> = vocab.iter().map(|(i, _)| *i).collect::<Vec<_>>().into();

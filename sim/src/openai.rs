@@ -120,6 +120,9 @@ pub struct ChatRequest {
     pub cache_salt: Option<String>,
     /// vLLM extension: append the assistant header (default true).
     pub add_generation_prompt: Option<bool>,
+    /// vLLM's scheduling priority, as sent (checked by `priority::check`).
+    #[serde(default, deserialize_with = "crate::priority::present")]
+    pub priority: Option<Value>,
 }
 
 /// One chat message as sent.
@@ -150,6 +153,9 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     /// vLLM's prefix-cache salt.
     pub cache_salt: Option<String>,
+    /// vLLM's scheduling priority, as sent (checked by `priority::check`).
+    #[serde(default, deserialize_with = "crate::priority::present")]
+    pub priority: Option<Value>,
 }
 
 /// The prompt of a completions request.

@@ -65,6 +65,7 @@ fn validate(obj: &Map<String, Value>) -> Result<(), ApiError> {
     ] {
         v.field(obj, &[f], ty, false);
     }
+    crate::priority::check(&mut v, obj.get("priority"));
     if let Some(t) = obj.get("truncation").filter(|t| !t.is_null()) {
         if !matches!(t.as_str(), Some("auto" | "disabled")) {
             v.error(
@@ -154,6 +155,7 @@ struct Job {
     messages: Vec<ChatMessage>,
     plan: (u32, FinishReason),
     salt: Option<String>,
+    priority: i64,
     store: bool,
     stream: bool,
     /// The response object as `ResponsesResponse.from_request` fills it,
@@ -288,6 +290,11 @@ fn prepare(st: &AppState, headers: &HeaderMap, obj: &Map<String, Value>) -> Resu
         messages,
         plan,
         salt: str_field(obj, "cache_salt"),
+        // `validate` has refused a priority pydantic would.
+        priority: crate::priority::request_priority(
+            headers,
+            crate::priority::body_priority(obj.get("priority")).unwrap_or(0),
+        ),
         store,
         stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
     })
@@ -307,6 +314,7 @@ pub async fn create(State(st): State<Arc<AppState>>, headers: HeaderMap, body: B
         std::mem::take(&mut job.prompt),
         job.plan,
         job.salt.take(),
+        job.priority,
     ) {
         Ok(r) => r,
         Err(e) => return e.into_response(),

@@ -8,6 +8,7 @@ use crate::openai::{
     content_text, parse_prompt, type_name, ApiError, ChatRequest, CompletionRequest, Prompt,
     StreamOptions,
 };
+use crate::priority::{body_priority, request_priority};
 use crate::publisher::PublisherCmd;
 use crate::runner::Command;
 pub use crate::state::AppState;
@@ -206,6 +207,7 @@ impl AppState {
         max_tokens: u32,
         finish: FinishReason,
         salt: Option<String>,
+        priority: i64,
     ) -> Result<(u64, UnboundedReceiver<TokenOutput>), ApiError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
@@ -216,6 +218,7 @@ impl AppState {
             finish_reason: finish,
             cache_salt: salt,
             arrival: 0.0,
+            priority,
             sink: tx,
         };
         if !self.engine.send(Command::Add(req, Instant::now())) {
@@ -237,6 +240,7 @@ struct Job {
     max_tokens: u32,
     finish: FinishReason,
     salt: Option<String>,
+    priority: i64,
     stream: bool,
     stream_options: StreamOptions,
 }
@@ -267,6 +271,7 @@ fn chat_job(st: &AppState, headers: &HeaderMap, body: &Bytes) -> Result<Job, Api
         return Err(e);
     }
     let req: ChatRequest = parse_json(body)?;
+    let priority = request_priority(headers, body_priority(req.priority.as_ref())?);
     st.check_model(&req.model)?;
     check_n(req.n)?;
     let prompt = st.chat_prompt(&req.messages, req.add_generation_prompt.unwrap_or(true))?;
@@ -281,6 +286,7 @@ fn chat_job(st: &AppState, headers: &HeaderMap, body: &Bytes) -> Result<Job, Api
         max_tokens,
         finish,
         salt: req.cache_salt,
+        priority,
         stream: req.stream,
         stream_options: req.stream_options.unwrap_or_default(),
     })
@@ -298,6 +304,7 @@ fn completion_job(st: &AppState, headers: &HeaderMap, body: &Bytes) -> Result<Jo
         return Err(e);
     }
     let req: CompletionRequest = parse_json(body)?;
+    let priority = request_priority(headers, body_priority(req.priority.as_ref())?);
     st.check_model(&req.model)?;
     check_n(req.n)?;
     let prompt = match parse_prompt(&req.prompt)? {
@@ -316,6 +323,7 @@ fn completion_job(st: &AppState, headers: &HeaderMap, body: &Bytes) -> Result<Jo
         max_tokens,
         finish,
         salt: req.cache_salt,
+        priority,
         stream: req.stream,
         stream_options: req.stream_options.unwrap_or_default(),
     })
@@ -337,7 +345,13 @@ fn usage(prompt: usize, completion: u32, cached: u32, details: bool) -> Value {
 
 async fn run_job(st: Arc<AppState>, job: Job) -> Response {
     let prompt_len = job.prompt.len();
-    let (id, mut rx) = match st.submit(job.prompt, job.max_tokens, job.finish, job.salt) {
+    let (id, mut rx) = match st.submit(
+        job.prompt,
+        job.max_tokens,
+        job.finish,
+        job.salt,
+        job.priority,
+    ) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };

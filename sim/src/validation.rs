@@ -57,13 +57,14 @@ impl Ty {
     }
 }
 
-/// Python's `repr` of a JSON value as vLLM's message shows an error's
-/// input: containers described, long strings cut.
+/// Python's `repr` of an error's input as vLLM 0.34's
+/// `_summarize_error_input` leaves it: containers described, long strings
+/// cut, anything else turned into its `str` (so numbers show quoted).
 fn summarize(v: &Value) -> String {
     match v {
-        Value::Null => "None".into(),
-        Value::Bool(b) => if *b { "True" } else { "False" }.into(),
-        Value::Number(n) => n.to_string(),
+        Value::Null => py_str("None"),
+        Value::Bool(b) => py_str(if *b { "True" } else { "False" }),
+        Value::Number(n) => py_str(&n.to_string()),
         Value::String(s) if s.chars().count() > 200 => py_str(&format!(
             "{}...[truncated]",
             s.chars().take(200).collect::<String>()
@@ -87,12 +88,23 @@ pub struct Validator {
 impl Validator {
     /// Records one error at `loc` (field names and list indices under `body`).
     pub fn error(&mut self, loc: &[&str], kind: &str, msg: &str, input: &Value) {
+        self.push(loc, kind, msg, input, None);
+    }
+
+    /// Records an error with pydantic's `ctx` (a Python dict literal, such
+    /// as `{'le': 5}` for a bound).
+    pub fn error_ctx(&mut self, loc: &[&str], kind: &str, msg: &str, input: &Value, ctx: &str) {
+        self.push(loc, kind, msg, input, Some(ctx));
+    }
+
+    fn push(&mut self, loc: &[&str], kind: &str, msg: &str, input: &Value, ctx: Option<&str>) {
         let loc = std::iter::once("body")
             .chain(loc.iter().copied())
             .collect::<Vec<_>>()
             .join(".");
+        let ctx = ctx.map(|c| format!(", 'ctx': {c}")).unwrap_or_default();
         let text = format!(
-            "{{'type': '{kind}', 'loc': '{loc}', 'msg': '{msg}', 'input': {}}}",
+            "{{'type': '{kind}', 'loc': '{loc}', 'msg': '{msg}', 'input': {}{ctx}}}",
             summarize(input)
         );
         self.errors.push((loc, text));
