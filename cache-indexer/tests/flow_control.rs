@@ -515,3 +515,44 @@ async fn a_long_prefill_backlog_leaves_no_room() {
         "its first token frees the room: {a:?}"
     );
 }
+
+#[tokio::test]
+async fn answers_carry_the_engine_priority_only_when_the_pool_asks_for_it() {
+    let prioritized = FlowControlConfig {
+        engine_priority: true,
+        ..flow_on(64, 64, 10_000)
+    };
+    let pool = pool(prioritized, 2);
+    scrape_all(&pool, 0, 0, 0.1);
+    let a0 = pick(&pool, req("a0", "a", ids(0, 64))).await;
+    let b0 = pick(&pool, req("b0", "b", ids(1000, 16))).await;
+    // a holds 4x b's work: over its half, behind b in the engine.
+    let a1 = pick(&pool, req("a1", "a", ids(2000, 64))).await;
+    let b1 = pick(&pool, req("b1", "b", ids(3000, 16))).await;
+    let batch = pick(&pool, with_priority(req("b2", "b", ids(4000, 16)), 1)).await;
+    let got = [&a0, &b0, &a1, &b1, &batch].map(|a| a.engine_priority);
+    assert_eq!(got, [Some(0), Some(0), Some(1), Some(0), Some(2)]);
+    assert!([&a0, &a1]
+        .iter()
+        .all(|a| a.endpoints.len() == 2 && a.queued_ms == 0));
+    // a's work done: no longer over.
+    done(&pool, "a0");
+    done(&pool, "a1");
+    let a2 = pick(&pool, req("a2", "a", ids(5000, 16))).await;
+    assert_eq!(a2.engine_priority, Some(0));
+
+    let off = pool_with_wait(10_000);
+    scrape_all(&off, 0, 0, 0.1);
+    for i in 0..3u32 {
+        let a = pick(&off, req(&format!("o{i}"), "a", ids(100 * i, 64))).await;
+        assert_eq!(a.engine_priority, None, "off: the body keeps the client's");
+    }
+}
+
+#[test]
+fn engine_priority_is_a_pools_file_setting() {
+    let yaml = "pools:\n  - name: a\n    tokenizer: approx\n    endpoints:\n      - { address: \"127.0.0.1:8001\", events: \"tcp://127.0.0.1:5557\" }\n    flowControl: { enabled: true, enginePriority: true }\n";
+    let cfg = config::parse(yaml, Path::new("t.yaml")).unwrap();
+    cfg.validate().unwrap();
+    assert!(cfg.pools[0].flow_control.engine_priority);
+}

@@ -235,6 +235,9 @@ pub struct Picked {
     pub reason: String,
     /// Whether every endpoint was saturated.
     pub all_saturated: bool,
+    /// The vLLM `priority` to write into the body (the pool's
+    /// `enginePriority`), when the answer carried one.
+    pub engine_priority: Option<i32>,
 }
 
 /// A `Pick` answer's outcome, with the pool saturation it carried (none
@@ -335,6 +338,7 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
             predicted_cached_tokens: resp.endpoints[0].predicted_cached_tokens,
             reason: resp.reason.clone(),
             all_saturated: resp.decision == Decision::AllSaturated as i32,
+            engine_priority: resp.engine_priority,
         }),
         saturation,
         budget: resp.budget,

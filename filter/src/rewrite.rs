@@ -1,4 +1,5 @@
-//! Body rewrites: a new `model`, and `stream_options.include_usage: true`.
+//! Body rewrites: a new `model`, `stream_options.include_usage: true`, and
+//! vLLM's `priority` (the pool's engine priority, replacing the client's).
 //!
 //! The body is spliced, not re-serialized: a small scanner finds the byte
 //! spans of the top-level members and only the changed values are
@@ -18,12 +19,16 @@ pub struct Rewrite<'a> {
     /// Set `stream_options.include_usage` to true (creating
     /// `stream_options` when absent).
     pub include_usage: bool,
+    /// Set the top-level `priority` to this, replacing every `priority`
+    /// member the client sent (a client must not choose its own place in
+    /// the engine's queue).
+    pub priority: Option<i32>,
 }
 
 impl Rewrite<'_> {
     /// Whether there is nothing to do.
     pub fn is_noop(&self) -> bool {
-        self.model.is_none() && !self.include_usage
+        self.model.is_none() && !self.include_usage && self.priority.is_none()
     }
 }
 
@@ -175,6 +180,20 @@ fn spliced(b: &[u8], rw: &Rewrite<'_>) -> Option<Vec<u8>> {
             }
         }
     }
+    if let Some(p) = rw.priority {
+        let value = p.to_string().into_bytes();
+        let mut found = false;
+        // Every duplicate too: JSON readers differ on which one they keep.
+        for m in ms.iter().filter(|m| m.key == "priority") {
+            edits.push((m.value.0, m.value.1, value.clone()));
+            found = true;
+        }
+        if !found {
+            let sep = if ms.is_empty() { "" } else { "," };
+            let ins = format!(r#""priority":{p}{sep}"#);
+            edits.push((open, open, ins.into_bytes()));
+        }
+    }
     edits.sort_by_key(|e| e.0);
     let extra: usize = edits.iter().map(|e| e.2.len()).sum();
     let mut out = Vec::with_capacity(b.len() + extra);
@@ -207,6 +226,9 @@ fn via_dom(b: &[u8], rw: &Rewrite<'_>) -> Option<Vec<u8>> {
         so.as_object_mut()?
             .insert("include_usage".into(), Value::Bool(true));
     }
+    if let Some(p) = rw.priority {
+        o.insert("priority".into(), Value::from(p));
+    }
     serde_json::to_vec(&v).ok()
 }
 
@@ -224,14 +246,18 @@ mod tests {
     use super::*;
 
     fn rw(body: &str, model: Option<&str>, include_usage: bool) -> String {
-        let out = rewrite_body(
-            body.as_bytes(),
-            &Rewrite {
+        with(
+            body,
+            Rewrite {
                 model,
                 include_usage,
+                priority: None,
             },
         )
-        .unwrap();
+    }
+
+    fn with(body: &str, rw: Rewrite<'_>) -> String {
+        let out = rewrite_body(body.as_bytes(), &rw).unwrap();
         let s = String::from_utf8(out).unwrap();
         // Whatever the path, the result is valid JSON.
         serde_json::from_str::<Value>(&s).unwrap();
@@ -307,7 +333,7 @@ mod tests {
                 b"[1]",
                 &Rewrite {
                     model: Some("b"),
-                    include_usage: false
+                    ..Rewrite::default()
                 }
             ),
             None
@@ -317,7 +343,7 @@ mod tests {
                 b"nope",
                 &Rewrite {
                     model: Some("b"),
-                    include_usage: false
+                    ..Rewrite::default()
                 }
             ),
             None
@@ -332,8 +358,8 @@ mod tests {
         let out = rewrite_body(
             body.as_bytes(),
             &Rewrite {
-                model: None,
                 include_usage: true,
+                ..Rewrite::default()
             },
         )
         .unwrap();
@@ -348,5 +374,90 @@ mod tests {
         // No top-level model: the splice gives up, the DOM path adds it.
         let s = rw(r#"{"x":1}"#, Some("b"), false);
         assert_eq!(serde_json::from_str::<Value>(&s).unwrap()["model"], "b");
+    }
+
+    fn prio(body: &str, p: i32) -> String {
+        with(
+            body,
+            Rewrite {
+                priority: Some(p),
+                ..Rewrite::default()
+            },
+        )
+    }
+
+    #[test]
+    fn priority_is_inserted_when_absent() {
+        assert_eq!(
+            prio(r#"{"model":"a","stream":true}"#, 1),
+            r#"{"priority":1,"model":"a","stream":true}"#
+        );
+        assert_eq!(prio("{}", 0), r#"{"priority":0}"#);
+        assert_eq!(prio(r#" { } "#, 2), r#" {"priority":2 } "#);
+    }
+
+    #[test]
+    fn a_client_priority_is_replaced_every_time_it_appears() {
+        // A tenant sending -100 to jump the engine's queue gets the pool's.
+        assert_eq!(
+            prio(r#"{"priority": -100, "model":"a"}"#, 1),
+            r#"{"priority": 1, "model":"a"}"#
+        );
+        assert_eq!(
+            prio(r#"{"priority":-1,"model":"a","priority":-2}"#, 0),
+            r#"{"priority":0,"model":"a","priority":0}"#
+        );
+        assert_eq!(
+            prio(r#"{"priorit\u0079":-5,"model":"a"}"#, 3),
+            r#"{"priorit\u0079":3,"model":"a"}"#
+        );
+        // Not a number either: replaced all the same.
+        assert_eq!(
+            prio(r#"{"priority":{"x":[1]},"model":"a"}"#, 1),
+            r#"{"priority":1,"model":"a"}"#
+        );
+        // Nested keys are the client's own.
+        assert_eq!(
+            prio(r#"{"metadata":{"priority":-9}}"#, 1),
+            r#"{"priority":1,"metadata":{"priority":-9}}"#
+        );
+    }
+
+    #[test]
+    fn priority_with_the_other_rewrites() {
+        let all = Rewrite {
+            model: Some("z"),
+            include_usage: true,
+            priority: Some(4),
+        };
+        assert_eq!(
+            with(r#"{"model":"a","stream":true}"#, all),
+            r#"{"stream_options":{"include_usage":true},"priority":4,"model":"z","stream":true}"#
+        );
+        assert_eq!(
+            with(r#"{"model":"a","priority":-3,"stream":true}"#, all),
+            r#"{"stream_options":{"include_usage":true},"model":"z","priority":4,"stream":true}"#
+        );
+        assert!(!all.is_noop());
+        assert!(Rewrite::default().is_noop());
+    }
+
+    #[test]
+    fn priority_through_the_dom_fallback() {
+        // No top-level model to replace: the splice gives up, the DOM path
+        // sets both.
+        let s = with(
+            r#"{"x":1,"priority":-1}"#,
+            Rewrite {
+                model: Some("b"),
+                include_usage: false,
+                priority: Some(2),
+            },
+        );
+        let v: Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(
+            (v["model"].as_str(), v["priority"].as_i64()),
+            (Some("b"), Some(2))
+        );
     }
 }

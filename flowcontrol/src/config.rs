@@ -54,6 +54,14 @@ pub struct FlowControlConfig {
     /// share, so by the work in flight alone it is seldom over it; by its
     /// demand it is, and the others are not.
     pub reserve_counts_waiting: bool,
+    /// Whether the pool's engines run vLLM with `--scheduling-policy
+    /// priority`: every pick answer then carries the vLLM `priority` the
+    /// filter writes into the request body ([`engine_priority`]), so that
+    /// inside an engine a tenant over its share waits behind the others
+    /// instead of first come first served. Off by default: an engine at
+    /// vLLM's default (`fcfs`) refuses a request with a priority other
+    /// than 0.
+    pub engine_priority: bool,
 }
 
 impl Default for FlowControlConfig {
@@ -73,6 +81,7 @@ impl Default for FlowControlConfig {
             reserve: DEFAULT_RESERVE,
             over_share_slack: DEFAULT_OVER_SHARE_SLACK,
             reserve_counts_waiting: DEFAULT_RESERVE_COUNTS_WAITING,
+            engine_priority: false,
         }
     }
 }
@@ -211,6 +220,16 @@ pub fn room_bound(threshold: f64, reserve: f64, over_share: bool) -> f64 {
     }
 }
 
+/// The vLLM `priority` (lower is served first) of a pick of priority band
+/// `band` bound now, with `over_share` saying whether its tenant holds
+/// more than its weighted share of the pool's work: bands keep their order
+/// (a more urgent band's picks all come first, as in the queue), and
+/// within a band a tenant over its share comes after those at or under
+/// theirs. So `2 x band`, plus 1 when over its share (saturating).
+pub fn engine_priority(band: i32, over_share: bool) -> i32 {
+    band.saturating_mul(2).saturating_add(i32::from(over_share))
+}
+
 /// An engine's saturation from its queued prefill work: `tokens` queued
 /// over `saturated` (0: the term is off, 0.0).
 pub fn work_saturation(tokens: u64, saturated: u64) -> f64 {
@@ -291,6 +310,23 @@ mod tests {
         assert_eq!(work_saturation(4096, 16_384), 0.25);
         assert_eq!(work_saturation(1 << 40, 16_384), 1.0);
         assert_eq!(work_saturation(1 << 40, 0), 0.0, "off");
+    }
+
+    #[test]
+    fn engine_priority_keeps_bands_then_puts_over_share_last() {
+        let c: FlowControlConfig = serde_json::from_str(r#"{"enginePriority": true}"#).unwrap();
+        assert!(c.engine_priority);
+        assert!(
+            !FlowControlConfig::default().engine_priority,
+            "off by default"
+        );
+        assert_eq!(engine_priority(0, false), 0);
+        assert_eq!(engine_priority(0, true), 1);
+        // Over its share in band 0 still comes before anyone in band 1.
+        assert!(engine_priority(0, true) < engine_priority(1, false));
+        assert!(engine_priority(-1, true) < engine_priority(0, false));
+        assert_eq!(engine_priority(i32::MAX, true), i32::MAX, "saturates");
+        assert_eq!(engine_priority(i32::MIN, false), i32::MIN);
     }
 
     #[test]

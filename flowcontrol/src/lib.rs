@@ -81,9 +81,9 @@ mod queue;
 mod shares;
 
 pub use config::{
-    has_room, room_bound, should_queue, work_saturation, ConfigError, FlowControlConfig, Limits,
-    DEFAULT_OVER_SHARE_SLACK, DEFAULT_RESERVE, DEFAULT_RESERVE_COUNTS_WAITING,
-    DEFAULT_SATURATED_PREFILL_TOKENS,
+    engine_priority, has_room, room_bound, should_queue, work_saturation, ConfigError,
+    FlowControlConfig, Limits, DEFAULT_OVER_SHARE_SLACK, DEFAULT_RESERVE,
+    DEFAULT_RESERVE_COUNTS_WAITING, DEFAULT_SATURATED_PREFILL_TOKENS,
 };
 pub use queue::{FlowQueue, Refusal, Refused, Released, Ticket, Waiting};
 pub use shares::Shares;

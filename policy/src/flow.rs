@@ -147,6 +147,7 @@ pub fn resolve(fc: &FlowControl) -> FlowControlConfig {
         reserve: fc.reserve.unwrap_or(d.reserve),
         over_share_slack: d.over_share_slack,
         reserve_counts_waiting: d.reserve_counts_waiting,
+        engine_priority: d.engine_priority,
     }
 }
 

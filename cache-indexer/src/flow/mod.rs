@@ -58,7 +58,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvasir_flowcontrol::{
-    has_room, room_bound, FlowControlConfig, FlowQueue, Refusal, Shares, Ticket,
+    engine_priority, has_room, room_bound, FlowControlConfig, FlowQueue, Refusal, Shares, Ticket,
 };
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
@@ -140,6 +140,8 @@ pub struct Passage {
     charge: Option<Charge>,
     /// Its work in its tenant's share, ended on drop unless placed.
     share: Option<ShareGuard>,
+    /// The vLLM `priority` for its engine, with `enginePriority` on.
+    engine_priority: Option<i32>,
 }
 
 /// Picks in transit and their tokens.
@@ -190,12 +192,19 @@ impl Passage {
             queued: Duration::ZERO,
             charge: None,
             share: None,
+            engine_priority: None,
         }
     }
 
     /// How long the pick waited in the queue.
     pub fn queued(&self) -> Duration {
         self.queued
+    }
+
+    /// The vLLM `priority` its engine is to serve it at (the pool's
+    /// `enginePriority`; `None` when off): fixed when the pick was bound.
+    pub fn engine_priority(&self) -> Option<i32> {
+        self.engine_priority
     }
 }
 
@@ -320,14 +329,20 @@ impl PoolFlow {
     }
 
     /// A pass for a pick going now: in transit, its work in its tenant's
-    /// share.
+    /// share, and its engine priority as the shares are before it starts.
     fn pass(&self, queued: Duration, charge: Charge) -> Passage {
         let t = &self.in_transit;
         t.picks.fetch_add(1, Ordering::AcqRel);
         t.tokens.fetch_add(charge.tokens, Ordering::AcqRel);
-        self.shares
-            .lock()
-            .start(&charge.tenant, charge.weight, charge.tokens);
+        let engine_priority = {
+            let mut shares = self.shares.lock();
+            let p = self
+                .config
+                .engine_priority
+                .then(|| self.engine_priority_in(&shares, &charge.tenant, charge.priority));
+            shares.start(&charge.tenant, charge.weight, charge.tokens);
+            p
+        };
         Passage {
             in_transit: Some(Arc::clone(t)),
             tokens: charge.tokens,
@@ -339,7 +354,20 @@ impl PoolFlow {
                 armed: true,
             }),
             charge: Some(charge),
+            engine_priority,
         }
+    }
+
+    /// The engine priority of a pick of `tenant` in `band` bound now
+    /// ([`engine_priority`]). Over its share counts the tenant's waiting
+    /// picks with its work in flight (its demand), whatever
+    /// `reserveCountsWaiting` says: the fair order releases a flooding
+    /// tenant at about its share, so by the work in flight alone it would
+    /// be "over" only now and then, and the engines' queues would again
+    /// serve its backlog first come first served.
+    fn engine_priority_in(&self, shares: &Shares, tenant: &str, band: i32) -> i32 {
+        let over = shares.over_share_of(tenant, self.config.over_share_slack, true);
+        engine_priority(band, over)
     }
 
     /// Per tenant with picks waiting: (tenant, picks, tokens), sorted.

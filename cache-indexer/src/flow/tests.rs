@@ -524,3 +524,72 @@ fn the_reserves_holds_and_passes_are_counted_per_tenant() {
     assert_eq!((a.reserve_held, a.reserve_passed, a.released), (1, 1, 1));
     assert_eq!(a.wait_ns, 40_000_000);
 }
+
+/// Lets `ask` through at `loads`, places it on endpoint 1, and returns its
+/// engine priority.
+fn engine_priority_of(f: &PoolFlow, loads: &[(EndpointId, LoadView)], ask: Ask) -> Option<i32> {
+    let Arrival::Go(p) = f.arrive(loads, &th(), ask, Instant::now()) else {
+        panic!("room: it goes")
+    };
+    let priority = p.engine_priority();
+    f.placed(p, Some(EndpointId(1)));
+    priority
+}
+
+#[test]
+fn engine_priority_is_set_only_when_on_and_puts_the_tenant_over_its_share_last() {
+    let idle = [ep(1, 0, 0)];
+    let off = PoolFlow::new(cfg(64, 64));
+    assert_eq!(engine_priority_of(&off, &idle, ask("a", 1000)), None);
+    assert_eq!(engine_priority_of(&off, &idle, ask("a", 1001)), None);
+
+    let f = PoolFlow::new(FlowControlConfig {
+        engine_priority: true,
+        ..cfg(64, 64)
+    });
+    // Alone, and then with b active but holding nothing: never over.
+    assert_eq!(engine_priority_of(&f, &idle, ask("b", 100)), Some(0));
+    assert_eq!(engine_priority_of(&f, &idle, ask("a", 1000)), Some(0));
+    // a holds 1000 of 1100 (its own new pick not counted): over its half.
+    assert_eq!(engine_priority_of(&f, &idle, ask("a", 1001)), Some(1));
+    assert_eq!(engine_priority_of(&f, &idle, ask("b", 101)), Some(0));
+    // A less urgent band comes after band 0, over its share or not.
+    let batch = Ask {
+        priority: 1,
+        ..ask("b", 102)
+    };
+    assert_eq!(engine_priority_of(&f, &idle, batch), Some(2));
+    // The reports take a's work out: equal again.
+    f.settle("a-1000", 0);
+    f.settle("a-1001", 0);
+    assert_eq!(engine_priority_of(&f, &idle, ask("a", 1002)), Some(0));
+}
+
+#[test]
+fn a_released_pick_gets_its_engine_priority_when_it_leaves_the_queue() {
+    let f = PoolFlow::new(FlowControlConfig {
+        engine_priority: true,
+        ..cfg(64, 64)
+    });
+    let idle = [ep(1, 0, 0)];
+    assert_eq!(engine_priority_of(&f, &idle, ask("b", 100)), Some(0));
+    assert_eq!(engine_priority_of(&f, &idle, ask("a", 100)), Some(0));
+    let full = [ep(1, 5, 0)];
+    let now = Instant::now();
+    let mut rxs = Vec::new();
+    for tokens in [5000, 5001] {
+        let Arrival::Queued { rx, .. } = f.arrive(&full, &th(), ask("a", tokens), now) else {
+            panic!("no room: it waits")
+        };
+        rxs.push(rx);
+    }
+    // Room for one: the first leaves while a's second still waits, so a
+    // demands 100 + 5001 of 5201, over its half: it was not over when its
+    // pick arrived (100 of 200), it is when the pick is bound.
+    f.release(&[ep(1, 4, 2)], &th(), now);
+    let Ok(Wake::Go(p)) = rxs[0].try_recv() else {
+        panic!("released")
+    };
+    assert!(rxs[1].try_recv().is_err(), "one slot, one release");
+    assert_eq!(p.engine_priority(), Some(1));
+}

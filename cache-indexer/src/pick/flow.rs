@@ -155,6 +155,7 @@ impl Pool {
         answer: &mut pb::PickResponse,
     ) {
         answer.queued_ms = millis(pass.queued());
+        answer.engine_priority = pass.engine_priority();
         let first = ranked
             .ranking
             .order

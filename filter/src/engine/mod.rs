@@ -6,7 +6,8 @@
 //! The flow only calls a host function in a state where Envoy accepts it:
 //! request headers are changed only while the request is stopped (headers
 //! or body callback, or the pick callback before resuming), the body only
-//! in the final body callback, nothing about the request after a local
+//! in the final body callback or the pick callback before resuming (the
+//! engine priority), nothing about the request after a local
 //! reply or after it was resumed, and response headers only in the
 //! response-headers callback. The tests drive it with a host that fails
 //! the test on any call outside those states.
@@ -122,6 +123,9 @@ pub struct Flow {
     rate_limit_headers: Vec<(&'static str, String)>,
     /// When the streaming response reports its usage so far.
     usage_cadence: UsageCadence,
+    /// The size of the body Envoy holds, once read (after any rewrite):
+    /// the pick's answer may rewrite it again ([`Flow::set_engine_priority`]).
+    body_len: Option<usize>,
 }
 
 fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -161,6 +165,7 @@ impl Flow {
             budget_key: None,
             rate_limit_headers: Vec::new(),
             usage_cadence: UsageCadence::default(),
+            body_len: None,
         }
     }
 
@@ -333,6 +338,7 @@ impl Flow {
         };
         self.model_label = shared.config.model_label(&req.model).to_string();
         self.learn_response_id = req.api == ApiKind::Responses && req.store;
+        self.body_len = Some(body_size);
         let body = Body {
             req: &req,
             bytes: &body,
@@ -537,7 +543,7 @@ impl Flow {
 
     /// Splices the body for a model rewrite or `include_usage`, if needed.
     fn rewrite(
-        &self,
+        &mut self,
         host: &mut dyn Host,
         body: &Body<'_, '_>,
         model: Option<&str>,
@@ -550,6 +556,7 @@ impl Flow {
                 && req.stream
                 && matches!(req.api, ApiKind::Chat | ApiKind::Completions)
                 && req.include_usage != Some(true),
+            priority: None,
         };
         if rw.is_noop() {
             return;
@@ -560,7 +567,40 @@ impl Flow {
             if header(&self.headers, "content-length").is_some() {
                 host.set_request_header("content-length", &new.len().to_string());
             }
+            self.body_len = Some(new.len());
         }
+    }
+
+    /// Writes the pick's engine priority into the body of an OpenAI chat
+    /// or completions request (vLLM's `priority`), replacing the client's:
+    /// the pick's answer is the first moment it is known (it is fixed when
+    /// a queued pick is released), and the request is still stopped, its
+    /// body buffered. Other APIs are left as they are: vLLM's Anthropic
+    /// and Responses endpoints are not the ones the priority is measured
+    /// on. Returns whether the body was rewritten.
+    fn set_engine_priority(&mut self, host: &mut dyn Host, priority: i32) -> bool {
+        if !matches!(self.api, Some(ApiKind::Chat | ApiKind::Completions)) || self.stored {
+            return false;
+        }
+        let Some(len) = self.body_len else {
+            return false;
+        };
+        let Some(body) = host.request_body(len) else {
+            return false;
+        };
+        let rw = Rewrite {
+            priority: Some(priority),
+            ..Rewrite::default()
+        };
+        let Some(new) = rewrite_body(&body, &rw) else {
+            return false;
+        };
+        host.set_request_body(len, &new);
+        if header(&self.headers, "content-length").is_some() {
+            host.set_request_header("content-length", &new.len().to_string());
+        }
+        self.body_len = Some(new.len());
+        true
     }
 
     fn fail_open(&self, why: FailOpen) {
@@ -614,7 +654,14 @@ impl Flow {
         match outcome.result {
             Ok(p) => {
                 host.set_request_header(&self.shared.config.settings.endpoint_header, &p.header);
+                let prioritized = p
+                    .engine_priority
+                    .is_some_and(|n| self.set_engine_priority(host, n));
                 if let Some(r) = &mut self.routed {
+                    if prioritized {
+                        let stat = pool_stat(&r.pool_name, "engine_priority");
+                        self.shared.stats.count(&stat, 1);
+                    }
                     self.shared
                         .stats
                         .count(&pool_stat(&r.pool_name, "pick.ok"), 1);

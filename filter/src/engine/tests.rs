@@ -146,16 +146,22 @@ impl Host for Fake {
         self.headers.retain(|(k, _)| k != name);
     }
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {
-        assert_eq!(self.cb, Cb::ReqBody);
+        // In its own callback, or in the pick's before the request resumes
+        // (the body is buffered: the final body callback paused).
+        assert!(
+            self.cb == Cb::ReqBody || (self.cb == Cb::Grpc && !self.resumed),
+            "body read in {:?} (resumed {})",
+            self.cb,
+            self.resumed
+        );
         assert_eq!(size, self.body.len());
         Some(self.body.clone())
     }
     fn set_request_body(&mut self, size: usize, body: &[u8]) {
         self.request_mutable("set_request_body");
-        assert_eq!(
-            self.cb,
-            Cb::ReqBody,
-            "the body can only change in its own callback"
+        assert!(
+            matches!(self.cb, Cb::ReqBody | Cb::Grpc),
+            "the body can only change in its own callback or the pick's"
         );
         assert_eq!(
             size,
@@ -568,3 +574,6 @@ mod request;
 
 #[path = "budget_tests.rs"]
 mod budget;
+
+#[path = "priority_tests.rs"]
+mod priority;
