@@ -49,6 +49,7 @@ fn fixture() -> (Snapshot, StaticInfo, u64) {
         enable_prefix_caching: true,
         profile: "h100-8b".into(),
         time_scale: 1.5,
+        scheduling_policy: "fcfs",
     };
     (snap, info, 5)
 }

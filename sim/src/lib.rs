@@ -163,6 +163,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         enable_prefix_caching: !args.no_enable_prefix_caching,
         profile: profile.name.clone(),
         time_scale: args.time_scale,
+        scheduling_policy: args.scheduling_policy.as_str(),
     };
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

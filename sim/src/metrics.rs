@@ -156,4 +156,6 @@ pub struct StaticInfo {
     pub profile: String,
     /// Wall seconds per virtual second.
     pub time_scale: f64,
+    /// `--scheduling-policy` (shown at /sim/info).
+    pub scheduling_policy: &'static str,
 }

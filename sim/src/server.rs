@@ -640,6 +640,7 @@ async fn sim_info(State(st): State<Arc<AppState>>) -> Json<Value> {
         "num_gpu_blocks": st.info.num_gpu_blocks,
         "profile": st.info.profile,
         "time_scale": st.info.time_scale,
+        "scheduling_policy": st.info.scheduling_policy,
         "kv_events_endpoint": st.endpoints.publish,
         "kv_events_replay_endpoint": st.endpoints.replay,
     }))

@@ -68,6 +68,15 @@ fn completion(priority: Value) -> Value {
 async fn priority_is_accepted_and_bad_types_get_vllms_400() {
     let fcfs = start(18761, "fcfs").await;
     let prio = start(18762, "priority").await;
+    for (base, policy) in [(&fcfs, "fcfs"), (&prio, "priority")] {
+        let info: Value = reqwest::get(format!("{base}/sim/info"))
+            .await
+            .expect("GET /sim/info")
+            .json()
+            .await
+            .expect("JSON");
+        assert_eq!(info["scheduling_policy"], policy);
+    }
 
     // vLLM 0.34 refuses no integer priority on an fcfs engine (the field's
     // doc says it would; no code does): it is accepted and ignored.
