@@ -43,6 +43,10 @@ use crate::stats::{pool_stat, tenant_model_prefix, RequestDecision, UNKNOWN_TENA
 /// The model label of requests refused before their body was read.
 pub const UNKNOWN_MODEL: &str = "unknown";
 
+/// vLLM's request header for the scheduling priority, read over the
+/// body's `priority` (`--scheduling-policy priority`).
+pub const ENGINE_PRIORITY_HEADER: &str = "x-vllm-priority";
+
 /// What a callback tells Envoy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -571,36 +575,37 @@ impl Flow {
         }
     }
 
-    /// Writes the pick's engine priority into the body of an OpenAI chat
-    /// or completions request (vLLM's `priority`), replacing the client's:
-    /// the pick's answer is the first moment it is known (it is fixed when
-    /// a queued pick is released), and the request is still stopped, its
-    /// body buffered. Other APIs are left as they are: vLLM's Anthropic
-    /// and Responses endpoints are not the ones the priority is measured
-    /// on. Returns whether the body was rewritten.
-    fn set_engine_priority(&mut self, host: &mut dyn Host, priority: i32) -> bool {
+    /// Gives the engine the pick's engine priority, replacing the
+    /// client's: vLLM's `x-vllm-priority` header (which vLLM reads over the
+    /// body's field, and the only way on its Anthropic route), and the
+    /// body's `priority` of an OpenAI chat or completions request (read
+    /// alone where the header is not known). The pick's answer is the first
+    /// moment it is known (fixed when a queued pick is released); the
+    /// request is still stopped, its body buffered. Other APIs' bodies are
+    /// left as they are.
+    fn set_engine_priority(&mut self, host: &mut dyn Host, priority: i32) {
+        host.set_request_header(ENGINE_PRIORITY_HEADER, &priority.to_string());
         if !matches!(self.api, Some(ApiKind::Chat | ApiKind::Completions)) || self.stored {
-            return false;
+            return;
         }
         let Some(len) = self.body_len else {
-            return false;
+            return;
         };
         let Some(body) = host.request_body(len) else {
-            return false;
+            return;
         };
         let rw = Rewrite {
             priority: Some(priority),
             ..Rewrite::default()
         };
         let Some(new) = rewrite_body(&body, &rw) else {
-            return false;
+            return;
         };
         host.set_request_body(len, &new);
         if header(&self.headers, "content-length").is_some() {
             host.set_request_header("content-length", &new.len().to_string());
         }
         self.body_len = Some(new.len());
-        true
     }
 
     fn fail_open(&self, why: FailOpen) {
@@ -654,11 +659,11 @@ impl Flow {
         match outcome.result {
             Ok(p) => {
                 host.set_request_header(&self.shared.config.settings.endpoint_header, &p.header);
-                let prioritized = p
-                    .engine_priority
-                    .is_some_and(|n| self.set_engine_priority(host, n));
+                if let Some(n) = p.engine_priority {
+                    self.set_engine_priority(host, n);
+                }
                 if let Some(r) = &mut self.routed {
-                    if prioritized {
+                    if p.engine_priority.is_some() {
                         let stat = pool_stat(&r.pool_name, "engine_priority");
                         self.shared.stats.count(&stat, 1);
                     }

@@ -1,6 +1,7 @@
 //! The pool's engine priority (flow control's `enginePriority`): the pick's
-//! answer carries vLLM's `priority`, written into the body of OpenAI chat
-//! and completions requests in the pick's callback, replacing the client's.
+//! answer carries vLLM's `priority`, set in the pick's callback as the
+//! `x-vllm-priority` header of every API and in the body of OpenAI chat and
+//! completions requests, replacing the client's.
 
 use serde_json::{json, Value};
 
@@ -27,7 +28,11 @@ fn answer(priority: Option<i32>) -> Vec<u8> {
 fn through(path: &str, body_text: &str, priority: Option<i32>) -> (Fake, Rc<MemStats>) {
     let (shared, stats) = config(api_key(), json!({}));
     let mut flow = Flow::new(shared);
-    let mut h = Fake::new(path, &[("authorization", "Bearer key-acme")], body_text);
+    let client = [
+        ("authorization", "Bearer key-acme"),
+        ("x-vllm-priority", "-100"),
+    ];
+    let mut h = Fake::new(path, &client, body_text);
     assert_eq!(headers(&mut flow, &mut h), Verdict::Pause);
     assert_eq!(body(&mut flow, &mut h), Verdict::Pause, "{path}");
     grpc(&mut flow, &mut h, 7, 0, Some(answer(priority)));
@@ -90,13 +95,14 @@ fn without_an_engine_priority_the_body_is_untouched() {
 }
 
 #[test]
-fn other_apis_keep_their_body() {
+fn other_apis_keep_their_body_and_get_the_header() {
     let messages = json!({"model": "qwen", "max_tokens": 4,
                           "messages": [{"role": "user", "content": "hello"}]})
     .to_string();
     let (h, stats) = through("/v1/messages", &messages, Some(1));
     assert_eq!(h.body, messages.as_bytes());
-    assert_eq!(stats.counter("kvasir.pool.main.engine_priority"), 0);
+    assert_eq!(h.header("x-vllm-priority"), Some("1"));
+    assert_eq!(stats.counter("kvasir.pool.main.engine_priority"), 1);
 }
 
 #[test]
