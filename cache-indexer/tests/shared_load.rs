@@ -417,3 +417,55 @@ async fn a_malformed_pending_entry_is_refused_and_counted() {
     let p = b.pick(ids_pick("b-1", prompt(1, 2_000))).await;
     assert!(!p.endpoints.is_empty(), "{p:?}");
 }
+
+/// Interval of the replicas that wake on change: the longest allowed, so
+/// that a change crossing in a fraction of it crossed by the wake.
+const WAKE_INTERVAL_MS: u64 = 1_000;
+/// Bound of each crossing when waking: half an interval. Without the wake
+/// each of the four crossings below would make it with a chance of about a
+/// half (an interval round falling within it), all four about 1 in 16.
+const WAKE_CROSS: Duration = Duration::from_millis(WAKE_INTERVAL_MS / 2);
+
+/// Waits until `ix`'s gauge `name` is `want`; returns how long it took.
+async fn crossed(ix: &Running, name: &str, want: f64) -> Duration {
+    let started = Instant::now();
+    wait_gauge(ix, name, want).await;
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wake_on_change_a_replicas_changes_reach_the_other_long_before_its_interval() {
+    let redis = Redis::start().await;
+    let engines = [IdleEngine::start().await, IdleEngine::start().await];
+    let waking = |id: &str| {
+        let mut cfg = config(&engines, &redis, id);
+        cfg.shared_load.interval_ms = WAKE_INTERVAL_MS;
+        cfg.shared_load.ttl_ms = 4 * WAKE_INTERVAL_MS;
+        cfg.shared_load.wake_on_change = true;
+        cfg
+    };
+    let a = start_indexer(&waking("a")).await;
+    let b = start_indexer(&waking("b")).await;
+    for ix in [&a, &b] {
+        wait_gauge(ix, "kvasir_indexer_shared_load_peers", 1.0).await;
+    }
+    let peer_in_flight = "kvasir_indexer_shared_load_peer_in_flight";
+    let peer_queued = "kvasir_indexer_shared_load_peer_queued_prefill_tokens";
+
+    let first = a.pick(ids_pick("a-1", prompt(1, 4_000))).await;
+    let home = picked(&first);
+    let mut took = vec![crossed(&b, peer_in_flight, 1.0).await];
+    assert!(b.endpoint_state(&home).await.queued_prefill_tokens > 0);
+    a.report(report("a-1", &home, pb::ReportPhase::FirstToken))
+        .await;
+    took.push(crossed(&b, peer_queued, 0.0).await);
+    a.report(report("a-1", &home, pb::ReportPhase::Done)).await;
+    took.push(crossed(&b, peer_in_flight, 0.0).await);
+    // And the other way round.
+    b.pick(ids_pick("b-1", prompt(2, 4_000))).await;
+    took.push(crossed(&a, peer_in_flight, 1.0).await);
+    assert!(took.iter().all(|t| *t < WAKE_CROSS), "{took:?}");
+    for ix in [&a, &b] {
+        assert_eq!(rounds(ix, "failed").await, 0.0);
+    }
+}

@@ -15,6 +15,8 @@
 //!   replicaId: indexer-0  # default: $HOSTNAME, process id and start time
 //!   placements: true      # share recent placements (conversation starts,
 //!                         # prompt ends) too; false: each replica its own
+//!   wakeOnChange: false   # also a round as soon as own load changes, and
+//!                         # at once on another replica's change (pub/sub)
 //! ```
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -68,6 +70,10 @@ pub struct SharedLoadConfig {
     /// Whether recent placements (the `placement` term's counts and which
     /// prompts continue a conversation) are shared too.
     pub placements: bool,
+    /// Whether a replica also runs a round as soon as its own load changes
+    /// (a pick, a report) and publishes that it did, so the others read it
+    /// at once instead of at their next interval.
+    pub wake_on_change: bool,
 }
 
 impl Default for SharedLoadConfig {
@@ -81,6 +87,7 @@ impl Default for SharedLoadConfig {
             key_prefix: "kvasir:load:".into(),
             replica_id: None,
             placements: true,
+            wake_on_change: false,
         }
     }
 }
@@ -143,6 +150,7 @@ impl SharedLoadConfig {
             key_prefix: self.key_prefix.clone(),
             replica_id: self.replica_id.clone().unwrap_or_else(default_replica_id),
             placements: self.placements,
+            wake_on_change: self.wake_on_change,
         }))
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use super::engine_metrics::EngineLoad;
 use super::peers::{PeerLoad, PeerPending, PeerStats, Peers};
@@ -167,6 +168,8 @@ pub enum Phase {
 pub struct LoadTracker {
     cfg: LoadConfig,
     inner: Arc<Mutex<Inner>>,
+    /// Woken when this replica's own load changes (see [`LoadTracker::changes`]).
+    changed: Arc<Notify>,
 }
 
 /// A handle on the tracker's in-flight picks that outlives a borrow of it:
@@ -176,6 +179,7 @@ pub struct LoadTracker {
 #[derive(Clone)]
 pub struct PendingChains {
     inner: Arc<Mutex<Inner>>,
+    changed: Arc<Notify>,
 }
 
 impl std::fmt::Debug for PendingChains {
@@ -213,6 +217,7 @@ impl PendingChains {
             Some(entry) => entry.1 = chain,
             None => e.remember_pending(f.seq, chain),
         }
+        self.changed.notify_one();
         true
     }
 }
@@ -223,6 +228,7 @@ impl LoadTracker {
         LoadTracker {
             cfg,
             inner: Arc::new(Mutex::new(Inner::default())),
+            changed: Arc::default(),
         }
     }
 
@@ -230,7 +236,16 @@ impl LoadTracker {
     pub fn pending_chains(&self) -> PendingChains {
         PendingChains {
             inner: Arc::clone(&self.inner),
+            changed: Arc::clone(&self.changed),
         }
+    }
+
+    /// Notified (one stored permit, so changes coalesce) whenever a pick,
+    /// a report or a completed chain changes what this replica would
+    /// share: the shared-load sync can then publish at once instead of at
+    /// its next interval.
+    pub fn changes(&self) -> Arc<Notify> {
+        Arc::clone(&self.changed)
     }
 
     /// Whether some pick still in prefill (or settling, see
@@ -378,6 +393,8 @@ impl LoadTracker {
                 picked_at: now,
             },
         );
+        drop(g);
+        self.changed.notify_one();
         Accounting::Accounted
     }
 
@@ -405,7 +422,7 @@ impl LoadTracker {
             endpoint: None,
             predicted_cached: None,
         };
-        match phase {
+        let m = match phase {
             Phase::Done => match in_flight.remove(request_id) {
                 Some(f) => {
                     let chain = release(endpoints, &f, true, now);
@@ -428,7 +445,11 @@ impl LoadTracker {
                 }
                 None => unmatched,
             },
+        };
+        if m.matched {
+            self.changed.notify_one();
         }
+        m
     }
 
     /// Expires in-flight picks past the timeout and prefill parts past the

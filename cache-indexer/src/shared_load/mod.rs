@@ -59,6 +59,17 @@
 //!   entry's id, no shared clock), and one from before an endpoint's
 //!   restart, as this replica saw it, is not counted.
 //!
+//! * **Waking on change.** With `wakeOnChange` a replica does not wait
+//!   for its interval to publish: its trackers notify the sync task on
+//!   every pick, report and completed chain, and the round that writes
+//!   the change also `PUBLISH`es the replica's id on
+//!   `<keyPrefix>wake`; every other replica listens on that channel (one
+//!   more connection) and runs a round at once. Staleness drops from up to
+//!   two intervals plus two round trips to about two round trips, and the
+//!   interval becomes the heartbeat and fallback. Rounds are at least
+//!   [`wake::MIN_GAP`] apart, so a burst of picks costs one round per gap;
+//!   a lost subscription only brings back the interval's staleness.
+//!
 //! * **Flow control.** A pool with flow control on also keeps a third hash,
 //!   `<keyPrefix><pool>:flow`: each replica's picks placed on and ended at
 //!   each endpoint, as running totals ([`moves`]), written in the same
@@ -71,6 +82,7 @@ pub mod pending;
 pub mod placed;
 mod store;
 mod sync;
+mod wake;
 
 use std::time::Duration;
 
@@ -99,4 +111,7 @@ pub struct Settings {
     pub replica_id: String,
     /// Whether recent placements are shared too ([`placed`]).
     pub placements: bool,
+    /// Whether a change of own load starts a round at once and a peer's
+    /// published change wakes this replica's read ([`wake`]).
+    pub wake_on_change: bool,
 }

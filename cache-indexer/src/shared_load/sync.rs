@@ -14,6 +14,7 @@ use std::convert::identity;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::merge::{encode, PeerTable, FORGET_AFTER_TTLS};
@@ -21,7 +22,7 @@ use super::moves::{self, MovesTable};
 use super::pending::{self, Fingerprint};
 use super::placed::{self, PlacedTable};
 use super::store::{Store, StoreError};
-use super::Settings;
+use super::{wake, Settings};
 use crate::load::PeerLoad;
 use crate::pool::Pool;
 use crate::pools::Pools;
@@ -77,22 +78,47 @@ struct Sync {
     /// replica with the same id never repeats an old number.
     seq: u64,
     failing: bool,
+    /// Where a round that wrote a change publishes it (`wakeOnChange`).
+    wake_channel: String,
 }
 
 /// Runs rounds until `cancel`, then deletes this replica's fields (bounded
 /// by the timeout) so the others stop counting its load at once.
 pub async fn run(pools: Arc<Pools>, s: Settings, cancel: CancellationToken) {
     let mut sync = Sync::new(&pools, s);
-    tracing::info!(url = %sync.s.url, replica = %sync.s.replica_id, interval = ?sync.s.interval, ttl = ?sync.s.ttl, "shared load: on");
+    tracing::info!(url = %sync.s.url, replica = %sync.s.replica_id, interval = ?sync.s.interval, ttl = ?sync.s.ttl, wake_on_change = sync.s.wake_on_change, "shared load: on");
+    // Never notified without `wakeOnChange`: then only the interval runs rounds.
+    let woken = Arc::new(Notify::new());
+    let helpers = cancel.child_token();
+    if sync.s.wake_on_change {
+        for p in pools.iter() {
+            wake::forward(p.load.changes(), Arc::clone(&woken), helpers.clone());
+        }
+        let listen = wake::Listen {
+            client: sync.s.client.clone(),
+            channel: sync.wake_channel.clone(),
+            replica_id: sync.s.replica_id.clone(),
+            timeout: sync.s.timeout,
+            retry_after: sync.s.retry_after,
+        };
+        wake::listen(listen, Arc::clone(&woken), helpers.clone());
+    }
     let mut tick = tokio::time::interval(sync.s.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = Instant::now();
     loop {
         tokio::select! {
             () = cancel.cancelled() => break,
             _ = tick.tick() => {}
+            () = woken.notified() => {
+                // Changes during the gap are in the same round.
+                tokio::time::sleep_until((last + wake::MIN_GAP).into()).await;
+            }
         }
         sync.round().await;
+        last = Instant::now();
     }
+    helpers.cancel();
     sync.withdraw().await;
 }
 
@@ -127,6 +153,7 @@ impl Sync {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
         Sync {
+            wake_channel: wake::channel(&s.key_prefix),
             s,
             store,
             pools,
@@ -168,14 +195,17 @@ impl Sync {
             pipe.cmd("TIME");
         }
         let mut writes = Vec::with_capacity(self.pools.len());
+        let mut changed = false;
         for p in &mut self.pools {
             // Before the load entry: a reader that finds this replica live
             // finds its totals too (see [`moves::MovesTable::merge`]).
             let totals = write_totals(&mut pipe, p, &self.s.replica_id);
             let own = p.pool.load.own_loads();
-            let due = p.published.as_ref().is_none_or(|(last, at)| {
-                *last != own || now.saturating_duration_since(*at) >= heartbeat
-            });
+            let moved = p.published.as_ref().is_none_or(|(last, _)| *last != own);
+            let due = moved
+                || p.published
+                    .as_ref()
+                    .is_some_and(|(_, at)| now.saturating_duration_since(*at) >= heartbeat);
             if due {
                 self.seq += 1;
                 pipe.cmd("HSET")
@@ -206,12 +236,20 @@ impl Sync {
             if let Some(f) = &p.flow {
                 pipe.cmd("HGETALL").arg(&f.key);
             }
-            placed_round(&mut pipe, p, &self.s.replica_id, key_ttl_ms, now);
+            let placed = placed_round(&mut pipe, p, &self.s.replica_id, key_ttl_ms, now);
+            changed |= moved || placed || pending.is_some() || totals.is_some();
             writes.push(Written {
                 loads: due.then_some(own),
                 pending,
                 totals,
             });
+        }
+        if changed && self.s.wake_on_change {
+            // After the writes: a peer woken by it reads them.
+            pipe.cmd("PUBLISH")
+                .arg(&self.wake_channel)
+                .arg(&self.s.replica_id)
+                .ignore();
         }
         (pipe, writes)
     }
@@ -347,15 +385,16 @@ impl PoolSync {
 /// replica's since the last round as one stream entry, when there are any,
 /// then the read of the entries after the last one read. A failed round
 /// loses the entry (each replica then steers by its own counts anyway).
+/// Returns whether it added an entry.
 fn placed_round(
     pipe: &mut redis::Pipeline,
     p: &PoolSync,
     replica: &str,
     key_ttl_ms: u64,
     now: Instant,
-) {
+) -> bool {
     let Some(ps) = &p.placed else {
-        return;
+        return false;
     };
     let own = p.pool.placements.take_shared(now);
     if !own.is_empty() {
@@ -378,6 +417,7 @@ fn placed_round(
         .arg("+")
         .arg("COUNT")
         .arg(placed::READ_ENTRIES);
+    !own.is_empty()
 }
 
 /// A hash read back; anything else reads as empty.
