@@ -171,6 +171,9 @@ SHARED_LOAD_SAMPLE_S = 0.5
 # 2.0 both modes' p90 were within 10% of that model (Dec 5, twelfth
 # session; bench/results/routing-deployed-analysis.md).
 DEPLOYED_CHAT_TIME_SCALE = 2.0
+# Whether the deployed shape's kvasir mode runs with late binding unless
+# `--late-binding` says otherwise.
+DEPLOYED_LATE_BINDING = False
 # The chat's prompts stay below 16k tokens (4k system + 10 turns of at most
 # 950): a smaller max-model-len lets its caches shrink below the trace's
 # longest prompt.
@@ -282,7 +285,7 @@ class Cluster:
         """The mode's indexer (or replicas sharing load through Redis)."""
         sh = self.shape
         extra_ix = ["--index", "picks"] if self.mode == "approx-prefix" else []
-        overrides = VARIANTS.get(self.mode)
+        overrides = VAR.overrides(self.mode)
         redis = self.procs.add(h.start_redis(self.logdir)) if sh.replicas > 1 else None
         for i in range(sh.replicas):
             cfg = self.indexer_config(i, redis, overrides)
@@ -300,8 +303,7 @@ class Cluster:
 
     def flow(self) -> dict | None:
         """The mode's pool `flowControl` (late binding), or None."""
-        flow = (VARIANTS.get(self.mode) or {}).get("flow")
-        return VAR.flow_section(flow, self.time_scale) if flow else None
+        return VAR.flow(self.mode, self.time_scale)
 
     def policy(self) -> dict:
         """The policy set the filter runs (bench/governance.py's cluster
@@ -323,7 +325,7 @@ class Cluster:
         # (e.g. `noplace:sharedLoad.placements=false`), the rest to the pool.
         overrides = dict(overrides or {})
         shared = overrides.pop("sharedLoad", {})
-        if overrides.pop("flow", None):
+        if overrides.pop("flow", None) and self.flow():
             overrides["flowControl"] = self.flow()
         if overrides:
             # A scoring variant: the same pool, other settings.
@@ -610,6 +612,11 @@ def main(argv: list[str]) -> int:
                     "binding (the pool's flow control, in the indexers and the filter's policy) with LATE_BINDING's "
                     "settings overridden (e.g. `lb:flow.threshold=1.0,flow.saturatedPrefillTokens=6554`; waits as "
                     "`flow.maxWaitSimMs`, simulated ms); run after the modes")
+    ap.add_argument("--late-binding", choices=["on", "off"],
+                    help="kvasir (and its variants) with late binding: the pool's flow control holding picks once "
+                         "every engine has ~0.2 s of prefill queued and binding the endpoint when one has room "
+                         "(bench/variants.py LATE_BINDING, issue 23); approx-prefix never (default: "
+                         f"{'on' if DEPLOYED_LATE_BINDING else 'off'} deployed, off single)")
     ap.add_argument("--deployment", choices=["single", "deployed"], default="single",
                     help="single: one Envoy, one indexer (today's results, comparable run to run); deployed: "
                          f"{PROXIES} Envoys x {REPLICAS} indexer replicas sharing load through Redis, caches under "
@@ -654,6 +661,9 @@ def main(argv: list[str]) -> int:
     loads = {w: [float(x) for x in a.loads.split(",")] if a.loads else p[f"{w}_loads"] for w in ("trace", "chat")}
     modes = a.modes.split(",")
     workloads = a.workloads.split(",")
+    late = a.late_binding == "on" if a.late_binding else deployed and DEPLOYED_LATE_BINDING
+    if late:
+        VAR.KVASIR["flow"] = dict(LATE_BINDING)
     VARIANTS.update(parse_variants(a.variants))
     modes += list(VARIANTS)
     for m in modes:
@@ -678,6 +688,8 @@ def main(argv: list[str]) -> int:
         cmdline = f"bench/routing.py --preset {a.preset} --deployment deployed" + (
             f" --direct-share {a.direct_share}" if a.direct_share else "") + (
             "" if (proxies, replicas) == (PROXIES, REPLICAS) else f" --proxies {proxies} --replicas {replicas}")
+    if a.late_binding:
+        cmdline += f" --late-binding {a.late_binding}"
     setup = [
         f"{ENGINES} vllm-sims, latency profile {PROFILE} (FACTS.md: ~30 ms + 0.03 ms per uncached token of prefill, "
         f"~6 ms decode steps), {'KV blocks (sized per workload below)' if deployed else f'{NUM_GPU_BLOCKS} KV blocks'} "
@@ -690,6 +702,12 @@ def main(argv: list[str]) -> int:
         "+ cache-indexer with `--index picks` (prefix index learned from its own picks, per-endpoint LRU, the Inference "
         "Extension's approach) and the same load terms; kvasir = the filter + the indexer fed by KV events.",
     ]
+    if late:
+        setup.append(f"kvasir runs with late binding: the pool's flow control {json.dumps(LATE_BINDING)} (the "
+                     "wait in simulated ms, scaled by the time scale) in every indexer replica and the filter's "
+                     "policy: a pick waits "
+                     "at the indexer once every engine has that many prefill tokens queued and is bound to an "
+                     "endpoint when one has room (approx-prefix runs without it).")
     shapes = {w: SINGLE for w in workloads}
     if deployed:
         setup.append(deployed_setup(proxies, replicas, a.direct_share))
@@ -727,6 +745,9 @@ def main(argv: list[str]) -> int:
         {"engine": RESTARTED, "at_share_of_arrivals": RESTART_AT, "down_wall_s": RESTART_DOWN_S} if deployed else None,
         {w: {"rate": rates[w], "num_gpu_blocks": sh.num_gpu_blocks, "max_model_len": sh.max_model_len}
          for w, sh in shapes.items()}, p)
+    if late:
+        # Compared shapes must agree on it (bench/shapes.py compares every key).
+        record["late_binding"] = VAR.KVASIR["flow"]
     if other is not None:
         diff = SHAPES.setup_differences(record, other["deployment"])
         if diff:

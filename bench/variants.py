@@ -33,6 +33,31 @@ def flow_section(flow: dict, time_scale: float) -> dict:
     return {"enabled": True, **f, "maxWaitMs": max(1, round(sim_ms * time_scale))}
 
 
+# The kvasir mode's own pool settings, by section (`--late-binding on`:
+# {"flow": LATE_BINDING}); its variants start from them.
+KVASIR: dict[str, dict] = {}
+
+
+def overrides(mode: str) -> dict | None:
+    """The pool settings of `mode` by section: kvasir's own, a variant's
+    over them; None for other modes or none to change."""
+    if mode == "kvasir":
+        return dict(KVASIR) or None
+    if mode not in VARIANTS:
+        return None
+    out = dict(KVASIR)
+    for section, kv in VARIANTS[mode].items():
+        out[section] = {**out.get(section, {}), **kv}
+    return out
+
+
+def flow(mode: str, time_scale: float) -> dict | None:
+    """`mode`'s pool `flowControl` (late binding), or None when it has none
+    or a variant turns it off (`flow.enabled=false`)."""
+    f = (overrides(mode) or {}).get("flow")
+    return flow_section(f, time_scale) if f and f.get("enabled", True) else None
+
+
 def parse_variants(spec: str) -> dict[str, dict]:
     """`name:key=v,sec.key=v;name2:...` -> {"kvasir-name": {"scoring": {key: v}, "sec": {key: v}}}."""
     out = {}

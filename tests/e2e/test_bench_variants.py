@@ -73,3 +73,26 @@ def test_a_flow_key_turns_on_late_binding_in_every_replica_and_the_policy():
 def test_a_flow_wait_is_given_in_simulated_ms():
     with pytest.raises(SystemExit):
         routing.parse_variants("lb:flow.maxWaitMs=100")
+
+
+def test_late_bound_kvasir_carries_it_to_its_variants_but_not_to_approx_prefix():
+    routing.VAR.KVASIR["flow"] = dict(routing.LATE_BINDING)
+    variants = routing.parse_variants("noplace:sharedLoad.placements=false;off:flow.enabled=false")
+    routing.VARIANTS.update(variants)
+    try:
+        want = routing.VAR.flow_section(routing.LATE_BINDING, 0.25)
+        for mode in ("kvasir", "kvasir-noplace"):
+            cluster = routing.Cluster(mode, Path("/nonexistent"), 0.25)
+            for replica in (0, 1):
+                cfg = cluster.indexer_config(replica, _Redis(), routing.VAR.overrides(mode))
+                assert cfg["pools"][0]["flowControl"] == want, (mode, cfg)
+            assert cluster.policy()["pools"][0]["flowControl"] == want
+        for mode in ("approx-prefix", "kvasir-off"):
+            cluster = routing.Cluster(mode, Path("/nonexistent"), 0.25)
+            cfg = cluster.indexer_config(0, _Redis(), routing.VAR.overrides(mode))
+            assert "flowControl" not in cfg.get("pools", [{}])[0], (mode, cfg)
+            assert "flowControl" not in cluster.policy()["pools"][0]
+    finally:
+        routing.VAR.KVASIR.clear()
+        for mode in variants:
+            routing.VARIANTS.pop(mode)
