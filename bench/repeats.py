@@ -15,6 +15,16 @@ summarises run directories that already exist.
         --loads 1.0 --trace-rate 1.5 --chat-rate 12.5 --no-progress
     python3 bench/repeats.py --from bench/results/repeats/run1 bench/results/repeats/run2
 
+Shapes side by side (issue 22's ablation), interleaved round by round so
+a noisy machine weighs on every shape alike; `--variants` can be limited to
+some shapes:
+
+    .tools/venv/bin/python bench/repeats.py --runs 3 --shapes 1x1,2x1,1x2,2x2 \\
+        --variants-only-on 2x2 -- --preset short --deployment deployed --workloads trace \\
+        --modes kvasir --loads 1.0 --trace-rate 1.6 --no-progress \\
+        --variants 'noshare:sharedLoad.redisUrl=null'
+    python3 bench/repeats.py --shapes 1x1,2x2 --from bench/results/repeats-deployed-shapes
+
 The deployed-like mode passes through the same way (`-- --deployment
 deployed [--proxies N --replicas M] ...`); its runs go to
 `bench/results/repeats-deployed[-NxM]/` unless `--out` says otherwise, so
@@ -168,6 +178,76 @@ def render(dirs: list[Path], runs: list[dict], command: str, shape: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_shapes(spec: str) -> list[tuple[int, int]]:
+    """`1x1,2x2` -> [(1, 1), (2, 2)]."""
+    out = []
+    for part in filter(None, (x.strip() for x in spec.split(","))):
+        a, _, b = part.partition("x")
+        if not (a.isdigit() and b.isdigit() and int(a) > 0 and int(b) > 0):
+            raise SystemExit(f"--shapes: expected NxM (Envoys x replicas), got {part!r}")
+        out.append((int(a), int(b)))
+    if not out:
+        raise SystemExit("--shapes: no shape given")
+    return out
+
+
+def without_variants(rest: list[str]) -> list[str]:
+    """routing.py's arguments less `--variants`."""
+    out, skip = [], False
+    for x in rest:
+        if skip:
+            skip = False
+        elif x == "--variants":
+            skip = True
+        elif not x.startswith("--variants="):
+            out.append(x)
+    return out
+
+
+def run_shapes(a: argparse.Namespace, rest: list[str]) -> int:
+    """`--shapes`: every round runs each shape once, in order; then each
+    shape's spread and the shapes side by side (bench/shapes.py)."""
+    shapes = parse_shapes(a.shapes)
+    names = [f"{p}x{r}" for p, r in shapes]
+    only = set(filter(None, (a.variants_only_on or "").split(","))) or set(names)
+    out = Path(a.out) if a.out else REPO / "bench" / "results" / "repeats-deployed-shapes"
+    if a.dirs:
+        if len(a.dirs) != 1:
+            raise SystemExit("--shapes with --from takes one folder (its <shape>/run*/ directories)")
+        out = Path(a.dirs[0])
+    else:
+        if "--deployment" not in rest or rest[rest.index("--deployment") + 1:][:1] != ["deployed"]:
+            raise SystemExit("--shapes needs `-- --deployment deployed ...`")
+        if any(x.startswith(("--proxies", "--replicas", "--out")) for x in rest):
+            raise SystemExit("--shapes sets --proxies, --replicas and --out per run; leave them out")
+        if a.runs < 2:
+            raise SystemExit("--runs must be at least 2 to show a spread")
+        for i in range(1, a.runs + 1):
+            for (p, r), name in zip(shapes, names):
+                d = out / name / f"run{i}"
+                args = rest if name in only else without_variants(rest)
+                print(f"[repeats] round {i} of {a.runs}, shape {name} -> {d}", flush=True)
+                subprocess.run([sys.executable, str(ROUTING), *args, "--proxies", str(p), "--replicas", str(r),
+                                "--out", str(d)], check=True)
+    command = a.command or ("python bench/routing.py " + " ".join(shlex.quote(x) for x in rest) if rest else "")
+    md = []
+    dirs_by_shape = {}
+    for name in names:
+        dirs = run_dirs(out / name)
+        dirs_by_shape[name] = dirs
+        summaries = load_summaries(dirs)
+        md.append(render(dirs, load_runs(summaries), command, shape_of(summaries)))
+    try:
+        md.append(load_shapes().render_ablation(dirs_by_shape))
+    except load_shapes().Refused as e:
+        raise SystemExit(f"--shapes: {e}")
+    text = "\n".join(md)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(text)
+    print(text, end="")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if "--" in argv:
         i = argv.index("--")
@@ -183,7 +263,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--compare-to", help="another repeats folder (its run*/ directories) of the same setup and "
                     "another shape: adds the shapes' p90 per run, their means and issue 22's 2x2-within-5%%-of-1x1 "
                     "row (bench/shapes.py)")
+    ap.add_argument("--shapes", help="deployed only: NxM shapes (Envoys x indexer replicas), e.g. "
+                    "1x1,2x1,1x2,2x2, each run once per round in this order; runs go to OUT/<shape>/run<i> "
+                    "(default OUT: bench/results/repeats-deployed-shapes), the summary adds the shapes side by "
+                    "side with a placement yardstick (bench/shapes.py); with --from, one such OUT")
+    ap.add_argument("--variants-only-on", help="with --shapes: the shapes that get routing.py's --variants "
+                    "(default: all)")
     a = ap.parse_args(argv)
+    if a.shapes:
+        return run_shapes(a, rest)
     out = Path(a.out) if a.out else default_out(rest)
     if a.dirs:
         dirs = [Path(d) for d in a.dirs]

@@ -323,6 +323,111 @@ def render_repeats(this_dirs: list[Path], this: list[dict], other_dirs: list[Pat
     return "\n".join(lines) + "\n"
 
 
+# The FCFS yardstick of `placement_regret`: the profile's prefill step
+# (FACTS.md, h100-8b: ~30 ms + 0.03 ms per uncached token) per chunk of
+# the token budget, simulated ms. No batching: a yardstick for where picks
+# went, not a TTFT prediction.
+STEP_MS, TOKEN_MS, BUDGET = 30.0, 0.03, 8192
+# A pick is "late" when the engine it chose had this much more prefill
+# queued (by the yardstick) than the least loaded one.
+LATE_MS = 250.0
+
+
+def placement_regret(f: Path) -> dict:
+    """Where a run's picks went, priced by one FCFS prefill queue per engine
+    (each answered request's uncached tokens, from its send time): the mean
+    of, at each send, the chosen engine's queued work over the least loaded
+    engine's (regret), the share of picks with more than LATE_MS of it, and
+    the mean TTFT those queues give. Two shapes at the same arrivals and hit
+    rate that differ here differ in placement, not in execution."""
+    rows = []
+    if f.exists():
+        with f.open() as fh:
+            rows = [r for r in csv.DictReader(fh)
+                    if r.get("outcome") == "ok" and r.get("endpoint") and r.get("prompt_tokens")]
+    rows.sort(key=lambda r: float(r["sent_s"]))
+    free = {e: 0.0 for e in {r["endpoint"] for r in rows}}
+    regret, model = [], []
+    for r in rows:
+        t = float(r["sent_s"]) * 1000
+        least = min(max(0.0, v - t) for v in free.values())
+        e = r["endpoint"]
+        regret.append(max(0.0, free[e] - t) - least)
+        prompt = int(r["prompt_tokens"])
+        todo = max(1, prompt - min(int(r["cached_tokens"]), prompt - 1))
+        cost = STEP_MS * math.ceil(todo / BUDGET) + TOKEN_MS * todo
+        free[e] = max(free[e], t) + cost
+        model.append(free[e] - t)
+    if not rows:
+        return {"regret": math.nan, "late": math.nan, "fcfs": math.nan}
+    return {"regret": sum(regret) / len(regret), "late": sum(x > LATE_MS for x in regret) / len(regret),
+            "fcfs": sum(model) / len(model)}
+
+
+def mean(xs: list[float]) -> float:
+    xs = [x for x in xs if math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+def one_decimal(v: float, unit: str = "") -> str:
+    return "-" if math.isnan(v) else f"{v:.1f}{unit}"
+
+
+def render_ablation(shapes: dict[str, list[Path]]) -> str:
+    """Several shapes' repeated runs of one setup side by side (`bench/repeats.py
+    --shapes`): per workload, load and mode, each shape's means over its runs
+    (per-run values in brackets for p90), the replicas' split, CPU seconds per
+    process kind, how busy the machine was, and the placement yardstick
+    ([`placement_regret`]); the p90 against the first shape's."""
+    loaded = {name: [(d, read_summary(d)) for d in dirs] for name, dirs in shapes.items()}
+    first = next(iter(loaded.values()))[0][1]
+    for name, runs in loaded.items():
+        for d, s in runs:
+            check_comparable(first, s, d)
+    keys = sorted({k for runs in loaded.values() for _, s in runs for k in runs_by_key(s)})
+    lines = ["## Shapes side by side", "",
+             "Means over each shape's runs; p90 per run in brackets; `vs first` is the mean p90 over the first "
+             "shape's (a variant the first shape did not run: over its plain kvasir). cpu s: engines / indexers / proxies per run (means); busy: the machine's (all processes, "
+             "other helpers' too). Placement: one FCFS prefill queue per engine at the run's own arrivals and "
+             f"reuse (~{STEP_MS:.0f} ms + {TOKEN_MS} ms per uncached token per {BUDGET}-token chunk): regret = the "
+             "chosen engine's queued work over the least loaded engine's at each send, late = picks with more "
+             f"than {LATE_MS:.0f} ms of it, fcfs = mean TTFT of those queues.", "",
+             "| workload | load | mode | shape | runs | TTFT p50 | p90 (per run) | vs first | mean (answered) | hit rate "
+             "| picks per replica | cpu s eng / idx / prx | busy | regret | late | fcfs mean |",
+             "| --- | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: |"]
+    def mean_p90(runs: list, k: tuple) -> float:
+        return mean([num(runs_by_key(s)[k]["summary"]["ttft"]["p90"]) for _, s in runs if k in runs_by_key(s)])
+
+    first_runs = next(iter(loaded.values()))
+    for k in keys:
+        # A variant run only on later shapes is set against the first shape's
+        # plain mode (e.g. 2x2's kvasir-noshare against 1x1's kvasir).
+        base = mean_p90(first_runs, k)
+        if math.isnan(base) and k[2].startswith("kvasir-"):
+            base = mean_p90(first_runs, (k[0], k[1], "kvasir"))
+        for name, runs in loaded.items():
+            have = [(d, runs_by_key(s)[k]) for d, s in runs if k in runs_by_key(s)]
+            if not have:
+                continue
+            t = [r["summary"]["ttft"] for _, r in have]
+            p90s = [num(x["p90"]) for x in t]
+            p90 = mean(p90s)
+            notes = [r.get("notes", {}) for _, r in have]
+            cpu = " / ".join(one_decimal(mean([n.get(f"cpu s {c}", math.nan) for n in notes]))
+                             for c in ("engines", "indexers", "proxies"))
+            busy = one_decimal(mean([n.get("cpu machine busy %", math.nan) for n in notes]), "%")
+            place = [placement_regret(d / f"{k[0]}-{k[1]:.2f}-{k[2]}.csv") for d, _ in have]
+            lines.append(
+                f"| {k[0]} | {k[1]:.1f} | {k[2]} | {name} | {len(have)} | {ms(mean([num(x['p50']) for x in t]))} | "
+                f"{ms(p90)} ({' / '.join(ms(x) for x in p90s)}) | {ratio(p90, base)} | "
+                f"{ms(mean([answered_mean_ttft(d, r)[0] for d, r in have]))} | "
+                f"{mean([r['summary']['cache_hit_rate'] for _, r in have]):.1%} | "
+                f"{'; '.join(replica_split(r) for _, r in have)} | {cpu} | {busy} | "
+                f"{ms(mean([p['regret'] for p in place]))} | {mean([p['late'] for p in place]):.1%} | "
+                f"{ms(mean([p['fcfs'] for p in place]))} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("this", help="a routing.py results directory")

@@ -148,3 +148,29 @@ def test_repeats_of_calibrated_rates_are_not_compared(tmp_path):
     r = subprocess.run([sys.executable, str(REPEATS), "--from", *big, "--out", str(tmp_path / "o"),
                         "--compare-to", str(tmp_path / "one")], capture_output=True, text=True)
     assert r.returncode != 0 and "trace rate: 1.7 against 1.6" in r.stderr, r.stderr
+
+
+def test_repeats_put_several_shapes_side_by_side_with_the_placement_yardstick(tmp_path):
+    # Requests of 1,000 uncached tokens (60 ms each by the yardstick), the
+    # second sent 10 ms after the first: to the other engine in 1x1, to the
+    # same one in 2x2 (50 ms more queued there than on the idle engine); the
+    # third a second later, to b.
+    def csv_of(second: str) -> str:
+        return ("id,sent_s,ttft_ms,prompt_tokens,cached_tokens,endpoint,outcome\n"
+                f"0,0.0,60,1000,0,a,ok\n1,0.010,70,1000,0,{second},ok\n2,1.0,60,1000,0,b,ok\n")
+    for shape, (p, r), second, p90s in [("1x1", (1, 1), "b", (1000.0, 1100.0)),
+                                         ("2x2", (2, 2), "a", (1200.0, 1300.0))]:
+        for i, p90 in enumerate(p90s, 1):
+            d = results(tmp_path / "o" / shape / f"run{i}", deployment(p, r), {"kvasir": p90}, [2],
+                        {"kvasir": [1.0]})
+            (d / "trace-1.00-kvasir.csv").write_text(csv_of(second))
+    r = subprocess.run([sys.executable, str(REPEATS), "--shapes", "1x1,2x2", "--from", str(tmp_path / "o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "o" / "summary.md").read_text()
+    assert "## Shapes side by side" in md, md
+    # Regret (0 + 50 + 0) / 3 ms in 2x2, FCFS TTFTs 60, 110 and 60 ms.
+    assert "| trace | 1.0 | kvasir | 1x1 | 2 | 100 ms | 1050 ms (1000 ms / 1100 ms) | +0.0% | 63 ms | 50.0% " \
+           "| 2; 2 | - / - / - | - | 0 ms | 0.0% | 60 ms |" in md, md
+    assert "| trace | 1.0 | kvasir | 2x2 | 2 | 100 ms | 1250 ms (1200 ms / 1300 ms) | +19.0% | 63 ms | 50.0% " \
+           "| 2; 2 | - / - / - | - | 17 ms | 0.0% | 77 ms |" in md, md
