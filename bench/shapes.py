@@ -90,6 +90,12 @@ class SharedLoadSampler:
     def __exit__(self, *exc) -> None:
         self.done.set()
         self.thread.join(timeout=10)
+        self.final = []
+        for ix in self.indexers:
+            try:
+                self.final.append(ix.metrics_text())
+            except (OSError, HTTPException):
+                self.final.append(None)
 
     def notes(self) -> dict:
         """Per replica: the peers' pending chains it held (mean and most
@@ -102,6 +108,28 @@ class SharedLoadSampler:
                 out[f"indexer{i} peer in-flight mean"] = round(sum(x[1] for x in s) / len(s), 1)
         if self.misses:
             out["shared-load samples missed"] = self.misses
+        out.update(self.pick_notes())
+        return out
+
+    def pick_notes(self) -> dict:
+        """Per replica, read once the run is over: its picks' mean time inside
+        the indexer and the 90th percentile by the histogram's buckets (us),
+        and the sharing rounds it ran (all results)."""
+        from kvasir_harness import prom
+
+        out: dict = {}
+        for i, text in enumerate(getattr(self, "final", [])):
+            if text is None:
+                continue
+            n = prom.total(text, "kvasir_indexer_pick_duration_seconds_count")
+            if n > 0:
+                total = prom.total(text, "kvasir_indexer_pick_duration_seconds_sum")
+                out[f"indexer{i} pick mean us"] = round(total / n * 1e6)
+                buckets = sorted((float(le), v) for le, v in
+                                 prom.by_label(text, "kvasir_indexer_pick_duration_seconds_bucket", "le").items())
+                p90 = next((le for le, v in buckets if v >= 0.9 * n), math.inf)
+                out[f"indexer{i} pick p90 us (bucket)"] = round(p90 * 1e6) if math.isfinite(p90) else "inf"
+            out[f"indexer{i} sharing rounds"] = int(prom.total(text, "kvasir_indexer_shared_load_rounds_total"))
         return out
 
 
