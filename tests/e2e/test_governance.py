@@ -291,3 +291,52 @@ def test_a_queued_request_is_released_and_served_and_a_full_queue_sheds(artifact
         text = g.envoy.prometheus()
         assert prom_value(text, "kvasir_tenant_model_queue_wait_ms_sum", tenant="beta") >= 500, text
         assert prom_value(text, "kvasir_tenant_model_queue_wait_ms_count", tenant="acme") == 0
+
+
+def test_engine_priority_puts_the_tenant_over_its_share_behind_the_others_in_the_engine(artifacts, logdir):
+    """The pool's `enginePriority` with one engine at vLLM's
+    `--scheduling-policy priority` running one sequence at a time (flow
+    control never holds a pick: the engine is never saturated by its
+    rule). acme's long stream runs, beta's short request waits in the
+    engine; then acme (over its share of the work in flight) sends a
+    request asking for priority -100 in its body and header, and beta one
+    whose body priority is not even a number. The filter replaces both
+    with the pick's engine priority in the pick's callback (the body was
+    buffered then), so the engine accepts beta's and serves it before
+    acme's, which first come first served would not."""
+    flow = {"enabled": True, "threshold": 1.0, "reserve": 0.0, "enginePriority": True, "maxWaitMs": 20000}
+    pol = policy(flow={k: v for k, v in flow.items() if k != "enginePriority"})
+    pool = {"flowControl": flow, "saturation": {"waiting": 64}}
+    with gov_stack(logdir, "prio", pol, sims=1, profile="h100-8b", time_scale=1, pool=pool,
+                   sim_extra=["--max-num-seqs", "1", "--scheduling-policy", "priority"]) as g:
+        done: dict[str, tuple[float, int, bytes]] = {}
+
+        def send(tag: str, key: str, tokens: int, **extra: Any) -> None:
+            headers = {"x-sim-output-tokens": str(tokens), **extra.pop("headers", {})}
+            status, _, b = g.envoy.post("/v1/chat/completions", chat(f"{tag} please", max_tokens=tokens, **extra),
+                                        key=key, headers=headers)
+            done[tag] = (time.monotonic(), status, b)
+
+        threads = []
+
+        def start(tag: str, key: str, tokens: int, **extra: Any) -> None:
+            t = threading.Thread(target=send, args=(tag, key, tokens), kwargs=extra)
+            t.start()
+            threads.append(t)
+
+        try:
+            start("long", "acme", 600)
+            wait_until("the long stream runs", lambda: g.sims[0].metric("vllm:num_requests_running") >= 1, timeout=10)
+            start("beta-first", "beta", 4)
+            wait_until("beta waits in the engine",
+                       lambda: g.sims[0].metric("vllm:num_requests_waiting") >= 1, timeout=10)
+            start("acme-jump", "acme", 4, priority=-100, headers={"x-vllm-priority": "-100"})
+            wait_until("acme's waits too", lambda: g.sims[0].metric("vllm:num_requests_waiting") >= 2, timeout=10)
+            start("beta-second", "beta", 4, priority="high")
+        finally:
+            for t in threads:
+                t.join(timeout=60)
+        for tag in ("long", "beta-first", "acme-jump", "beta-second"):
+            assert done[tag][1] == 200, (tag, done[tag][2])
+        assert done["beta-second"][0] < done["acme-jump"][0], {k: v[0] for k, v in done.items()}
+        assert g.envoy.stat("wasmcustom.kvasir.pool.main.engine_priority") == 4
