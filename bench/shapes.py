@@ -130,6 +130,16 @@ class SharedLoadSampler:
                 p90 = next((le for le, v in buckets if v >= 0.9 * n), math.inf)
                 out[f"indexer{i} pick p90 us (bucket)"] = round(p90 * 1e6) if math.isfinite(p90) else "inf"
             out[f"indexer{i} sharing rounds"] = int(prom.total(text, "kvasir_indexer_shared_load_rounds_total"))
+            # Reports that reached a replica that did not answer the pick
+            # (unmatched), and what is still counted once every request is
+            # over: a pick whose reports went elsewhere stays queued there
+            # until the prefill horizon, and the peers count it too.
+            by = prom.by_label(text, "kvasir_indexer_reports_total", "matched")
+            out[f"indexer{i} reports unmatched"] = int(by.get("false", 0))
+            out[f"indexer{i} reports matched"] = int(by.get("true", 0))
+            out[f"indexer{i} queued prefill at end"] = int(
+                prom.total(text, "kvasir_indexer_endpoint_queued_prefill_tokens"))
+            out[f"indexer{i} unconfirmed at end"] = int(prom.total(text, "kvasir_indexer_in_flight_unconfirmed"))
         return out
 
 

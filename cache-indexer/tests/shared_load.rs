@@ -469,3 +469,53 @@ async fn with_wake_on_change_a_replicas_changes_reach_the_other_long_before_its_
         assert_eq!(rounds(ix, "failed").await, 0.0);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_that_reach_the_other_replica_end_the_pick_where_it_was_made() {
+    let redis = Redis::start().await;
+    let engines = [IdleEngine::start().await, IdleEngine::start().await];
+    let sharing = |id: &str| {
+        let mut cfg = config(&engines, &redis, id);
+        cfg.shared_load.share_reports = true;
+        cfg
+    };
+    let a = start_indexer(&sharing("a")).await;
+    let b = start_indexer(&sharing("b")).await;
+    for ix in [&a, &b] {
+        wait_gauge(ix, "kvasir_indexer_shared_load_peers", 1.0).await;
+    }
+    // A pick on A whose reports go to B (a unary pick before the filter's
+    // stream opened on B, say): B has no such pick.
+    let big = a.pick(ids_pick("a-1", prompt(1, 40_000))).await;
+    let home = picked(&big);
+    wait_gauge(&b, "kvasir_indexer_shared_load_peer_in_flight", 1.0).await;
+    b.report(report("a-1", &home, pb::ReportPhase::FirstToken))
+        .await;
+    // Through the stream of unmatched reports A ends its prefill part...
+    wait_for("A's prefill ended", CROSS, || async {
+        a.endpoint_state(&home).await.queued_prefill_tokens == 0
+    })
+    .await;
+    assert_eq!(a.endpoint_state(&home).await.in_flight, 1);
+    wait_gauge(
+        &b,
+        "kvasir_indexer_shared_load_peer_queued_prefill_tokens",
+        0.0,
+    )
+    .await;
+    // ...and then the pick, and B stops counting it.
+    b.report(report("a-1", &home, pb::ReportPhase::Done)).await;
+    wait_for("A's pick ended", CROSS, || async {
+        a.endpoint_state(&home).await.in_flight == 0
+    })
+    .await;
+    wait_gauge(&b, "kvasir_indexer_shared_load_peer_in_flight", 0.0).await;
+    // A report neither replica's pick matches goes nowhere and nobody
+    // counts anything.
+    b.report(report("nobody", &home, pb::ReportPhase::Done))
+        .await;
+    for ix in [&a, &b] {
+        assert_eq!(rounds(ix, "failed").await, 0.0);
+        assert_eq!(ix.endpoint_state(&home).await.in_flight, 0);
+    }
+}

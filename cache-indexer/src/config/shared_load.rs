@@ -17,6 +17,8 @@
 //!                         # prompt ends) too; false: each replica its own
 //!   wakeOnChange: false   # also a round as soon as own load changes, and
 //!                         # at once on another replica's change (pub/sub)
+//!   shareReports: false   # reports that matched no pick here go to the
+//!                         # other replicas, which apply them to theirs
 //! ```
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -74,6 +76,10 @@ pub struct SharedLoadConfig {
     /// (a pick, a report) and publishes that it did, so the others read it
     /// at once instead of at their next interval.
     pub wake_on_change: bool,
+    /// Whether reports that matched none of this replica's picks are passed
+    /// to the others (a pick answered by one replica whose reports reached
+    /// another), so the pick ends where it was made.
+    pub share_reports: bool,
 }
 
 impl Default for SharedLoadConfig {
@@ -88,6 +94,7 @@ impl Default for SharedLoadConfig {
             replica_id: None,
             placements: true,
             wake_on_change: false,
+            share_reports: false,
         }
     }
 }
@@ -151,6 +158,7 @@ impl SharedLoadConfig {
             replica_id: self.replica_id.clone().unwrap_or_else(default_replica_id),
             placements: self.placements,
             wake_on_change: self.wake_on_change,
+            share_reports: self.share_reports,
         }))
     }
 

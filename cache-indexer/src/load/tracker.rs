@@ -1,7 +1,7 @@
 //! The per-pool load tracker: scraped engine state, in-flight picks and the
 //! prompts still in prefill.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -125,7 +125,15 @@ struct Inner {
     bounds: BoundStats,
     /// The other replicas' load, added to the views only.
     peers: Peers,
+    /// Reports that matched no pick of this replica, newest last (at most
+    /// [`MAX_UNMATCHED_KEPT`]): with shared load they go to the other
+    /// replicas, one of which may have answered the pick.
+    unmatched: VecDeque<(String, Phase)>,
 }
+
+/// Unmatched reports kept for the other replicas between two sharing
+/// rounds; the oldest go first.
+pub const MAX_UNMATCHED_KEPT: usize = 1024;
 
 /// What the bounds on unreported picks did (see [`LoadConfig`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -410,6 +418,31 @@ impl LoadTracker {
     /// Accounts a report. Unknown ids (never picked, already done, expired)
     /// are harmless and come back unmatched.
     pub fn report(&self, request_id: &str, phase: Phase) -> ReportMatch {
+        let m = self.apply_report(request_id, phase);
+        if !m.matched && !request_id.is_empty() {
+            let mut g = self.inner.lock();
+            if g.unmatched.len() == MAX_UNMATCHED_KEPT {
+                g.unmatched.pop_front();
+            }
+            g.unmatched.push_back((request_id.to_owned(), phase));
+        }
+        m
+    }
+
+    /// The reports that matched no pick here since the last call, oldest
+    /// first (for the other replicas).
+    pub fn take_unmatched(&self) -> Vec<(String, Phase)> {
+        self.inner.lock().unmatched.drain(..).collect()
+    }
+
+    /// A report another replica received for a pick it did not answer:
+    /// accounted here if the pick is this replica's, else nothing (and not
+    /// kept for anyone). Returns whether it matched.
+    pub fn peer_report(&self, request_id: &str, phase: Phase) -> bool {
+        self.apply_report(request_id, phase).matched
+    }
+
+    fn apply_report(&self, request_id: &str, phase: Phase) -> ReportMatch {
         let mut g = self.inner.lock();
         let Inner {
             endpoints,

@@ -59,6 +59,14 @@
 //!   entry's id, no shared clock), and one from before an endpoint's
 //!   restart, as this replica saw it, is not counted.
 //!
+//! * **Reports that reached another replica.** With `shareReports`, reports that match none of
+//!   a replica's picks go into a stream per pool,
+//!   `<keyPrefix><pool>:reports`, in the same round trip, and each replica
+//!   applies the others' to its own picks ([`reports`]): a pick made by a
+//!   unary call before the filter's stream was open, or before a stream
+//!   was reopened on another replica, ends where it was made instead of
+//!   counting as queued prefill until the prefill horizon.
+//!
 //! * **Waking on change.** With `wakeOnChange` a replica does not wait
 //!   for its interval to publish: its trackers notify the sync task on
 //!   every pick, report and completed chain, and the round that writes
@@ -80,6 +88,7 @@ pub mod merge;
 pub mod moves;
 pub mod pending;
 pub mod placed;
+pub mod reports;
 mod store;
 mod sync;
 mod wake;
@@ -114,4 +123,6 @@ pub struct Settings {
     /// Whether a change of own load starts a round at once and a peer's
     /// published change wakes this replica's read ([`wake`]).
     pub wake_on_change: bool,
+    /// Whether unmatched reports are passed to the other replicas ([`reports`]).
+    pub share_reports: bool,
 }

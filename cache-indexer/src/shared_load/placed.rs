@@ -197,7 +197,7 @@ impl PlacedTable {
 }
 
 /// An entry `[id, [field, value, ...]]` as its id and field pairs.
-fn split_entry(entry: Value) -> Option<(StreamId, Vec<(String, String)>)> {
+pub(crate) fn split_entry(entry: Value) -> Option<(StreamId, Vec<(String, String)>)> {
     let Value::Array(parts) = entry else {
         return None;
     };
@@ -218,7 +218,7 @@ fn split_entry(entry: Value) -> Option<(StreamId, Vec<(String, String)>)> {
     Some((id, pairs))
 }
 
-fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+pub(crate) fn field<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
     fields
         .iter()
         .find(|(k, _)| k == name)

@@ -21,6 +21,7 @@ use super::merge::{encode, PeerTable, FORGET_AFTER_TTLS};
 use super::moves::{self, MovesTable};
 use super::pending::{self, Fingerprint};
 use super::placed::{self, PlacedTable};
+use super::reports::{self, ReportsTable};
 use super::store::{Store, StoreError};
 use super::{wake, Settings};
 use crate::load::PeerLoad;
@@ -53,6 +54,9 @@ struct PoolSync {
     flow: Option<FlowSync>,
     /// The placements stream: only with `placements` on.
     placed: Option<PlacedSync>,
+    /// The stream of reports that matched no pick here ([`reports`]): only
+    /// with `shareReports` on.
+    reports: Option<(String, ReportsTable)>,
 }
 
 /// A pool's placements side of the sync ([`placed`]).
@@ -131,6 +135,12 @@ impl Sync {
                 pool: Arc::clone(p),
                 key: format!("{}{}", s.key_prefix, p.name),
                 pending_key: format!("{}{}:pending", s.key_prefix, p.name),
+                reports: s.share_reports.then(|| {
+                    (
+                        format!("{}{}:reports", s.key_prefix, p.name),
+                        ReportsTable::default(),
+                    )
+                }),
                 table: PeerTable::default(),
                 published: None,
                 published_pending: None,
@@ -237,7 +247,8 @@ impl Sync {
                 pipe.cmd("HGETALL").arg(&f.key);
             }
             let placed = placed_round(&mut pipe, p, &self.s.replica_id, key_ttl_ms, now);
-            changed |= moved || placed || pending.is_some() || totals.is_some();
+            let forwarded = reports_round(&mut pipe, p, &self.s.replica_id, key_ttl_ms);
+            changed |= moved || placed || forwarded || pending.is_some() || totals.is_some();
             writes.push(Written {
                 loads: due.then_some(own),
                 pending,
@@ -281,6 +292,11 @@ impl Sync {
             } else {
                 None
             };
+            let reports_read = if p.reports.is_some() {
+                reads.next()
+            } else {
+                None
+            };
             if let Some(own) = wrote.loads {
                 p.published = Some((own, now));
             }
@@ -313,6 +329,19 @@ impl Sync {
                 peer_pending.refused += got.refused;
                 if !(got.starts.is_empty() && got.ends.is_empty()) {
                     p.pool.placements.merge_peers(&got.starts, &got.ends, now);
+                }
+            }
+            if let (Some((_, table)), Some(read)) = (&mut p.reports, reports_read) {
+                let got = table.merge(&self.s.replica_id, read);
+                peer_pending.refused += got.refused;
+                let ours = got
+                    .reports
+                    .iter()
+                    .filter(|(id, phase)| p.pool.load.peer_report(id, *phase))
+                    .count();
+                if ours > 0 {
+                    tracing::debug!(pool = %p.pool.name, reports = ours, "shared load: reports another replica received, applied to this one's picks");
+                    p.pool.capacity_freed();
                 }
             }
             if peer_pending.refused > 0 {
@@ -377,7 +406,9 @@ struct Written {
 impl PoolSync {
     /// Replies a round gets for this pool.
     fn reads(&self) -> usize {
-        2 + usize::from(self.flow.is_some()) + usize::from(self.placed.is_some())
+        2 + usize::from(self.flow.is_some())
+            + usize::from(self.placed.is_some())
+            + usize::from(self.reports.is_some())
     }
 }
 
@@ -414,6 +445,38 @@ fn placed_round(
     pipe.cmd("XRANGE")
         .arg(&ps.key)
         .arg(ps.table.start())
+        .arg("+")
+        .arg("COUNT")
+        .arg(placed::READ_ENTRIES);
+    !own.is_empty()
+}
+
+/// Adds this pool's reports that matched none of its picks since the last
+/// round to `pipe` as one stream entry (when there are any), then the read
+/// of the other replicas' entries after the last one read. Returns whether
+/// it added an entry.
+fn reports_round(pipe: &mut redis::Pipeline, p: &PoolSync, replica: &str, key_ttl_ms: u64) -> bool {
+    let Some((key, table)) = &p.reports else {
+        return false;
+    };
+    let own = p.pool.load.take_unmatched();
+    if !own.is_empty() {
+        pipe.cmd("XADD")
+            .arg(key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(placed::STREAM_MAX_ENTRIES)
+            .arg("*")
+            .arg(placed::REPLICA_FIELD)
+            .arg(replica)
+            .arg(reports::REPORTS_FIELD)
+            .arg(reports::encode(&own))
+            .ignore();
+        pipe.cmd("PEXPIRE").arg(key).arg(key_ttl_ms).ignore();
+    }
+    pipe.cmd("XRANGE")
+        .arg(key)
+        .arg(table.start())
         .arg("+")
         .arg("COUNT")
         .arg(placed::READ_ENTRIES);
