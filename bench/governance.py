@@ -121,6 +121,8 @@ class Mode:
 
     flow: dict | None = None
     budgets: dict[str, int] = field(default_factory=dict)
+    # Extra vllm-sim arguments (the engines' --scheduling-policy).
+    sim_extra: list[str] = field(default_factory=list)
 
 
 # Mode name -> its settings; filled by main() from the preset.
@@ -137,6 +139,23 @@ class Cluster(R.Cluster):
     (budgets, the pool's flow control for the filter's deadline) and
     indexer settings."""
 
+    def _start(self) -> None:
+        m = MODES.get(self.mode)
+        if m is None or not m.sim_extra:
+            return super()._start()
+        # The routing benchmark's cluster starts the sims with its own
+        # arguments: the mode's are added to each start_sim call.
+        start_sim = h.start_sim
+
+        def with_extra(*args, extra: list[str] | None = None, **kw):
+            return start_sim(*args, extra=[*(extra or []), *m.sim_extra], **kw)
+
+        h.start_sim = with_extra
+        try:
+            super()._start()
+        finally:
+            h.start_sim = start_sim
+
     def policy(self) -> dict:
         m = MODES.get(self.mode)
         pol = copy.deepcopy(R.POLICY)
@@ -147,8 +166,9 @@ class Cluster(R.Cluster):
                 t["budget"] = {"tokensPerMinute": m.budgets[t["name"]]}
         if m.flow:
             # The same section as the indexer's: the filter's pick deadline
-            # grows by its maxWaitMs.
-            pol["pools"][0]["flowControl"] = dict(m.flow)
+            # grows by its maxWaitMs. (enginePriority is the indexer's pools
+            # file's alone: the filter writes whatever the pick answers.)
+            pol["pools"][0]["flowControl"] = {k: v for k, v in m.flow.items() if k != "enginePriority"}
         return pol
 
     def indexer_config(self, i: int, redis: h.Redis | None, overrides: dict | None) -> dict:
@@ -212,12 +232,25 @@ def run_tenants(workload: str, mode: str, load: float, ts: float, wl_args: list[
     return meta
 
 
-def noisy(p: dict, out: Path, logroot: Path, setup: list[str]) -> dict:
-    """The noisy-neighbour runs; returns the scenario for scenarios.json."""
+# The engine-priority mode of the noisy neighbour (`--engine-priority`):
+# flow control as kvasir-fc plus the pool's enginePriority, the engines at
+# vLLM's --scheduling-policy priority.
+PRIO_MODE = "kvasir-fcp"
+PRIO_LABEL = "flow control + engine priority"
+
+
+def noisy(p: dict, out: Path, logroot: Path, setup: list[str], engine_priority: bool = False,
+          rate: float | None = None) -> dict:
+    """The noisy-neighbour runs; returns the scenario for scenarios.json.
+    With `engine_priority`, also the runs of PRIO_MODE (and it is the
+    subject); with `rate`, no calibration (one run without the burst at it)."""
     n = p["noisy"]
     ts = n["time_scale"]
     MODES["kvasir"] = Mode()
     MODES["kvasir-fc"] = Mode(flow=flow_config("noisy", ts))
+    if engine_priority:
+        MODES[PRIO_MODE] = Mode(flow={**flow_config("noisy", ts), "enginePriority": True},
+                                sim_extra=["--scheduling-policy", "priority"])
     frm, to = n["burst"]
 
     def args(rate: float, burst: bool) -> list[str]:
@@ -228,13 +261,15 @@ def noisy(p: dict, out: Path, logroot: Path, setup: list[str]) -> dict:
 
     # The run without the burst and without flow control calibrates the
     # load: its prefill use near `target_util`, else rescaled and run again.
-    rate, steps = n["guess"], []
-    for i in range(n["calibration_runs"]):
+    steps = []
+    runs = n["calibration_runs"] if rate is None else 1
+    rate = n["guess"] if rate is None else rate
+    for i in range(runs):
         meta = run_tenants("noisy", "kvasir", 1.0, ts, args(rate, False), out, logroot)
         u = meta["engines"]["prefill_utilisation"]
         steps.append((rate, u))
         log(f"noisy calibration: {rate:.3f} requests/s per tenant -> prefill use {u:.1%}")
-        if abs(u - n["target_util"]) <= n["tolerance"] or i == n["calibration_runs"] - 1:
+        if abs(u - n["target_util"]) <= n["tolerance"] or i == runs - 1:
             break
         rate *= n["target_util"] / u
     pairs = [{"label": "flow control off", "burst": "noisy-burst-1.00-kvasir", "baseline": "noisy-1.00-kvasir"}]
@@ -250,6 +285,19 @@ def noisy(p: dict, out: Path, logroot: Path, setup: list[str]) -> dict:
         # no burst without it.
         pairs.append({"label": "flow control on, against off without the burst",
                       "burst": "noisy-burst-1.00-kvasir-fc", "baseline": "noisy-1.00-kvasir"})
+    subject = "flow control on"
+    if engine_priority:
+        run_tenants("noisy", PRIO_MODE, 1.0, ts, args(rate, False), out, logroot)
+        run_tenants("noisy-burst", PRIO_MODE, 1.0, ts, args(rate, True), out, logroot)
+        pairs.append({"label": PRIO_LABEL, "burst": f"noisy-burst-1.00-{PRIO_MODE}",
+                      "baseline": f"noisy-1.00-{PRIO_MODE}"})
+        pairs.append({"label": f"{PRIO_LABEL}, against off without the burst",
+                      "burst": f"noisy-burst-1.00-{PRIO_MODE}", "baseline": "noisy-1.00-kvasir"})
+        subject = PRIO_LABEL
+        setup.append(f"{PRIO_LABEL} ({PRIO_MODE}): kvasir-fc's flowControl plus enginePriority (every pick answer "
+                     "carries vLLM's priority, 0 for a tenant at or under its weighted share of the work in flight "
+                     "and waiting, 1 over it; the filter writes it into the body and the x-vllm-priority header), "
+                     "the engines at --scheduling-policy priority.")
     fc = MODES["kvasir-fc"].flow
     tried = ", ".join(f"{r:.3f} -> {x:.1%}" for r, x in steps)
     setup.append(
@@ -262,7 +310,7 @@ def noisy(p: dict, out: Path, logroot: Path, setup: list[str]) -> dict:
         f"(wall ms); the no-burst figure of flow control on is from "
         + ("its own run without the burst." if n["no_burst_fc_on"] else "the run without flow control."))
     return {"burstTenant": "t00", "factor": n["factor"], "fromS": frm, "toS": to, "pairs": pairs,
-            "subject": "flow control on"}
+            "subject": subject}
 
 
 def budgets(p: dict, out: Path, logroot: Path, setup: list[str]) -> dict:
@@ -378,6 +426,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--flow", action="append", default=[], metavar="SCENARIO:KEY=VALUE",
                     help="override a scenario's flow-control setting, e.g. below:threshold=0.3 (repeatable)")
     ap.add_argument("--no-readme", action="store_true", help="leave README.md alone")
+    ap.add_argument("--engine-priority", action="store_true",
+                    help="noisy: also run flow control with the pool's enginePriority and the engines at "
+                         f"--scheduling-policy priority ({PRIO_MODE}), in the same invocation")
+    ap.add_argument("--noisy-rate", type=float,
+                    help="noisy: requests per simulated second per tenant, instead of calibrating")
     a = ap.parse_args(argv)
     scenarios = [s for s in a.scenarios.split(",") if s]
     for s in scenarios:
@@ -412,8 +465,12 @@ def main(argv: list[str]) -> int:
                 else f"bench/governance.py --preset {a.preset} --scenarios {a.scenarios}", "setup": setup}
     if a.flow:
         sc["command"] += "".join(f" --flow {o}" for o in a.flow)
+    if a.engine_priority:
+        sc["command"] += " --engine-priority"
+    if a.noisy_rate:
+        sc["command"] += f" --noisy-rate {a.noisy_rate}"
     if "noisy" in scenarios:
-        sc["noisy"] = noisy(p, out, logroot, setup)
+        sc["noisy"] = noisy(p, out, logroot, setup, a.engine_priority, a.noisy_rate)
     if "budgets" in scenarios:
         sc["budgets"] = budgets(p, out, logroot, setup)
     if "saturation" in scenarios or "below" in scenarios:
