@@ -314,7 +314,9 @@ class Cluster:
         if not flow:
             return POLICY
         pol = copy.deepcopy(POLICY)
-        pol["pools"][0]["flowControl"] = flow
+        # enginePriority is the indexer's pools file's alone (the filter
+        # writes whatever priority the pick answers).
+        pol["pools"][0]["flowControl"] = {k: v for k, v in flow.items() if k != "enginePriority"}
         return pol
 
     def indexer_config(self, i: int, redis: h.Redis | None, overrides: dict | None) -> dict:

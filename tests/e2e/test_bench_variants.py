@@ -96,3 +96,14 @@ def test_late_bound_kvasir_carries_it_to_its_variants_but_not_to_approx_prefix()
         routing.VAR.KVASIR.clear()
         for mode in variants:
             routing.VARIANTS.pop(mode)
+
+
+def test_engine_priority_goes_to_the_indexers_only():
+    spec = "prio:flow.enginePriority=true"
+    (mode, overrides), = routing.parse_variants(spec).items()
+    routing.VARIANTS.update({mode: overrides})
+    try:
+        assert _config(spec)["pools"][0]["flowControl"]["enginePriority"] is True
+        assert "enginePriority" not in routing.Cluster(mode, Path("/nonexistent"), 0.25).policy()["pools"][0]["flowControl"]
+    finally:
+        routing.VARIANTS.pop(mode)
