@@ -26,14 +26,19 @@ async fn killed_simulator_is_dropped_and_recovers() {
     ix.wait_settled(&b_addr).await;
 
     sims[1].kill();
+    // Unhealthy first (the scrape that failed), its blocks dropped right
+    // after (the scrape loop's went_down): wait for both.
     wait_for(
-        "killed engine becomes unhealthy",
+        "killed engine becomes unhealthy and its blocks are dropped",
         Duration::from_secs(5),
-        || async { !ix.endpoint_state(&b_addr).await.healthy },
+        || async {
+            let st = ix.endpoint_state(&b_addr).await;
+            !st.healthy && st.indexed_blocks == 0
+        },
     )
     .await;
     let st = ix.endpoint_state(&b_addr).await;
-    assert_eq!(st.indexed_blocks, 0, "its blocks are dropped");
+    assert_eq!(st.indexed_blocks, 0, "its blocks stay dropped");
     assert_eq!(st.saturation, 1.0);
     for i in 0..10 {
         let p = ix.pick(chat_pick(&format!("while-dead-{i}"), &chat)).await;
