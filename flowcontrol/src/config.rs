@@ -58,9 +58,9 @@ pub struct FlowControlConfig {
     /// priority`: every pick answer then carries the vLLM `priority` the
     /// filter writes into the request body ([`engine_priority`]), so that
     /// inside an engine a tenant over its share waits behind the others
-    /// instead of first come first served. Off by default: an engine at
-    /// vLLM's default (`fcfs`) refuses a request with a priority other
-    /// than 0.
+    /// instead of first come first served. Off by default: at vLLM's
+    /// default (`fcfs`) the priority is accepted and ignored (vLLM 0.34),
+    /// so it would change nothing.
     pub engine_priority: bool,
 }
 
