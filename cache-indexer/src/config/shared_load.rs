@@ -17,7 +17,7 @@
 //!                         # prompt ends) too; false: each replica its own
 //!   wakeOnChange: false   # also a round as soon as own load changes, and
 //!                         # at once on another replica's change (pub/sub)
-//!   shareReports: false   # reports that matched no pick here go to the
+//!   shareReports: true    # reports that matched no pick here go to the
 //!                         # other replicas, which apply them to theirs
 //! ```
 
@@ -78,7 +78,9 @@ pub struct SharedLoadConfig {
     pub wake_on_change: bool,
     /// Whether reports that matched none of this replica's picks are passed
     /// to the others (a pick answered by one replica whose reports reached
-    /// another), so the pick ends where it was made.
+    /// another), so the pick ends where it was made. On by default: without
+    /// it such a pick counts as queued prefill on every replica until the
+    /// prefill horizon.
     pub share_reports: bool,
 }
 
@@ -94,7 +96,7 @@ impl Default for SharedLoadConfig {
             replica_id: None,
             placements: true,
             wake_on_change: false,
-            share_reports: false,
+            share_reports: true,
         }
     }
 }

@@ -59,7 +59,7 @@
 //!   entry's id, no shared clock), and one from before an endpoint's
 //!   restart, as this replica saw it, is not counted.
 //!
-//! * **Reports that reached another replica.** With `shareReports`, reports that match none of
+//! * **Reports that reached another replica.** With `shareReports` (on by default), reports that match none of
 //!   a replica's picks go into a stream per pool,
 //!   `<keyPrefix><pool>:reports`, in the same round trip, and each replica
 //!   applies the others' to its own picks ([`reports`]): a pick made by a

@@ -24,7 +24,7 @@ use super::placed::{self, PlacedTable};
 use super::reports::{self, ReportsTable};
 use super::store::{Store, StoreError};
 use super::{wake, Settings};
-use crate::load::PeerLoad;
+use crate::load::{PeerLoad, Phase};
 use crate::pool::Pool;
 use crate::pools::Pools;
 use crate::types::EndpointId;
@@ -337,7 +337,15 @@ impl Sync {
                 let ours = got
                     .reports
                     .iter()
-                    .filter(|(id, phase)| p.pool.load.peer_report(id, *phase))
+                    .filter(|(id, phase)| {
+                        let ours = p.pool.load.peer_report(id, *phase);
+                        if ours && *phase == Phase::Done {
+                            // Its tenant's fair-share charge ends too (at
+                            // the estimate: the stream carries no usage).
+                            p.pool.flow.settle(id, 0);
+                        }
+                        ours
+                    })
                     .count();
                 if ours > 0 {
                     tracing::debug!(pool = %p.pool.name, reports = ours, "shared load: reports another replica received, applied to this one's picks");
