@@ -144,17 +144,59 @@ pub struct PeerPlacements {
     pub refused: usize,
 }
 
-/// What a reader remembers of a pool's stream: the last entry it read.
+/// Where a reader is in one of the shared streams (placements, reports):
+/// the last entry it read.
 #[derive(Debug, Default)]
-pub struct PlacedTable {
+pub(crate) struct StreamCursor {
     last: Option<StreamId>,
 }
 
-impl PlacedTable {
+impl StreamCursor {
     /// Where the next read starts (`XRANGE <start> + COUNT ...`): after the
     /// last entry read, or the oldest kept for a first read.
     pub fn start(&self) -> String {
         self.last.map_or_else(|| "-".into(), |id| id.next())
+    }
+
+    /// The entries of one `XRANGE` reply after the last one read and not
+    /// written by `own` (this replica), as id and fields, with the count of
+    /// those that could not be split (a reply that is not an array counts
+    /// one). The cursor moves past every entry it could read.
+    pub fn read(&mut self, own: &str, reply: Value) -> (Vec<Entry>, usize) {
+        let Value::Array(entries) = reply else {
+            return (Vec::new(), 1);
+        };
+        let (mut out, mut refused) = (Vec::new(), 0);
+        for entry in entries {
+            let Some((id, fields)) = split_entry(entry) else {
+                refused += 1;
+                continue;
+            };
+            if self.last.is_some_and(|l| id <= l) {
+                continue;
+            }
+            self.last = Some(id);
+            if field(&fields, REPLICA_FIELD) != Some(own) {
+                out.push((id, fields));
+            }
+        }
+        (out, refused)
+    }
+}
+
+/// A stream entry: its id and its field pairs.
+pub(crate) type Entry = (StreamId, Vec<(String, String)>);
+
+/// What a reader remembers of a pool's placements stream.
+#[derive(Debug, Default)]
+pub struct PlacedTable {
+    cursor: StreamCursor,
+}
+
+impl PlacedTable {
+    /// Where the next read starts ([`StreamCursor::start`]).
+    pub fn start(&self) -> String {
+        self.cursor.start()
     }
 
     /// Merges one `XRANGE` reply, read when the server's clock said
@@ -162,24 +204,12 @@ impl PlacedTable {
     /// (this replica) are skipped; an entry that does not parse is refused
     /// and counted, and the read moves past it all the same.
     pub fn merge(&mut self, own: &str, reply: Value, server_ms: Option<u64>) -> PeerPlacements {
-        let mut out = PeerPlacements::default();
-        let Value::Array(entries) = reply else {
-            out.refused += 1;
-            return out;
+        let (entries, refused) = self.cursor.read(own, reply);
+        let mut out = PeerPlacements {
+            refused,
+            ..PeerPlacements::default()
         };
-        for entry in entries {
-            let Some((id, fields)) = split_entry(entry) else {
-                out.refused += 1;
-                continue;
-            };
-            if self.last.is_some_and(|l| id <= l) {
-                continue;
-            }
-            self.last = Some(id);
-            let replica = field(&fields, REPLICA_FIELD);
-            if replica == Some(own) {
-                continue;
-            }
+        for (id, fields) in entries {
             let Some(s) = field(&fields, PLACED_FIELD).and_then(decode) else {
                 out.refused += 1;
                 continue;

@@ -17,7 +17,7 @@
 
 use redis::Value;
 
-use super::placed::{field, split_entry, StreamId};
+use super::placed::{field, StreamCursor};
 use crate::load::Phase;
 
 /// Format tag of an entry.
@@ -86,34 +86,23 @@ pub struct PeerReports {
 /// Where this replica is in the stream.
 #[derive(Debug, Default)]
 pub struct ReportsTable {
-    last: Option<StreamId>,
+    cursor: StreamCursor,
 }
 
 impl ReportsTable {
-    /// The `XRANGE` start: after the last entry read, or the stream's start.
+    /// The `XRANGE` start ([`StreamCursor::start`]).
     pub fn start(&self) -> String {
-        self.last.map_or_else(|| "-".into(), |id| id.next())
+        self.cursor.start()
     }
 
     /// Reads an `XRANGE` reply: entries after the last read, `own`'s left out.
     pub fn merge(&mut self, own: &str, reply: Value) -> PeerReports {
-        let mut out = PeerReports::default();
-        let Value::Array(entries) = reply else {
-            out.refused += 1;
-            return out;
+        let (entries, refused) = self.cursor.read(own, reply);
+        let mut out = PeerReports {
+            refused,
+            ..PeerReports::default()
         };
-        for entry in entries {
-            let Some((id, fields)) = split_entry(entry) else {
-                out.refused += 1;
-                continue;
-            };
-            if self.last.is_some_and(|l| id <= l) {
-                continue;
-            }
-            self.last = Some(id);
-            if field(&fields, super::placed::REPLICA_FIELD) == Some(own) {
-                continue;
-            }
+        for (_, fields) in entries {
             match field(&fields, REPORTS_FIELD).and_then(decode) {
                 Some(r) => out.reports.extend(r),
                 None => out.refused += 1,

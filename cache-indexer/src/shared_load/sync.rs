@@ -436,27 +436,8 @@ fn placed_round(
         return false;
     };
     let own = p.pool.placements.take_shared(now);
-    if !own.is_empty() {
-        pipe.cmd("XADD")
-            .arg(&ps.key)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(placed::STREAM_MAX_ENTRIES)
-            .arg("*")
-            .arg(placed::REPLICA_FIELD)
-            .arg(replica)
-            .arg(placed::PLACED_FIELD)
-            .arg(placed::encode(&own))
-            .ignore();
-        pipe.cmd("PEXPIRE").arg(&ps.key).arg(key_ttl_ms).ignore();
-    }
-    pipe.cmd("XRANGE")
-        .arg(&ps.key)
-        .arg(ps.table.start())
-        .arg("+")
-        .arg("COUNT")
-        .arg(placed::READ_ENTRIES);
-    !own.is_empty()
+    let entry = (!own.is_empty()).then(|| (placed::PLACED_FIELD, placed::encode(&own)));
+    stream_round(pipe, &ps.key, replica, entry, ps.table.start(), key_ttl_ms)
 }
 
 /// Adds this pool's reports that matched none of its picks since the last
@@ -468,7 +449,24 @@ fn reports_round(pipe: &mut redis::Pipeline, p: &PoolSync, replica: &str, key_tt
         return false;
     };
     let own = p.pool.load.take_unmatched();
-    if !own.is_empty() {
+    let entry = (!own.is_empty()).then(|| (reports::REPORTS_FIELD, reports::encode(&own)));
+    stream_round(pipe, key, replica, entry, table.start(), key_ttl_ms)
+}
+
+/// Adds to `pipe` one entry of this replica's to the stream `key` (when
+/// there is one: its field and value), the key's TTL, then the read of the
+/// entries from `start` on (at most [`placed::READ_ENTRIES`]). Returns
+/// whether it added an entry.
+fn stream_round(
+    pipe: &mut redis::Pipeline,
+    key: &str,
+    replica: &str,
+    entry: Option<(&str, String)>,
+    start: String,
+    key_ttl_ms: u64,
+) -> bool {
+    let added = entry.is_some();
+    if let Some((field, value)) = entry {
         pipe.cmd("XADD")
             .arg(key)
             .arg("MAXLEN")
@@ -477,18 +475,18 @@ fn reports_round(pipe: &mut redis::Pipeline, p: &PoolSync, replica: &str, key_tt
             .arg("*")
             .arg(placed::REPLICA_FIELD)
             .arg(replica)
-            .arg(reports::REPORTS_FIELD)
-            .arg(reports::encode(&own))
+            .arg(field)
+            .arg(value)
             .ignore();
         pipe.cmd("PEXPIRE").arg(key).arg(key_ttl_ms).ignore();
     }
     pipe.cmd("XRANGE")
         .arg(key)
-        .arg(table.start())
+        .arg(start)
         .arg("+")
         .arg("COUNT")
         .arg(placed::READ_ENTRIES);
-    !own.is_empty()
+    added
 }
 
 /// A hash read back; anything else reads as empty.
