@@ -171,13 +171,6 @@ SHARED_LOAD_SAMPLE_S = 0.5
 # 2.0 both modes' p90 were within 10% of that model (Dec 5, twelfth
 # session; bench/results/routing-deployed-analysis.md).
 DEPLOYED_CHAT_TIME_SCALE = 2.0
-# Whether the deployed shape's kvasir mode runs with late binding unless
-# `--late-binding` says otherwise. Off: on the 2x2 shape its queue ran away
-# (450+ of 481 picks held, 2.6-5.7 wall s each, engines idle: prefill use
-# 55-70%) in 7 of 13 trace runs, at loads 1.0 and 1.5 and
-# saturatedPrefillTokens 3277 to 32768, and the chat's p90 rose 1883 ->
-# 4922 ms; on 1x1 at 1.5 it beat kvasir in 3 of 3 (Dec 5, thirteenth session).
-DEPLOYED_LATE_BINDING = False
 # The chat's prompts stay below 16k tokens (4k system + 10 turns of at most
 # 950): a smaller max-model-len lets its caches shrink below the trace's
 # longest prompt.
@@ -622,7 +615,7 @@ def main(argv: list[str]) -> int:
                     help="kvasir (and its variants) with late binding: the pool's flow control holding picks once "
                          "every engine has ~0.2 s of prefill queued and binding the endpoint when one has room "
                          "(bench/variants.py LATE_BINDING, issue 23); approx-prefix never (default: "
-                         f"{'on' if DEPLOYED_LATE_BINDING else 'off'} deployed, off single)")
+                         f"{'on' if VAR.DEPLOYED_LATE_BINDING else 'off'} deployed, off single)")
     ap.add_argument("--deployment", choices=["single", "deployed"], default="single",
                     help="single: one Envoy, one indexer (today's results, comparable run to run); deployed: "
                          f"{PROXIES} Envoys x {REPLICAS} indexer replicas sharing load through Redis, caches under "
@@ -667,7 +660,7 @@ def main(argv: list[str]) -> int:
     loads = {w: [float(x) for x in a.loads.split(",")] if a.loads else p[f"{w}_loads"] for w in ("trace", "chat")}
     modes = a.modes.split(",")
     workloads = a.workloads.split(",")
-    late = a.late_binding == "on" if a.late_binding else deployed and DEPLOYED_LATE_BINDING
+    late = a.late_binding == "on" if a.late_binding else deployed and VAR.DEPLOYED_LATE_BINDING
     if late:
         VAR.KVASIR["flow"] = dict(LATE_BINDING)
     VARIANTS.update(parse_variants(a.variants))

@@ -24,6 +24,15 @@ VARIANTS: dict[str, dict] = {}
 LATE_BINDING = {"threshold": 1.0, "saturatedPrefillTokens": 6554, "maxWaitSimMs": 60000, "maxQueued": 4096,
                 "maxQueuedPerTenant": 4096}
 
+# Whether the deployed shape's kvasir mode runs with late binding unless
+# `--late-binding` says otherwise. Off: on the 2x2 shape its queue ran away
+# (450+ of 481 picks held, 2.6-5.7 wall s each, engines idle: prefill use
+# 55-70%) in 7 of 13 trace runs, at loads 1.0 and 1.5 and
+# saturatedPrefillTokens 3277 to 32768, and the chat's p90 rose 1883 ->
+# 4922 ms; on 1x1 at 1.5 it beat kvasir in 3 of 3 (Dec 5, thirteenth session; all
+# before sharedLoad.shareReports, which may be the 2x2 cause).
+DEPLOYED_LATE_BINDING = False
+
 
 def flow_section(flow: dict, time_scale: float) -> dict:
     """A pool's `flowControl` (indexer pools file and policy alike) from
