@@ -139,22 +139,9 @@ class Cluster(R.Cluster):
     (budgets, the pool's flow control for the filter's deadline) and
     indexer settings."""
 
-    def _start(self) -> None:
+    def sim_args(self) -> list[str]:
         m = MODES.get(self.mode)
-        if m is None or not m.sim_extra:
-            return super()._start()
-        # The routing benchmark's cluster starts the sims with its own
-        # arguments: the mode's are added to each start_sim call.
-        start_sim = h.start_sim
-
-        def with_extra(*args, extra: list[str] | None = None, **kw):
-            return start_sim(*args, extra=[*(extra or []), *m.sim_extra], **kw)
-
-        h.start_sim = with_extra
-        try:
-            super()._start()
-        finally:
-            h.start_sim = start_sim
+        return [*super().sim_args(), *(m.sim_extra if m else [])]
 
     def policy(self) -> dict:
         m = MODES.get(self.mode)

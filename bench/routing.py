@@ -250,11 +250,15 @@ class Cluster:
             raise
         return self
 
+    def sim_args(self) -> list[str]:
+        """The engines' extra vllm-sim arguments (a subclass adds its mode's)."""
+        sh = self.shape
+        return ["--num-gpu-blocks", str(sh.num_gpu_blocks), "--max-model-len", str(sh.max_model_len)]
+
     def _start(self) -> None:
         sh = self.shape
-        extra = ["--num-gpu-blocks", str(sh.num_gpu_blocks), "--max-model-len", str(sh.max_model_len)]
         self.sims = [self.procs.add(h.start_sim(self.logdir, f"sim{i}", profile=PROFILE, time_scale=self.time_scale,
-                                                extra=extra))
+                                                extra=self.sim_args()))
                      for i in range(ENGINES)]
         for s in self.sims:
             h.wait_sim(s)
