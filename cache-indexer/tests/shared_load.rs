@@ -519,3 +519,42 @@ async fn reports_that_reach_the_other_replica_end_the_pick_where_it_was_made() {
         assert_eq!(ix.endpoint_state(&home).await.in_flight, 0);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_done_ends_the_picks_fair_share_charge_where_it_was_made() {
+    let redis = Redis::start().await;
+    let engines = [IdleEngine::start().await, IdleEngine::start().await];
+    // Flow control on (idle engines: picks go at once, each charged to its
+    // tenant's share until its DONE).
+    let sharing = |id: &str| {
+        let mut cfg = config(&engines, &redis, id);
+        cfg.shared_load.share_reports = true;
+        cfg.pools[0].flow_control.enabled = true;
+        cfg
+    };
+    let a = start_indexer(&sharing("a")).await;
+    let b = start_indexer(&sharing("b")).await;
+    for ix in [&a, &b] {
+        wait_gauge(ix, "kvasir_indexer_shared_load_peers", 1.0).await;
+    }
+    let flow_a = &a.indexer.pools.get(POOL).expect("pool").flow;
+    let mut ask = ids_pick("a-1", prompt(3, 4_000));
+    ask.tenant = "acme".into();
+    let home = picked(&a.pick(ask).await);
+    assert_eq!(flow_a.charges_open(), 1, "a placed pick is charged");
+    // Its FIRST_TOKEN reaching B ends its prefill on A, not its charge...
+    b.report(report("a-1", &home, pb::ReportPhase::FirstToken))
+        .await;
+    wait_for("A's prefill ended", CROSS, || async {
+        a.endpoint_state(&home).await.queued_prefill_tokens == 0
+    })
+    .await;
+    assert_eq!(flow_a.charges_open(), 1);
+    // ...its DONE reaching B ends both on A.
+    b.report(report("a-1", &home, pb::ReportPhase::Done)).await;
+    wait_for("A's charge ended", CROSS, || async {
+        flow_a.charges_open() == 0
+    })
+    .await;
+    assert_eq!(a.endpoint_state(&home).await.in_flight, 0);
+}
