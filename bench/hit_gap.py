@@ -1,0 +1,149 @@
+"""Where a mode's cache hits fell short of the pooled-cache bound on the
+trace (issue 22's hit-rate target): each request's shortfall (the tokens
+one pooled LRU cache would have served from cache, `bound.json`'s
+`per_request_cached`, less the tokens its engine did) put down to one
+cause, read from the run's own records and the trace's block hashes.
+
+For a request R with a shortfall, the *holders* are the earlier requests
+whose prompt shares more leading 512-token trace blocks with R's than R
+got from cache: any of them could have given R more. Then:
+
+- **in prefill**: no holder had its first token when R was sent (the
+  prefix was still being computed: nothing held it yet);
+- **sent elsewhere**: some holder had, but R went to an engine none of
+  those holders ran on (the router chose another engine: load, or a
+  prefix it did not know);
+- **lost in the restart**: R went to the restarted engine and every ready
+  holder there had finished before the restart;
+- **evicted**: R went to an engine a ready holder ran on, and got less
+  (the engine's cache, under pressure, had dropped it);
+- **no earlier holder**: the bound's hit came from a request R's records
+  do not show as earlier (failed or not yet sent).
+
+Usage: `python3 bench/hit_gap.py RESULTS_DIR [MODE ...]` (a deployed or
+single-proxy routing results folder with `bound.json` and the trace's
+runs; default: every mode of every trace run). Pure reading; prints a
+Markdown table.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+BLOCK = 512
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+CAUSES = ["in prefill", "sent elsewhere", "lost in the restart", "evicted", "no earlier holder"]
+
+
+def window_hashes(trace: Path, from_s: float, window_s: float | None) -> list[list[int]]:
+    """The block hashes of the trace's requests in the window, in order
+    (request ids are positions in the window, as kvasir-bench numbers them)."""
+    to = math.inf if window_s is None else from_s + window_s
+    out = []
+    with trace.open() as f:
+        for line in f:
+            r = json.loads(line)
+            if from_s * 1e3 <= r["timestamp"] < to * 1e3:
+                out.append(r["hash_ids"])
+    return out
+
+
+def chain(hashes: list[int]) -> list[int]:
+    """One key per leading-prefix length (the key of blocks 0..k)."""
+    keys, k = [], 0
+    for h in hashes:
+        k = hash((k, h))
+        keys.append(k)
+    return keys
+
+
+def restarted_endpoint(rows: list[dict], restart_s: float | None) -> str | None:
+    """The engine whose requests failed around the restart (the kill cuts
+    off what it had in flight)."""
+    if restart_s is None:
+        return None
+    failed = collections.Counter(r["endpoint"] for r in rows
+                                 if r["outcome"] != "ok" and r["endpoint"] and float(r["sent_s"]) <= restart_s)
+    return failed.most_common(1)[0][0] if failed else None
+
+
+def causes(rows: list[dict], hashes: list[list[int]], bound: list[int], restart_s: float | None) -> dict:
+    """Tokens of shortfall per cause, and the totals."""
+    restarted = restarted_endpoint(rows, restart_s)
+    by_id = sorted(rows, key=lambda r: (float(r["sent_s"]), int(r["id"])))
+    # Per prefix key: (endpoint, ready at) of every request sent so far.
+    seen: dict[int, list[tuple[str, float]]] = collections.defaultdict(list)
+    lost = collections.Counter()
+    count = collections.Counter()
+    got_total = bound_total = beyond = 0
+    for r in by_id:
+        i = int(r["id"])
+        keys = chain(hashes[i])
+        sent = float(r["sent_s"])
+        ok = r["outcome"] == "ok"
+        got = int(r["cached_tokens"] or 0) if ok else 0
+        want = bound[i] if i < len(bound) else 0
+        if ok:
+            got_total += got
+            bound_total += want
+            beyond += max(0, got - want)
+        short = want - got
+        if ok and short > 0:
+            need = got // BLOCK  # a holder shares more than `need` blocks
+            holders = seen.get(keys[need], []) if need < len(keys) else []
+            ready = [(e, t) for e, t in holders if t <= sent]
+            if not holders:
+                cause = "no earlier holder"
+            elif not ready:
+                cause = "in prefill"
+            elif r["endpoint"] not in {e for e, _ in ready}:
+                cause = "sent elsewhere"
+            elif (restarted and r["endpoint"] == restarted and restart_s is not None
+                  and all(t < restart_s for e, t in ready if e == restarted)):
+                cause = "lost in the restart"
+            else:
+                cause = "evicted"
+            lost[cause] += short
+            count[cause] += 1
+        ready_at = sent + float(r["ttft_ms"]) / 1e3 if ok and r["ttft_ms"] else math.inf
+        for k in keys:
+            seen[k].append((r["endpoint"], ready_at))
+    return {"lost": lost, "count": count, "got": got_total, "bound": bound_total, "beyond": beyond,
+            "restarted": restarted}
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    d = Path(argv[0])
+    s = json.loads((d / "summary.json").read_text())
+    bound = json.loads((d / "bound.json").read_text())["per_request_cached"]
+    w = s.get("deployment", {}).get("workloads", {}).get("trace", {})
+    setup = s.get("setup", {})
+    from_s = w.get("from_s", setup.get("trace_from_s", 0.0))
+    hashes = window_hashes(TRACE, from_s, w.get("window_s"))
+    want = set(argv[1:])
+    print("| load | mode | hit (tokens) | bound | " + " | ".join(CAUSES) + " | beyond the bound |")
+    print("| ---: | --- | ---: | ---: |" + " ---: |" * (len(CAUSES) + 1))
+    for run in sorted(s["runs"], key=lambda r: (r["load"], r["mode"])):
+        if run["workload"] != "trace" or (want and run["mode"] not in want):
+            continue
+        path = d / f"trace-{run['load']:.2f}-{run['mode']}.csv"
+        rows = list(csv.DictReader(path.open()))
+        c = causes(rows, hashes, bound, run.get("notes", {}).get("restart at s"))
+        gap = max(1, c["bound"] - c["got"] + c["beyond"])
+        cells = [f"{c['lost'][k] / 1e3:.0f}k ({100 * c['lost'][k] / gap:.0f}%, {c['count'][k]})" for k in CAUSES]
+        print(f"| {run['load']:.1f} | {run['mode']} | {c['got'] / 1e6:.2f}M | {c['bound'] / 1e6:.2f}M | "
+              + " | ".join(cells) + f" | {c['beyond'] / 1e3:.0f}k |")
+    print("\nEach cause: tokens short of the bound (share of all shortfall, requests). Answered requests only.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

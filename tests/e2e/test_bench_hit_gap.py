@@ -1,0 +1,57 @@
+"""`bench/hit_gap.py`: each request's shortfall against the pooled-cache
+bound goes to the cause its records show. Records and trace hashes are
+written here; no processes are started."""
+
+from __future__ import annotations
+
+from kvasir_harness import load_script
+
+gap = load_script("bench/hit_gap.py")
+
+K = gap.BLOCK  # tokens per trace block
+
+
+def row(i: int, sent: float, endpoint: str, cached: int, ttft_ms: float = 100.0, ok: bool = True) -> dict:
+    return {"id": str(i), "sent_s": str(sent), "endpoint": endpoint, "cached_tokens": str(cached),
+            "ttft_ms": str(ttft_ms) if ok else "", "outcome": "ok" if ok else "error"}
+
+
+def test_each_shortfall_goes_to_its_cause():
+    # Request 0 computes prefix [1, 2, 3] on e1 (first token at 0.1 s).
+    hashes = [[1, 2, 3], [1, 2, 3, 9], [1, 2, 3, 8], [1, 2, 3, 7], [4, 5]]
+    rows = [
+        row(0, 0.0, "e1", 0),
+        # Sent while request 0 was still in prefill, to the same engine.
+        row(1, 0.05, "e1", 0),
+        # After it: sent to another engine.
+        row(2, 1.0, "e2", 0),
+        # After it, to e1, which no longer held it.
+        row(3, 2.0, "e1", K),
+        # Nothing earlier shares its blocks, yet the bound says it hit.
+        row(4, 3.0, "e3", 0),
+    ]
+    bound = [0, 3 * K, 3 * K, 3 * K, 2 * K]
+    c = gap.causes(rows, hashes, bound, restart_s=None)
+    assert c["count"] == {"in prefill": 1, "sent elsewhere": 1, "evicted": 1, "no earlier holder": 1}
+    assert c["lost"]["evicted"] == 2 * K
+    assert c["got"] == K and c["bound"] == 11 * K and c["beyond"] == 0
+
+
+def test_a_prefix_the_restarted_engine_held_before_the_restart_is_lost_in_it():
+    hashes = [[1, 2], [6], [1, 2, 3]]
+    rows = [
+        row(0, 0.0, "e1", 0),
+        # Cut off by the kill at 5 s: names the restarted engine.
+        row(1, 4.0, "e1", 0, ok=False),
+        row(2, 10.0, "e1", 0),
+    ]
+    c = gap.causes(rows, hashes, [0, 0, 2 * K], restart_s=5.0)
+    assert c["restarted"] == "e1"
+    assert c["count"] == {"lost in the restart": 1}
+
+
+def test_hits_beyond_the_bound_are_counted_not_subtracted():
+    hashes = [[1, 2], [1, 2, 3]]
+    rows = [row(0, 0.0, "e1", 0), row(1, 1.0, "e1", 2 * K)]
+    c = gap.causes(rows, hashes, [0, K], restart_s=None)
+    assert c["beyond"] == K and not c["count"]
