@@ -418,8 +418,14 @@ def main(argv: list[str]) -> int:
                          f"--scheduling-policy priority ({PRIO_MODE}), in the same invocation")
     ap.add_argument("--noisy-rate", type=float,
                     help="noisy: requests per simulated second per tenant, instead of calibrating")
+    ap.add_argument("--noisy-factor", type=float,
+                    help="noisy: t00's rate in the burst window as a multiple of its own (default: the preset's, "
+                         "3.0); 1.0 sends no extra requests (the burst run repeats the run without it: run-to-run "
+                         "noise), 1.25 is t00 at its equal share of a pool the others use at 80%%")
     a = ap.parse_args(argv)
     scenarios = [s for s in a.scenarios.split(",") if s]
+    if a.noisy_factor is not None and a.noisy_factor < 1.0:
+        raise SystemExit(f"--noisy-factor {a.noisy_factor}: expected 1.0 or more")
     for s in scenarios:
         if s not in SCENARIOS:
             raise SystemExit(f"unknown scenario {s!r}; known: {SCENARIOS}")
@@ -456,6 +462,9 @@ def main(argv: list[str]) -> int:
         sc["command"] += " --engine-priority"
     if a.noisy_rate:
         sc["command"] += f" --noisy-rate {a.noisy_rate}"
+    if a.noisy_factor:
+        p["noisy"]["factor"] = a.noisy_factor
+        sc["command"] += f" --noisy-factor {a.noisy_factor}"
     if "noisy" in scenarios:
         sc["noisy"] = noisy(p, out, logroot, setup, a.engine_priority, a.noisy_rate)
     if "budgets" in scenarios:
