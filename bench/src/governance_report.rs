@@ -46,6 +46,9 @@ pub struct Figures {
     pub targets: Vec<TargetCheck>,
     /// Per run: the orchestrator's facts (proxy and indexer counters).
     pub facts: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
+    /// Per run: the engines' prefill use (over the second half of the
+    /// arrival window).
+    pub prefill_use: BTreeMap<String, f64>,
 }
 
 /// Reads run `name` (its `.json` and `.csv`) from `dir`.
@@ -98,6 +101,8 @@ pub fn figures(dir: &Path, s: &Scenarios, model: &EngineModel) -> anyhow::Result
         }
     }
     for (name, (meta, _)) in runs {
+        f.prefill_use
+            .insert(name.clone(), meta.engines.prefill_utilisation);
         f.facts.insert(name, meta.notes);
     }
     f.targets = check(s, &f);
@@ -144,6 +149,9 @@ fn check_noisy(s: &Scenarios, f: &Figures, out: &mut Vec<TargetCheck>) {
         }
         let shed: usize = mine.iter().map(|r| r.refused).sum();
         let _ = write!(why, "the other tenants had {shed} refused");
+        if let Some(a) = a {
+            why.push_str(&work_conserved(n, f, a, &mine));
+        }
         for p in n.pairs.iter().filter(|p| p.label != n.subject) {
             if let Some(o) = worst(&others(&p.label)) {
                 let _ = write!(
@@ -172,6 +180,56 @@ fn check_noisy(s: &Scenarios, f: &Figures, out: &mut Vec<TargetCheck>) {
         met: Some(met),
         why,
     });
+}
+
+/// What the bursting tenant `a` was given while the others were served
+/// (`others`, the subject's rows): its share of the window's requests
+/// served and the engines' prefill use with and without the burst. A share
+/// past an equal one with the use risen is flow control's fair share being
+/// work-conserving: the others, not backlogged, wait longer at the higher
+/// use.
+fn work_conserved(
+    n: &crate::governance::NoisySpec,
+    f: &Figures,
+    a: &NoisyRow,
+    others: &[&NoisyRow],
+) -> String {
+    let served = |r: &NoisyRow| r.sent.1.saturating_sub(r.refused);
+    let total = served(a) + others.iter().map(|r| served(r)).sum::<usize>();
+    if total == 0 {
+        return String::new();
+    }
+    let tenants = others.len() + 1;
+    let mut s = format!(
+        "; {} was served {} of the {} requests of the window served ({}; an equal share is {})",
+        a.tenant,
+        served(a),
+        total,
+        pct(served(a) as f64 / total as f64),
+        pct(1.0 / tenants as f64)
+    );
+    let pair = n.pairs.iter().find(|p| p.label == n.subject);
+    let uses = pair.and_then(|p| {
+        Some((
+            f.prefill_use.get(&p.burst)?,
+            f.prefill_use.get(&p.baseline)?,
+        ))
+    });
+    if let Some((with, without)) = uses {
+        let _ = write!(
+            s,
+            "; the engines' prefill use was {} with the burst against {} without it",
+            pct(*with),
+            pct(*without)
+        );
+        if *with > *without && served(a) * tenants > total {
+            s.push_str(
+                " (the fair share is work-conserving: what the others, not backlogged, leave goes to the \
+                 bursting tenant, and the others wait longer at the higher use)",
+            );
+        }
+    }
+    s
 }
 
 fn check_budgets(f: &Figures, out: &mut Vec<TargetCheck>) {

@@ -70,6 +70,7 @@ fn noisy_rows_compare_each_tenant_inside_the_window_only() {
     };
     let f = Figures {
         noisy: rows,
+        prefill_use: [("b".to_string(), 0.9), ("a".to_string(), 0.8)].into(),
         ..Figures::default()
     };
     let t = check(&s, &f);
@@ -80,7 +81,40 @@ fn noisy_rows_compare_each_tenant_inside_the_window_only() {
         "{}",
         t[0].measured
     );
-    assert!(t[0].why.contains("1 refused"), "{}", t[0].why);
+    let why = &t[0].why;
+    assert!(why.contains("1 refused"), "{why}");
+    // t00 got 1 of the 3 served: not past an equal share of 2 tenants.
+    assert!(why.contains("t00 was served 1 of the 3 requests"), "{why}");
+    assert!(
+        why.contains("prefill use was 90.0% with the burst against 80.0%"),
+        "{why}"
+    );
+    assert!(!why.contains("work-conserving"), "{why}");
+}
+
+#[test]
+fn a_burst_served_past_an_equal_share_at_a_higher_use_is_called_work_conserving() {
+    let spec = noisy_spec();
+    let base = vec![rec("t01", 11.0, 100.0, 200), rec("t00", 12.0, 100.0, 200)];
+    let mut burst = vec![rec("t01", 11.0, 300.0, 200)];
+    for i in 0..3 {
+        burst.push(rec("t00", 12.0 + i as f64, 100.0, 200));
+    }
+    let f = |with: f64| Figures {
+        noisy: noisy_rows(&spec, "on", &base, &burst),
+        prefill_use: [("b".to_string(), with), ("a".to_string(), 0.8)].into(),
+        ..Figures::default()
+    };
+    let s = Scenarios {
+        noisy: Some(spec.clone()),
+        ..Scenarios::default()
+    };
+    let why = check(&s, &f(0.95))[0].why.clone();
+    assert!(why.contains("t00 was served 3 of the 4 requests"), "{why}");
+    assert!(why.contains("work-conserving"), "{why}");
+    // The same share with the use not risen: no such reading.
+    let why = check(&s, &f(0.8))[0].why.clone();
+    assert!(!why.contains("work-conserving"), "{why}");
 }
 
 fn budgets_spec() -> BudgetsSpec {
