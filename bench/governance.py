@@ -134,6 +134,11 @@ def flow_config(scenario: str, time_scale: float, flow: dict | None = None) -> d
     return R.VAR.flow_section(flow or FLOW[scenario], time_scale)
 
 
+# flowControl settings the indexer's pools file has and the policy does
+# not carry yet (flowcontrol/README.md).
+POOLS_FILE_ONLY = ("enginePriority", "reserveCountsWaiting", "overShareSlack")
+
+
 class Cluster(R.Cluster):
     """The routing benchmark's cluster, with the governance mode's policy
     (budgets, the pool's flow control for the filter's deadline) and
@@ -153,9 +158,9 @@ class Cluster(R.Cluster):
                 t["budget"] = {"tokensPerMinute": m.budgets[t["name"]]}
         if m.flow:
             # The same section as the indexer's: the filter's pick deadline
-            # grows by its maxWaitMs. (enginePriority is the indexer's pools
-            # file's alone: the filter writes whatever the pick answers.)
-            pol["pools"][0]["flowControl"] = {k: v for k, v in m.flow.items() if k != "enginePriority"}
+            # grows by its maxWaitMs. (The pools file's own settings are not
+            # the policy's: the filter writes whatever the pick answers.)
+            pol["pools"][0]["flowControl"] = {k: v for k, v in m.flow.items() if k not in POOLS_FILE_ONLY}
         return pol
 
     def indexer_config(self, i: int, redis: h.Redis | None, overrides: dict | None) -> dict:
@@ -434,7 +439,9 @@ def main(argv: list[str]) -> int:
         k, _, v = kv.partition("=")
         if sc not in FLOW or not k or not v:
             raise SystemExit(f"--flow {o!r}: expected SCENARIO:KEY=VALUE with SCENARIO one of {sorted(FLOW)}")
-        FLOW[sc][k] = float(v) if "." in v else int(v)
+        FLOW[sc][k] = {"true": True, "false": False}.get(v, None)
+        if FLOW[sc][k] is None:
+            FLOW[sc][k] = float(v) if "." in v else int(v)
     for b in (R.BENCH_BIN, h.SIM_BIN, h.INDEXER_BIN, h.WASM, h.COMPILE, h.ENVOY_BIN):
         if not b.exists():
             raise SystemExit(f"{b} missing: run `make build` first")
