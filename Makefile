@@ -53,6 +53,7 @@ bench: build
 bench-full: build
 	.tools/venv/bin/python bench/routing.py --preset full
 	.tools/venv/bin/python bench/routing.py --preset full --deployment deployed
+	.tools/venv/bin/python bench/deployed_targets.py bench/results/routing-deployed
 	.tools/venv/bin/python bench/governance.py --preset full
 	python3 scripts/bench_report.py
 

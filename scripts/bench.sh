@@ -24,6 +24,8 @@ echo "== routing: the Mooncake trace and a multi-tenant chat through Envoy, four
 
 echo "== routing as deployed: 2 Envoys x 2 indexer replicas sharing load through Redis, caches under pressure, an engine restarted (short version)"
 .tools/venv/bin/python bench/routing.py --preset "${ROUTING_PRESET:-short}" --deployment deployed --no-progress
+deployed=bench/results/routing-deployed$([ "${ROUTING_PRESET:-short}" = full ] || echo "-${ROUTING_PRESET:-short}")
+.tools/venv/bin/python bench/deployed_targets.py "$deployed" >/dev/null
 
 echo "== governance: a noisy neighbour, budgets over 2 Envoys x 2 replicas, saturation and below it, flow control on and off (short version)"
 .tools/venv/bin/python bench/governance.py --preset "${GOVERNANCE_PRESET:-short}"

@@ -148,6 +148,14 @@ def routing_table(r, subdir="routing"):
         met = {True: "yes", False: "**no**", None: "not run"}[t["met"]]
         why = t.get("why", "") if t["met"] is False else ""
         rows.append(f"| {t['target']} | {t['measured']} | {met} | {why} |")
+    # Issue 22's targets of a deployed run (bench/deployed_targets.py).
+    deployed = RESULTS / subdir / "targets-deployed.json"
+    if deployed.exists():
+        rows += ["", "| target (issue 22, one run) | measured | met | why (for a miss) |", "| --- | --- | --- | --- |"]
+        for t in json.loads(deployed.read_text()):
+            met = {True: "yes", False: "**no**", None: "not run"}[t["met"]]
+            why = t.get("why", "") if t["met"] is False else ""
+            rows.append(f"| {t['target']} | {t['measured']} | {met} | {why} |")
     rows += ["", f"Produced by `{r['command']}`; the full report with ITL, throughput, per-run facts and plots is "
              f"[bench/results/{subdir}/report.md](bench/results/{subdir}/report.md)."]
     return "\n".join(rows)
