@@ -95,7 +95,10 @@ def below_why(r: Run, load: float, q: str, goal_ms: float) -> str:
             + (f" and {ms(best)} at the pooled cache's" if best is not None else "")
             + f": kvasir's reuse moves the balanced {q} by {100 * (bk / ba - 1):+.1f}% against approx-prefix's; "
             + (f"perfect balance at kvasir's reuse would meet the target ({ms(goal_ms)})" if goal_ms >= bk else
-               f"the target ({ms(goal_ms)}) is below even perfect balance at kvasir's reuse: only more reuse meets it"))
+               f"the target ({ms(goal_ms)}) is below even perfect balance at kvasir's reuse: only more reuse meets it"
+               if best is None or goal_ms >= best else
+               f"the target ({ms(goal_ms)}) is below even perfect balance at the pooled cache's reuse: no router "
+               "meets it on this run's engines"))
     ok, oa = r.model("trace", load, k, "queued_own", q), r.model("trace", load, a, "queued_own", q)
     if ok is not None and oa is not None:
         parts.append(f"on the engines each mode chose the model gives kvasir {ms(ok)} and approx-prefix {ms(oa)} "

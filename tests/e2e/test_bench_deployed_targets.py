@@ -99,6 +99,19 @@ def test_a_p90_short_of_the_target_says_what_reuse_and_balance_give(tmp_path):
     assert rows["trace @1.0: kvasir hit rate >= 95% of the pooled-cache bound"]["met"] is True
 
 
+def test_a_p90_target_below_perfect_balance_at_the_pooled_reuse_is_out_of_any_routers_reach(tmp_path):
+    d = folder(tmp_path, kvasir_hit=0.15)
+    s = json.loads((d / "summary.json").read_text())
+    # approx-prefix's p90 2000 ms: the target 1600 ms is under the 1800 ms
+    # that perfect balance gives even at the pooled cache's reuse.
+    s["runs"][0]["summary"]["ttft"] = dist(950, 1900)
+    s["runs"][1]["summary"]["ttft"] = dist(1000, 2000)
+    (d / "summary.json").write_text(json.dumps(s))
+    p90 = rows_by_target(d)["trace @1.0: kvasir TTFT p90 >= 20% below approx-prefix's"]
+    assert p90["met"] is False
+    assert "below even perfect balance at the pooled cache's reuse: no router meets it" in p90["why"], p90["why"]
+
+
 def test_a_rerun_replaces_the_reports_section(tmp_path):
     d = folder(tmp_path, kvasir_hit=0.12)
     dt.main([str(d)])
