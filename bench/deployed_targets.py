@@ -32,6 +32,7 @@ from pathlib import Path
 P90_BELOW, P50_BELOW, HIT_SHARE, BALANCE = 0.20, 0.10, 0.95, 1.3
 TARGET_LOADS = (1.0, 1.5)
 START, END = "<!-- targets-deployed:start -->", "<!-- targets-deployed:end -->"
+KVASIR = "kvasir"
 
 
 def _hit_gap():
@@ -77,11 +78,12 @@ class Run:
         return u[kind][q] if kind in u else None
 
 
-def below_why(r: Run, load: float, q: str, goal_ms: float) -> str:
-    """Why kvasir's statistic `q` is not far enough below approx-prefix's:
-    how much the reuse it gains buys at perfect balance, and how far its
-    own placement is from that balance (the queue model's figures)."""
-    k, a = "kvasir", "approx-prefix"
+def below_why(r: Run, load: float, q: str, goal_ms: float, k: str = KVASIR) -> str:
+    """Why kvasir's (mode `k`'s) statistic `q` is not far enough below
+    approx-prefix's: how much the reuse it gains buys at perfect balance,
+    and how far its own placement is from that balance (the queue model's
+    figures)."""
+    a = "approx-prefix"
     hk, ha = r.hit("trace", load, k), r.hit("trace", load, a)
     bound = r.s.get("bound", {}).get("hit_rate")
     parts = [f"hit rate {100 * hk:.1f}% against approx-prefix's {100 * ha:.1f}%"
@@ -91,41 +93,41 @@ def below_why(r: Run, load: float, q: str, goal_ms: float) -> str:
     if bk is not None and ba is not None:
         parts.append(
             f"with the queue model (each prefill in an FCFS queue from its arrival), perfectly balanced engines give "
-            f"a {q} of {ms(bk)} at kvasir's reuse, {ms(ba)} at approx-prefix's"
+            f"a {q} of {ms(bk)} at {k}'s reuse, {ms(ba)} at approx-prefix's"
             + (f" and {ms(best)} at the pooled cache's" if best is not None else "")
-            + f": kvasir's reuse moves the balanced {q} by {100 * (bk / ba - 1):+.1f}% against approx-prefix's; "
-            + (f"perfect balance at kvasir's reuse would meet the target ({ms(goal_ms)})" if goal_ms >= bk else
-               f"the target ({ms(goal_ms)}) is below even perfect balance at kvasir's reuse: only more reuse meets it"
+            + f": {k}'s reuse moves the balanced {q} by {100 * (bk / ba - 1):+.1f}% against approx-prefix's; "
+            + (f"perfect balance at {k}'s reuse would meet the target ({ms(goal_ms)})" if goal_ms >= bk else
+               f"the target ({ms(goal_ms)}) is below even perfect balance at {k}'s reuse: only more reuse meets it"
                if best is None or goal_ms >= best else
                f"the target ({ms(goal_ms)}) is below even perfect balance at the pooled cache's reuse: no router "
                "meets it on this run's engines"))
     ok, oa = r.model("trace", load, k, "queued_own", q), r.model("trace", load, a, "queued_own", q)
     if ok is not None and oa is not None:
-        parts.append(f"on the engines each mode chose the model gives kvasir {ms(ok)} and approx-prefix {ms(oa)} "
+        parts.append(f"on the engines each mode chose the model gives {k} {ms(ok)} and approx-prefix {ms(oa)} "
                      f"(measured {ms(r.ttft('trace', load, k, q))} and {ms(r.ttft('trace', load, a, q))}): what is "
                      "left is placement, balance given up for hits")
     return "; ".join(parts)
 
 
-def below_rows(r: Run) -> list[dict]:
+def below_rows(r: Run, mode: str = KVASIR) -> list[dict]:
     out = []
     for load in TARGET_LOADS:
         for q, share in (("p90", P90_BELOW), ("p50", P50_BELOW)):
-            k, a = r.ttft("trace", load, "kvasir", q), r.ttft("trace", load, "approx-prefix", q)
-            target = f"trace @{load}: kvasir TTFT {q} >= {share:.0%} below approx-prefix's"
+            k, a = r.ttft("trace", load, mode, q), r.ttft("trace", load, "approx-prefix", q)
+            target = f"trace @{load}: {mode} TTFT {q} >= {share:.0%} below approx-prefix's"
             if k is None or a is None:
                 out.append({"target": target, "measured": "runs missing", "met": None, "why": ""})
                 continue
             below = 1 - k / a if math.isfinite(a) and a > 0 else math.nan
             met = below >= share
             out.append({"target": target, "measured": f"{ms(k)} vs {ms(a)}: {100 * below:.1f}% below",
-                        "met": met, "why": "" if met else below_why(r, load, q, a * (1 - share))})
+                        "met": met, "why": "" if met else below_why(r, load, q, a * (1 - share), mode)})
     return out
 
 
-def hit_row(r: Run) -> dict:
-    target = f"trace @1.0: kvasir hit rate >= {HIT_SHARE:.0%} of the pooled-cache bound"
-    hk, bound = r.hit("trace", 1.0, "kvasir"), r.s.get("bound", {}).get("hit_rate")
+def hit_row(r: Run, mode: str = KVASIR) -> dict:
+    target = f"trace @1.0: {mode} hit rate >= {HIT_SHARE:.0%} of the pooled-cache bound"
+    hk, bound = r.hit("trace", 1.0, mode), r.s.get("bound", {}).get("hit_rate")
     if hk is None or not bound:
         return {"target": target, "measured": "runs missing", "met": None, "why": ""}
     share = hk / bound
@@ -137,13 +139,13 @@ def hit_row(r: Run) -> dict:
         w = r.s.get("deployment", {}).get("workloads", {}).get("trace", {})
         hashes = gap.window_hashes(gap.TRACE, w.get("from_s", 0.0), w.get("window_s"))
         bound_req = json.loads((d / "bound.json").read_text())["per_request_cached"]
-        rows = list(csv.DictReader((d / "trace-1.00-kvasir.csv").open()))
-        restart = r.runs[("trace", 1.0, "kvasir")].get("notes", {}).get("restart at s")
+        rows = list(csv.DictReader((d / f"trace-1.00-{mode}.csv").open()))
+        restart = r.runs[("trace", 1.0, mode)].get("notes", {}).get("restart at s")
         c = gap.causes(rows, hashes, bound_req, restart)
         short = sum(c["lost"].values())
         causes = ", ".join(f"{k} {100 * c['lost'][k] / short:.0f}% ({c['count'][k]} requests)"
                            for k in gap.CAUSES if c["lost"][k]) if short else "none"
-        why = (f"the bound is one LRU cache with no load; of the {short / 1e3:.0f}k prompt tokens kvasir's answered "
+        why = (f"the bound is one LRU cache with no load; of the {short / 1e3:.0f}k prompt tokens {mode}'s answered "
                f"requests got from cache short of it ({c['beyond'] / 1e3:.0f}k beyond it elsewhere): {causes} "
                "(bench/hit_gap.py: in prefill = no earlier request sharing the prefix had its first token yet; sent "
                "elsewhere = one had, on another engine; evicted = on the same engine, dropped under pressure)")
@@ -151,13 +153,13 @@ def hit_row(r: Run) -> dict:
             "met": met, "why": why}
 
 
-def balance_rows(r: Run) -> list[dict]:
+def balance_rows(r: Run, kvasir: str = KVASIR) -> list[dict]:
     out = []
     for (w, load, mode) in sorted(r.runs):
-        if mode != "kvasir" or load > 1.5 + 1e-9:
+        if mode != kvasir or load > 1.5 + 1e-9:
             continue
         m, b = answered_mean(r.d, w, load, mode), r.model(w, load, mode, "balanced", "mean")
-        target = f"{w} @{load}: kvasir mean TTFT (answered) <= {BALANCE}x perfect balance at its own reuse"
+        target = f"{w} @{load}: {mode} mean TTFT (answered) <= {BALANCE}x perfect balance at its own reuse"
         if m is None or b is None:
             out.append({"target": target, "measured": "yardstick missing", "met": None, "why": ""})
             continue
@@ -166,7 +168,7 @@ def balance_rows(r: Run) -> list[dict]:
         why = ""
         if not met:
             own = r.model(w, load, mode, "queued_own", "mean")
-            why = (f"on the engines kvasir chose the queue model gives {ms(own)} (measured {ms(m)}), perfectly "
+            why = (f"on the engines {mode} chose the queue model gives {ms(own)} (measured {ms(m)}), perfectly "
                    f"balanced {ms(b)}: {ms(own - b)} of the mean is balance given up for cache hits"
                    if own is not None else "")
             if own is not None and abs(own - m) > 0.25 * m:
@@ -175,12 +177,31 @@ def balance_rows(r: Run) -> list[dict]:
     return out
 
 
+def met_word(met: bool | None) -> str:
+    """A target's `met` as the tables write it."""
+    return {True: "yes", False: "**no**", None: "not run"}[met]
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| target (issue 22) | measured | met | why (for a miss) |", "| --- | --- | --- | --- |"]
     for t in rows:
-        met = {True: "yes", False: "**no**", None: "not run"}[t["met"]]
-        lines.append(f"| {t['target']} | {t['measured']} | {met} | {t['why'] if t['met'] is False else ''} |")
+        lines.append(f"| {t['target']} | {t['measured']} | {met_word(t['met'])} | "
+                     f"{t['why'] if t['met'] is False else ''} |")
     return "\n".join(lines) + "\n"
+
+
+def kvasir_modes(r: Run) -> list[str]:
+    """kvasir, then its variants (`kvasir-NAME`, routing.py's `--variants`)
+    that ran, each checked against the same targets."""
+    variants = sorted({m for (_, _, m) in r.runs if m.startswith(KVASIR + "-")})
+    return [KVASIR, *variants]
+
+
+def rows_of(d: Path) -> list[dict]:
+    """Every target's row for a results folder: kvasir's, then each
+    variant's (their targets name the variant)."""
+    r = Run(d)
+    return [row for k in kvasir_modes(r) for row in below_rows(r, k) + [hit_row(r, k)] + balance_rows(r, k)]
 
 
 def main(argv: list[str]) -> int:
@@ -188,8 +209,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     d = Path(argv[0])
-    r = Run(d)
-    rows = below_rows(r) + [hit_row(r)] + balance_rows(r)
+    rows = rows_of(d)
     (d / "targets-deployed.json").write_text(json.dumps(rows, indent=2))
     section = (f"{START}\n## Issue 22's targets (one run; `bench/repeats.py` says what is beyond noise)\n\n"
                f"{table(rows)}{END}\n")

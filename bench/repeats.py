@@ -47,12 +47,36 @@ REPO = Path(__file__).resolve().parents[1]
 ROUTING = REPO / "bench" / "routing.py"
 
 
-def load_shapes():
-    """bench/shapes.py (a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("shapes", REPO / "bench" / "shapes.py")
+def load_script(name: str):
+    """bench/NAME.py (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_shapes():
+    """bench/shapes.py."""
+    return load_script("shapes")
+
+
+def render_targets(dirs: list[Path]) -> str:
+    """Issue 22's targets (bench/deployed_targets.py) checked in each run
+    and how many runs meet each: what "confirmed beyond run-to-run noise"
+    asks. Targets whose runs are missing everywhere are left out; empty
+    when no run has any."""
+    dt = load_script("deployed_targets")
+    per_run = [{t["target"]: t for t in dt.rows_of(d)} for d in dirs]
+    order = [t for t in per_run[0] if any(r.get(t, {}).get("met") is not None for r in per_run)]
+    if not order:
+        return ""
+    lines = ["", "Issue 22's targets in each run (bench/deployed_targets.py; variants against the same targets):", "",
+             "| target | measured per run | runs that meet it |", "| --- | --- | ---: |"]
+    for t in order:
+        have = [r[t] for r in per_run if t in r and r[t]["met"] is not None]
+        met = sum(1 for x in have if x["met"])
+        lines.append(f"| {t} | {' / '.join(x['measured'] for x in have)} | {met} of {len(have)} |")
+    return "\n".join(lines) + "\n"
 
 
 def run_dirs(folder: Path) -> list[Path]:
@@ -291,6 +315,8 @@ def main(argv: list[str]) -> int:
         command = "python bench/routing.py " + " ".join(shlex.quote(x) for x in rest)
     summaries = load_summaries(dirs)
     md = render(dirs, load_runs(summaries), command, shape_of(summaries))
+    if all((s.get("deployment") or {}).get("kind") == "deployed" for s in summaries):
+        md += render_targets(dirs)
     if a.compare_to:
         shapes = load_shapes()
         others = run_dirs(Path(a.compare_to))

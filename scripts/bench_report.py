@@ -1,12 +1,24 @@
 #!/usr/bin/env python3
 """Turns bench/results/*.json into markdown tables and puts them in README.md
 between `<!-- bench:NAME:start -->` and `<!-- bench:NAME:end -->`."""
+import importlib.util
 import json
 import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+
+
+def _met_word():
+    """bench/deployed_targets.py's `met_word` (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("deployed_targets", ROOT / "bench" / "deployed_targets.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.met_word
+
+
+met_word = _met_word()
 
 
 def sim_table(r):
@@ -145,17 +157,15 @@ def routing_table(r, subdir="routing"):
         )
     rows += ["", "| target | measured | met | why (for a miss) |", "| --- | --- | --- | --- |"]
     for t in r["targets"]:
-        met = {True: "yes", False: "**no**", None: "not run"}[t["met"]]
         why = t.get("why", "") if t["met"] is False else ""
-        rows.append(f"| {t['target']} | {t['measured']} | {met} | {why} |")
+        rows.append(f"| {t['target']} | {t['measured']} | {met_word(t['met'])} | {why} |")
     # Issue 22's targets of a deployed run (bench/deployed_targets.py).
     deployed = RESULTS / subdir / "targets-deployed.json"
     if deployed.exists():
         rows += ["", "| target (issue 22, one run) | measured | met | why (for a miss) |", "| --- | --- | --- | --- |"]
         for t in json.loads(deployed.read_text()):
-            met = {True: "yes", False: "**no**", None: "not run"}[t["met"]]
             why = t.get("why", "") if t["met"] is False else ""
-            rows.append(f"| {t['target']} | {t['measured']} | {met} | {why} |")
+            rows.append(f"| {t['target']} | {t['measured']} | {met_word(t['met'])} | {why} |")
     rows += ["", f"Produced by `{r['command']}`; the full report with ITL, throughput, per-run facts and plots is "
              f"[bench/results/{subdir}/report.md](bench/results/{subdir}/report.md)."]
     return "\n".join(rows)

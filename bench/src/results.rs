@@ -67,7 +67,7 @@ pub fn read_runs(dir: &Path) -> anyhow::Result<Vec<(RunMeta, Vec<Record>)>> {
     Ok(out)
 }
 
-/// Kvasir's runs priced with no queueing: at their own reuse, and for the
+/// Kvasir's runs (and its variants') priced with no queueing: at their own reuse, and for the
 /// chat at the best reuse (from all runs of the same load, which replay
 /// the same conversations); the approximate mode's at its own reuse, which
 /// the p90 comparison sets against kvasir's. Each with its queueing
@@ -80,10 +80,10 @@ pub fn unqueued_ttfts(
     model: &EngineModel,
 ) -> Vec<Unqueued> {
     runs.iter()
-        .filter(|(m, _)| m.mode == KVASIR || m.mode == APPROX)
+        .filter(|(m, _)| is_kvasir(&m.mode) || m.mode == APPROX)
         .map(|(m, recs)| {
             let engines = m.engines.engines.max(1);
-            if m.workload == "chat" && m.mode == KVASIR {
+            if m.workload == "chat" && is_kvasir(&m.mode) {
                 let same: Vec<&[Record]> = runs
                     .iter()
                     .filter(|(o, _)| o.workload == m.workload && (o.load - m.load).abs() < 1e-9)
@@ -106,6 +106,15 @@ pub fn unqueued_ttfts(
             }
         })
         .collect()
+}
+
+/// Whether `mode` is kvasir or one of its variants (`kvasir-NAME`, the
+/// routing benchmark's `--variants`), which get kvasir's yardsticks too.
+fn is_kvasir(mode: &str) -> bool {
+    mode == KVASIR
+        || mode
+            .strip_prefix(KVASIR)
+            .is_some_and(|v| v.starts_with('-'))
 }
 
 /// Writes the report of the runs in `dir` there: `report.md` with its
@@ -292,5 +301,13 @@ mod tests {
         // The report's own outputs are not runs.
         assert_eq!(read_runs(&dir).unwrap().len(), 2);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn kvasirs_variants_get_its_yardsticks_and_other_modes_do_not() {
+        assert!(is_kvasir("kvasir"));
+        assert!(is_kvasir("kvasir-lb"));
+        assert!(!is_kvasir("kvasirx"));
+        assert!(!is_kvasir("approx-prefix"));
     }
 }

@@ -119,3 +119,25 @@ def test_a_rerun_replaces_the_reports_section(tmp_path):
     text = (d / "report.md").read_text()
     assert text.startswith("# Report\n\nbody\n")
     assert text.count(dt.START) == 1 and text.count(dt.END) == 1
+
+
+def test_a_variant_is_checked_against_the_same_targets_under_its_own_name(tmp_path):
+    d = folder(tmp_path, kvasir_hit=0.12)
+    s = json.loads((d / "summary.json").read_text())
+    # kvasir-lb: 620 ms answered against 500 balanced (1.24x, met where
+    # kvasir's 700 ms is not); p90 2500 ms, 16.7% below approx-prefix's 3000.
+    s["runs"].append(run("trace", "kvasir-lb", 650, 2500, 0.145))
+    s["unqueued"].append(unqueued("trace", "kvasir-lb", dist(600, 1800, 500), dist(650, 2400, 610)))
+    (d / "summary.json").write_text(json.dumps(s))
+    write_csv(d / "trace-1.00-kvasir-lb.csv", [500, 560, 620, 680, 740], [0, 0, 0, 0, 5120])
+    rows = rows_by_target(d)
+    assert rows["trace @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]["met"] is False
+    lb = rows["trace @1.0: kvasir-lb mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]
+    assert (lb["met"], lb["measured"]) == (True, "620 ms vs 500 ms: 1.24x")
+    p90 = rows["trace @1.0: kvasir-lb TTFT p90 >= 20% below approx-prefix's"]
+    assert p90["met"] is False and "at kvasir-lb's reuse" in p90["why"], p90["why"]
+    hit = rows["trace @1.0: kvasir-lb hit rate >= 95% of the pooled-cache bound"]
+    assert (hit["met"], hit["measured"]) == (True, "14.5% vs bound 15.0%: 96.7%")
+    # The report's table holds both modes' rows, kvasir's first.
+    text = (d / "report.md").read_text()
+    assert text.index("| trace @1.0: kvasir hit rate") < text.index("| trace @1.0: kvasir-lb hit rate")

@@ -66,3 +66,35 @@ def test_unanswered_percentiles_are_shown_not_a_crash(tmp_path):
                     "--out", str(out)], check=True, capture_output=True)
     md = (out / "summary.md").read_text()
     assert "| ∞ / 4000 ms |" in md and "| 2000 ms-2000 ms (0.0%) | - |" in md, md
+
+
+def test_deployed_runs_get_issue_22s_targets_per_run(tmp_path):
+    # Two deployed runs: kvasir's p90 33% then 10% below approx-prefix's, so
+    # the 20% target is met in one of two; the hit-rate row needs each
+    # run's bound (15%).
+    for i, kp90 in enumerate([2000.0, 2700.0], 1):
+        d = tmp_path / f"run{i}"
+        summary(d, {"approx-prefix": 3000.0, "kvasir": kp90}, 0.15)
+        s = json.loads((d / "summary.json").read_text())
+        s["deployment"] = {"kind": "deployed", "proxies": 2, "replicas": 2}
+        s["bound"] = {"hit_rate": 0.15}
+        (d / "summary.json").write_text(json.dumps(s))
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(REPEATS), "--from", str(tmp_path / "run1"), str(tmp_path / "run2"),
+                    "--out", str(out)], check=True, capture_output=True)
+    md = (out / "summary.md").read_text()
+    assert "| trace @1.0: kvasir TTFT p90 >= 20% below approx-prefix's | 2000 ms vs 3000 ms: 33.3% below / " \
+           "2700 ms vs 3000 ms: 10.0% below | 1 of 2 |" in md, md
+    assert "| trace @1.0: kvasir hit rate >= 95% of the pooled-cache bound | 15.0% vs bound 15.0%: 100.0% / " \
+           "15.0% vs bound 15.0%: 100.0% | 2 of 2 |" in md, md
+    # Load 1.5 never ran: no row.
+    assert "trace @1.5" not in md
+
+
+def test_single_proxy_runs_get_no_targets_table(tmp_path):
+    for i in (1, 2):
+        summary(tmp_path / f"run{i}", {"approx-prefix": 3000.0, "kvasir": 2000.0}, 0.15)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(REPEATS), "--from", str(tmp_path / "run1"), str(tmp_path / "run2"),
+                    "--out", str(out)], check=True, capture_output=True)
+    assert "Issue 22's targets" not in (out / "summary.md").read_text()
