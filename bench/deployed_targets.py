@@ -149,6 +149,9 @@ def hit_row(r: Run, mode: str = KVASIR) -> dict:
                f"requests got from cache short of it ({c['beyond'] / 1e3:.0f}k beyond it elsewhere): {causes} "
                "(bench/hit_gap.py: in prefill = no earlier request sharing the prefix had its first token yet; sent "
                "elsewhere = one had, on another engine; evicted = on the same engine, dropped under pressure)")
+        elsewhere = gap.elsewhere_why(c)
+        if elsewhere:
+            why += f"; {elsewhere}"
     return {"target": target, "measured": f"{100 * hk:.1f}% vs bound {100 * bound:.1f}%: {100 * share:.1f}%",
             "met": met, "why": why}
 

@@ -20,6 +20,13 @@ got from cache: any of them could have given R more. Then:
 - **no earlier holder**: the bound's hit came from a request R's records
   do not show as earlier (failed or not yet sent).
 
+For the requests sent elsewhere it also says how many found the latest
+ready holder's engine with more prefill in progress (uncached tokens of
+requests sent there and not at their first token yet), beyond the engine
+they went to, than the holder's cache would have saved them: a trade of
+hits for TTFT that the bound, one cache with no load, never makes; and
+what the hit rate would be had only the others stayed and hit.
+
 Usage: `python3 bench/hit_gap.py RESULTS_DIR [MODE ...]` (a deployed or
 single-proxy routing results folder with `bound.json` and the trace's
 runs; default: every mode of every trace run). Pure reading; prints a
@@ -72,12 +79,24 @@ def restarted_endpoint(rows: list[dict], restart_s: float | None) -> str | None:
     return failed.most_common(1)[0][0] if failed else None
 
 
+def backlog(sent: list[tuple[float, float, int]], at: float) -> int:
+    """Uncached prompt tokens of an engine's requests in prefill at `at`
+    (sent before it, first token after it): the prefill a request sent
+    then would queue behind."""
+    return sum(u for s, ready, u in sent if s < at < ready)
+
+
 def causes(rows: list[dict], hashes: list[list[int]], bound: list[int], restart_s: float | None) -> dict:
-    """Tokens of shortfall per cause, and the totals."""
+    """Tokens of shortfall per cause, and the totals; for each request sent
+    elsewhere, what it would have queued behind on the latest ready
+    holder's engine and what it did on its own (`elsewhere`)."""
     restarted = restarted_endpoint(rows, restart_s)
     by_id = sorted(rows, key=lambda r: (float(r["sent_s"]), int(r["id"])))
     # Per prefix key: (endpoint, ready at) of every request sent so far.
     seen: dict[int, list[tuple[str, float]]] = collections.defaultdict(list)
+    # Per endpoint: (sent, ready at, uncached tokens) of its requests so far.
+    on: dict[str, list[tuple[float, float, int]]] = collections.defaultdict(list)
+    elsewhere = []
     lost = collections.Counter()
     count = collections.Counter()
     got_total = bound_total = beyond = 0
@@ -103,6 +122,10 @@ def causes(rows: list[dict], hashes: list[list[int]], bound: list[int], restart_
                 cause = "in prefill"
             elif r["endpoint"] not in {e for e, _ in ready}:
                 cause = "sent elsewhere"
+                # The latest ready holder: the one most likely to hold it still.
+                latest = max(ready, key=lambda x: x[1])[0]
+                elsewhere.append({"short": short, "chosen": backlog(on[r["endpoint"]], sent),
+                                  "holder": backlog(on[latest], sent)})
             elif (restarted and r["endpoint"] == restarted and restart_s is not None
                   and all(t < restart_s for e, t in ready if e == restarted)):
                 cause = "lost in the restart"
@@ -113,8 +136,35 @@ def causes(rows: list[dict], hashes: list[list[int]], bound: list[int], restart_
         ready_at = sent + float(r["ttft_ms"]) / 1e3 if ok and r["ttft_ms"] else math.inf
         for k in keys:
             seen[k].append((r["endpoint"], ready_at))
+        if ok:
+            on[r["endpoint"]].append((sent, ready_at, int(r.get("prompt_tokens") or 0) - got))
     return {"lost": lost, "count": count, "got": got_total, "bound": bound_total, "beyond": beyond,
-            "restarted": restarted}
+            "restarted": restarted, "elsewhere": elsewhere}
+
+
+def elsewhere_why(c: dict) -> str:
+    """Whether the requests sent away from their prefix's holder were sent
+    away for a longer queue there, in prompt tokens of prefill: the wait
+    behind the holder's prefills in progress against the tokens its cache
+    would have saved."""
+    e = c["elsewhere"]
+    if not e:
+        return ""
+    longer = [x for x in e if x["holder"] - x["chosen"] > x["short"]]
+    mean = lambda k, xs: sum(x[k] for x in xs) / len(xs)  # noqa: E731
+    out = (f"of the {len(e)} requests sent elsewhere, {len(longer)} found the latest holder's engine with more prefill "
+           f"in progress, beyond the engine they went to, than its cache would have saved them")
+    if longer:
+        out += (f" (on average {mean('holder', longer) / 1e3:.0f}k tokens in prefill there against "
+                f"{mean('chosen', longer) / 1e3:.0f}k, to save {mean('short', longer) / 1e3:.1f}k)")
+        rest = sum(x["short"] for x in e) - sum(x["short"] for x in longer)
+        if c["bound"]:
+            # The hit rate as a share of the bound had every other request
+            # sent elsewhere stayed and hit: what load cost at most.
+            share = (c["got"] + rest) / c["bound"]
+            out += (f"; had only the other {len(e) - len(longer)} stayed with the holder and hit, the hits would be "
+                    f"{100 * share:.1f}% of the bound")
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -129,6 +179,7 @@ def main(argv: list[str]) -> int:
     from_s = w.get("from_s", setup.get("trace_from_s", 0.0))
     hashes = window_hashes(TRACE, from_s, w.get("window_s"))
     want = set(argv[1:])
+    notes = []
     print("| load | mode | hit (tokens) | bound | " + " | ".join(CAUSES) + " | beyond the bound |")
     print("| ---: | --- | ---: | ---: |" + " ---: |" * (len(CAUSES) + 1))
     for run in sorted(s["runs"], key=lambda r: (r["load"], r["mode"])):
@@ -141,7 +192,12 @@ def main(argv: list[str]) -> int:
         cells = [f"{c['lost'][k] / 1e3:.0f}k ({100 * c['lost'][k] / gap:.0f}%, {c['count'][k]})" for k in CAUSES]
         print(f"| {run['load']:.1f} | {run['mode']} | {c['got'] / 1e6:.2f}M | {c['bound'] / 1e6:.2f}M | "
               + " | ".join(cells) + f" | {c['beyond'] / 1e3:.0f}k |")
+        why = elsewhere_why(c)
+        if why:
+            notes.append(f"{run['mode']} at {run['load']:.1f}: {why}.")
     print("\nEach cause: tokens short of the bound (share of all shortfall, requests). Answered requests only.")
+    for n in notes:
+        print(f"\n{n}")
     return 0
 
 

@@ -55,3 +55,25 @@ def test_hits_beyond_the_bound_are_counted_not_subtracted():
     rows = [row(0, 0.0, "e1", 0), row(1, 1.0, "e1", 2 * K)]
     c = gap.causes(rows, hashes, [0, K], restart_s=None)
     assert c["beyond"] == K and not c["count"]
+
+
+def test_a_request_sent_away_from_a_busy_holder_is_told_apart_from_one_sent_away_from_an_idle_one():
+    # Request 0 holds [1, 2] on e1 from 0.1 s. Request 1, a 100k-token
+    # prompt, is in prefill on e1 from 1.0 s to 9 s. Request 2 (sent at 2 s)
+    # goes to e2: e1 had 100k tokens in prefill, more than the 1k its cache
+    # saves. Request 3 (sent at 10 s, e1 idle again) goes to e3 too.
+    hashes = [[1, 2], [7], [1, 2, 3], [1, 2, 4]]
+    rows = [row(0, 0.0, "e1", 0), row(1, 1.0, "e1", 0, ttft_ms=8000.0), row(2, 2.0, "e2", 0),
+            row(3, 10.0, "e3", 0)]
+    for r, prompt in zip(rows, [2 * K, 100_000, 3 * K, 3 * K]):
+        r["prompt_tokens"] = str(prompt)
+    c = gap.causes(rows, hashes, [0, 0, 2 * K, 2 * K], restart_s=None)
+    assert c["count"] == {"sent elsewhere": 2}
+    assert c["elsewhere"] == [{"short": 2 * K, "chosen": 0, "holder": 100_000},
+                              {"short": 2 * K, "chosen": 0, "holder": 0}]
+    why = gap.elsewhere_why(c)
+    assert why.startswith("of the 2 requests sent elsewhere, 1 found the latest holder's engine with more "
+                          "prefill in progress"), why
+    # Had request 3 stayed: 1k more of the 2k the bound hits (got 0).
+    assert why.endswith("had only the other 1 stayed with the holder and hit, the hits would be 50.0% of the "
+                        "bound"), why
