@@ -85,7 +85,7 @@ def below_why(r: Run, load: float, q: str, goal_ms: float, k: str = KVASIR) -> s
     figures)."""
     a = "approx-prefix"
     hk, ha = r.hit("trace", load, k), r.hit("trace", load, a)
-    bound = r.s.get("bound", {}).get("hit_rate")
+    bound = (r.s.get("bound") or {}).get("hit_rate")
     parts = [f"hit rate {100 * hk:.1f}% against approx-prefix's {100 * ha:.1f}%"
              + (f" (pooled bound {100 * bound:.1f}%)" if bound else "")]
     bk, ba = r.model("trace", load, k, "balanced", q), r.model("trace", load, a, "balanced", q)
@@ -127,7 +127,7 @@ def below_rows(r: Run, mode: str = KVASIR) -> list[dict]:
 
 def hit_row(r: Run, mode: str = KVASIR) -> dict:
     target = f"trace @1.0: {mode} hit rate >= {HIT_SHARE:.0%} of the pooled-cache bound"
-    hk, bound = r.hit("trace", 1.0, mode), r.s.get("bound", {}).get("hit_rate")
+    hk, bound = r.hit("trace", 1.0, mode), (r.s.get("bound") or {}).get("hit_rate")
     if hk is None or not bound:
         return {"target": target, "measured": "runs missing", "met": None, "why": ""}
     share = hk / bound

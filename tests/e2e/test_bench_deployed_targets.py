@@ -141,3 +141,15 @@ def test_a_variant_is_checked_against_the_same_targets_under_its_own_name(tmp_pa
     # The report's table holds both modes' rows, kvasir's first.
     text = (d / "report.md").read_text()
     assert text.index("| trace @1.0: kvasir hit rate") < text.index("| trace @1.0: kvasir-lb hit rate")
+
+
+def test_a_chat_only_run_without_a_bound_has_its_balance_rows_and_no_crash(tmp_path):
+    d = folder(tmp_path, kvasir_hit=0.12)
+    s = json.loads((d / "summary.json").read_text())
+    # What routing.py writes when no trace ran.
+    s["runs"] = [x for x in s["runs"] if x["workload"] == "chat"]
+    s["bound"] = None
+    (d / "summary.json").write_text(json.dumps(s))
+    rows = rows_by_target(d)
+    assert rows["trace @1.0: kvasir hit rate >= 95% of the pooled-cache bound"]["met"] is None
+    assert rows["chat @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]["met"] is False
