@@ -156,6 +156,23 @@ def hit_row(r: Run, mode: str = KVASIR) -> dict:
             "met": met, "why": why}
 
 
+def sticky_why(sticky: float | None, balanced: float) -> str:
+    """What a multi-turn run's perfect balance costs in reuse: the queue
+    model with each request placed at arrival where its first token comes
+    soonest, a turn that leaves its conversation's engine reusing only its
+    tenant's system prompt (`queue::sticky` in kvasir-bench)."""
+    if sticky is None or not balanced:
+        return ""
+    x = sticky / balanced
+    out = (f"; perfect balance keeps every turn's reuse wherever it goes: a router that knew every queue exactly "
+           f"and placed each request at arrival where its first token came soonest, a turn that leaves its "
+           f"conversation's engine reusing only its system prompt, gets {ms(sticky)} in the same model, {x:.2f}x "
+           f"perfect balance")
+    if x > BALANCE:
+        out += ", itself above the target"
+    return out
+
+
 def balance_rows(r: Run, kvasir: str = KVASIR) -> list[dict]:
     out = []
     for (w, load, mode) in sorted(r.runs):
@@ -176,6 +193,7 @@ def balance_rows(r: Run, kvasir: str = KVASIR) -> list[dict]:
                    if own is not None else "")
             if own is not None and abs(own - m) > 0.25 * m:
                 why += f" (the model is {100 * abs(own - m) / m:.0f}% off the measured mean here, so only roughly)"
+            why += sticky_why(r.model(w, load, mode, "sticky", "mean"), b)
         out.append({"target": target, "measured": f"{ms(m)} vs {ms(b)}: {x:.2f}x", "met": met, "why": why})
     return out
 

@@ -49,6 +49,11 @@ pub struct Unqueued {
     /// Perfectly balanced at the best reuse, where that is computed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balanced_best: Option<Dist>,
+    /// Multi-turn runs: each request where its first token comes soonest,
+    /// a later turn that leaves its conversation's engine reusing only its
+    /// tenant's system prompt ([`crate::queue::sticky`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sticky: Option<Dist>,
 }
 
 fn answered(r: &Record) -> bool {
@@ -88,18 +93,13 @@ fn dist_of<'a>(pairs: impl Iterator<Item = (&'a Record, u64)>, model: &EngineMod
 pub fn chat_best_reuse(records: &[Record], runs: &[&[Record]], block_tokens: u64) -> Vec<u64> {
     let block = block_tokens.max(1);
     let mut turns: HashMap<(usize, usize), (u64, u64)> = HashMap::new();
-    let mut system: HashMap<&str, u64> = HashMap::new();
     for r in runs.iter().flat_map(|rs| rs.iter()).chain(records) {
         let Some(c) = r.conversation else { continue };
-        if r.outcome != Outcome::Ok {
-            continue;
-        }
-        turns.insert((c, r.turn), (r.prompt_tokens, r.completion_tokens));
-        if r.turn == 0 {
-            let s = system.entry(r.tenant.as_str()).or_default();
-            *s = (*s).max(r.cached_tokens);
+        if r.outcome == Outcome::Ok {
+            turns.insert((c, r.turn), (r.prompt_tokens, r.completion_tokens));
         }
     }
+    let system = system_prompts(records, runs);
     // A tenant's first request by send time has nothing to reuse.
     let mut first: HashMap<&str, (f64, usize)> = HashMap::new();
     for r in records {
@@ -124,6 +124,48 @@ pub fn chat_best_reuse(records: &[Record], runs: &[&[Record]], block_tokens: u64
             best.max(r.cached_tokens)
         })
         .collect()
+}
+
+/// Each tenant's system prompt in tokens, as far as the records show it:
+/// the most any answered first turn of that tenant found cached, in
+/// `records` or any of `runs` (replaying the same conversations).
+fn system_prompts<'a>(records: &'a [Record], runs: &[&'a [Record]]) -> HashMap<&'a str, u64> {
+    let mut system: HashMap<&str, u64> = HashMap::new();
+    for r in runs.iter().flat_map(|rs| rs.iter()).chain(records) {
+        if r.conversation.is_some() && r.turn == 0 && r.outcome == Outcome::Ok {
+            let s = system.entry(r.tenant.as_str()).or_default();
+            *s = (*s).max(r.cached_tokens);
+        }
+    }
+    system
+}
+
+/// [`queue::sticky`] over the answered `records` of a chat run: a later
+/// turn costs its own reuse on its conversation's engine and only its
+/// tenant's system prompt elsewhere.
+fn sticky(
+    records: &[Record],
+    system: &HashMap<&str, u64>,
+    engines: usize,
+    model: &EngineModel,
+) -> Vec<f64> {
+    let price = |r: &Record, c: u64| model.unqueued_ttft_ms(r.prompt_tokens as usize, c as usize);
+    let jobs: Vec<queue::TurnJob<usize>> = records
+        .iter()
+        .filter(|r| answered(r))
+        .map(|r| {
+            let sys = system.get(r.tenant.as_str()).copied().unwrap_or(0);
+            queue::TurnJob {
+                job: Job {
+                    arrival_ms: r.sent_s * 1e3,
+                    service_ms: price(r, r.cached_tokens),
+                },
+                moved_service_ms: price(r, r.cached_tokens.min(sys)),
+                conversation: r.conversation,
+            }
+        })
+        .collect();
+    queue::sticky(&jobs, engines)
 }
 
 /// The answered `records` as queue jobs (arrival at their send time), each
@@ -176,6 +218,7 @@ pub fn at_own_reuse(
         queued_own: (!on_own.is_empty()).then(|| Dist::of(queue::on_own_engines(&on_own))),
         balanced: (!plain.is_empty()).then(|| Dist::of(queue::balanced(&plain, engines))),
         balanced_best,
+        sticky: None,
     }
 }
 
@@ -197,9 +240,11 @@ pub fn chat(
         hit += c;
         all += r.prompt_tokens;
     }
+    let on_turns = sticky(records, &system_prompts(records, runs), engines, model);
     Unqueued {
         best: Some(dist_of(pairs(), model)),
         best_hit_rate: (all > 0).then(|| hit as f64 / all as f64),
+        sticky: (!on_turns.is_empty()).then(|| Dist::of(on_turns)),
         ..at_own_reuse(
             ("chat", meta.0, meta.1),
             records,
@@ -303,5 +348,38 @@ mod tests {
         let run = vec![rec(0, "t", 0, 0, 0.0, 1000, 0), lost];
         let d = unqueued_dist(&run, &|r| r.cached_tokens, &m);
         assert!((d.mean - m.unqueued_ttft_ms(1000, 0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_turn_that_leaves_its_engine_keeps_only_its_system_prompt() {
+        let m = EngineModel {
+            profile: LatencyProfile::h100_8b(),
+            max_num_batched_tokens: 8192,
+        };
+        // Tenant t's first turns found 2048 tokens cached (its system
+        // prompt). Conversation 0's second turn reused 6000 on its engine;
+        // conversation 1 starts on the other engine at the same time, so
+        // on one engine each, nothing queues and the turn stays.
+        let run = vec![
+            rec(0, "t", 0, 0, 0.0, 3000, 2048),
+            rec(1, "t", 1, 0, 0.0, 3000, 2048),
+            rec(2, "t", 0, 1, 5.0, 7000, 6000),
+        ];
+        let system = system_prompts(&run, &[&run]);
+        assert_eq!(system["t"], 2048);
+        let t = sticky(&run, &system, 2, &m);
+        assert!(
+            (t[2] - m.unqueued_ttft_ms(7000, 6000)).abs() < 1e-9,
+            "{t:?}"
+        );
+        // On one engine, conversation 1 waits behind conversation 0's turn.
+        let one = sticky(&run, &system, 1, &m);
+        assert!(
+            (one[1] - 2.0 * m.unqueued_ttft_ms(3000, 2048)).abs() < 1e-9,
+            "{one:?}"
+        );
+        let u = chat(("kvasir", 1.0), &run, &[&run], 16, 2, &m);
+        let mean = (2.0 * m.unqueued_ttft_ms(3000, 2048) + m.unqueued_ttft_ms(7000, 6000)) / 3.0;
+        assert!((u.sticky.unwrap().mean - mean).abs() < 1e-9);
     }
 }

@@ -2,7 +2,7 @@
 //! first-served prefill queues, each request's prefill priced as if it ran
 //! alone ([`crate::bound::EngineModel::unqueued_ttft_ms`]).
 //!
-//! Two replays of the same arrivals:
+//! Replays of the same arrivals:
 //!
 //! * [`on_own_engines`]: every request queues on the engine that served it.
 //!   Set against the run's measured TTFT it checks the model: where they
@@ -13,6 +13,13 @@
 //!   exactly and never had to trade balance for a cache hit would get, at
 //!   the reuse it is given. The gap between the two is the price a router
 //!   paid in balance for its reuse (or for not knowing the queues).
+//!
+//! * [`sticky`]: every request goes to the engine where its first token
+//!   comes soonest, but a later turn of a conversation that leaves the
+//!   engine of its previous turn pays the prefill of what it would have
+//!   found there: what a router that knew every queue exactly and chose at
+//!   arrival, selfishly, would get on a multi-turn workload. Perfect
+//!   balance keeps every turn's reuse wherever it goes; this does not.
 //!
 //! A yardstick, not a floor: real engines batch concurrent prefills into one
 //! step (sharing its fixed cost), which no FCFS queue does, and interleave
@@ -90,6 +97,54 @@ pub fn balanced(jobs: &[Job], engines: usize) -> Vec<f64> {
     ttft
 }
 
+/// A request of a multi-turn workload for [`sticky`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TurnJob<K> {
+    /// Arrival and prefill time on the engine that holds its history (or,
+    /// for a request with no earlier turn, on any engine).
+    pub job: Job,
+    /// Prefill time on any other engine.
+    pub moved_service_ms: f64,
+    /// Its conversation, when it continues one.
+    pub conversation: Option<K>,
+}
+
+/// TTFT of each of `jobs` (in their order) when each goes, in arrival
+/// order, to the engine of `engines` where it would get its first token
+/// soonest, each engine an FCFS queue: a request whose conversation was
+/// last served on engine `h` costs its `service_ms` there and its
+/// `moved_service_ms` elsewhere, and its conversation then lives where it
+/// went. Ties go to the conversation's engine, then the lowest index.
+pub fn sticky<K: std::hash::Hash + Eq + Copy>(jobs: &[TurnJob<K>], engines: usize) -> Vec<f64> {
+    let mut free = vec![f64::NEG_INFINITY; engines.max(1)];
+    let mut home: HashMap<K, usize> = HashMap::new();
+    let mut ttft = vec![0.0; jobs.len()];
+    for i in by_arrival(jobs, |t| t.job.arrival_ms) {
+        let t = &jobs[i];
+        let h = t.conversation.and_then(|c| home.get(&c).copied());
+        let done_on = |e: usize| {
+            let service = match h {
+                Some(h) if h != e => t.moved_service_ms,
+                _ => t.job.service_ms,
+            };
+            free[e].max(t.job.arrival_ms) + service
+        };
+        let mut best = h.unwrap_or(0);
+        for e in 0..free.len() {
+            if done_on(e) < done_on(best) {
+                best = e;
+            }
+        }
+        let done = done_on(best);
+        free[best] = done;
+        if let Some(c) = t.conversation {
+            home.insert(c, best);
+        }
+        ttft[i] = done - t.job.arrival_ms;
+    }
+    ttft
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,5 +197,44 @@ mod tests {
         // With idle engines to spare every job is served on arrival.
         let spare = balanced(&plain, 50);
         assert!(spare.iter().zip(&plain).all(|(t, j)| *t == j.service_ms));
+    }
+
+    fn turn(arrival_ms: f64, here: f64, moved: f64, conversation: Option<u32>) -> TurnJob<u32> {
+        TurnJob {
+            job: job(arrival_ms, here),
+            moved_service_ms: moved,
+            conversation,
+        }
+    }
+
+    #[test]
+    fn a_later_turn_stays_unless_leaving_is_sooner_even_at_its_full_prefill() {
+        let jobs = [
+            // Conversation 1 starts on engine 0, conversation 2 on engine 1.
+            turn(0.0, 100.0, 100.0, Some(1)),
+            turn(0.0, 100.0, 100.0, Some(2)),
+            // Engine 0 is busy until 100, engine 1 until 100: conversation
+            // 1's turn stays (150 there against 100 + 500 elsewhere).
+            turn(50.0, 50.0, 500.0, Some(1)),
+            // A long job from a new conversation takes engine 1 until 1100.
+            turn(60.0, 1000.0, 1000.0, None),
+            // Conversation 2's turn: its engine is busy until 1100, so
+            // leaving for engine 0 (free at 150) at its full prefill wins.
+            turn(70.0, 10.0, 300.0, Some(2)),
+            // Its next turn now lives on engine 0.
+            turn(600.0, 10.0, 300.0, Some(2)),
+        ];
+        let t = sticky(&jobs, 2);
+        assert_eq!(t, vec![100.0, 100.0, 100.0, 1040.0, 380.0, 10.0]);
+    }
+
+    #[test]
+    fn without_conversations_it_is_least_work_left() {
+        let jobs: Vec<TurnJob<u32>> = [(0.0, 100.0), (0.0, 100.0), (10.0, 50.0), (20.0, 5.0)]
+            .iter()
+            .map(|&(a, s)| turn(a, s, s, None))
+            .collect();
+        let plain: Vec<Job> = jobs.iter().map(|t| t.job).collect();
+        assert_eq!(sticky(&jobs, 2), balanced(&plain, 2));
     }
 }

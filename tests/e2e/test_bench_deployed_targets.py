@@ -153,3 +153,14 @@ def test_a_chat_only_run_without_a_bound_has_its_balance_rows_and_no_crash(tmp_p
     rows = rows_by_target(d)
     assert rows["trace @1.0: kvasir hit rate >= 95% of the pooled-cache bound"]["met"] is None
     assert rows["chat @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]["met"] is False
+
+
+def test_a_chat_miss_says_what_choosing_at_arrival_gets_when_a_moved_turn_loses_its_history(tmp_path):
+    d = folder(tmp_path, kvasir_hit=0.12)
+    s = json.loads((d / "summary.json").read_text())
+    # The chat's yardsticks: perfectly balanced 100 ms, the sticky replay 150 ms.
+    s["unqueued"][2]["sticky"] = dist(120, 400, 150)
+    (d / "summary.json").write_text(json.dumps(s))
+    chat = rows_by_target(d)["chat @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]
+    assert chat["met"] is False
+    assert "gets 150 ms in the same model, 1.50x perfect balance, itself above the target" in chat["why"], chat["why"]
