@@ -62,6 +62,8 @@ def test_the_deployed_mode_spreads_restarts_and_reports(tiny, tmp_path):
     assert notes["picks by indexer0"] > 0 and notes["picks by indexer1"] > 0, notes
     assert notes["indexer0 peers seen"] == 1 and notes["indexer1 peers seen"] == 1, notes
     assert notes["KV-event source changes seen"] >= 1, notes
+    # The deployed shape's kvasir mode late-binds (bench/variants.py DEPLOYED_LATE_BINDING).
+    assert "flow held picks" in notes, notes
     # The replicas' view of each other, sampled while the run went.
     assert "indexer0 peer pending chains mean" in notes and "indexer1 peer in-flight mean" in notes, notes
     # CPU by process group over the load: every group ran and used some;
@@ -72,6 +74,7 @@ def test_the_deployed_mode_spreads_restarts_and_reports(tiny, tmp_path):
     assert rr["cpu s indexers"] == 0 and rr["cpu s engines"] > 0, rr
     md = (out / "report.md").read_text()
     assert "Deployed-like shape (2x2)" in md and "restart at s" in md
+    assert "kvasir runs with late binding" in md
     assert "| 1.0 | kvasir | 28 |" in md
     assert json.loads((out / "summary.json").read_text())["deployment"]["replicas"] == 2
 
