@@ -21,26 +21,21 @@ VARIANTS: dict[str, dict] = {}
 # threshold 0.4 by requests held no pick at all before the drain, and
 # holding picks (0.2) was worse than kvasir alone. No reserve: this late
 # binding places picks, it does not isolate tenants; with the pool default
-# 0.5 the chat's most popular tenants waited while engines had room (pool
-# mean TTFT 742-795 ms against 167-175 ms without flow control, 145-163 ms
-# with reserve 0: deployed 2x2, 3 runs each, fifteenth session,
-# flowcontrol/README.md). The trace has one tenant, which the reserve never
-# holds. bench/governance.py's FLOW["below"]; a variant's `flow.*` keys
-# override it.
+# the chat's popular tenants waited while engines had room
+# (bench/results/late-binding-deployed/README.md). The trace has one
+# tenant, which the reserve never holds. bench/governance.py's
+# FLOW["below"]; a variant's `flow.*` keys override it.
 LATE_BINDING = {"threshold": 1.0, "saturatedPrefillTokens": 6554, "maxWaitSimMs": 60000, "maxQueued": 4096,
                 "maxQueuedPerTenant": 4096, "reserve": 0.0}
 
 # Whether the deployed shape's kvasir mode runs with late binding unless
 # `--late-binding` says otherwise. On since the fifteenth session: with
-# sharedLoad.shareReports its queue no longer runs away on 2x2 (none of 6
-# runs of the whole trace at loads 1.0 and 1.5), and it beat kvasir without
-# it in every run (3 each, one invocation per load): mean over perfect
-# balance 1.22-1.24x against 1.42-1.49x at trace 1.5, 1.13-1.16x against
-# 1.22-1.24x at 1.0, TTFT p50 about 30% and 20% lower; on the chat (reserve
-# 0) mean TTFT 145-163 against 167-175 ms. Before shareReports it ran away
-# in 7 of 13 trace runs (thirteenth session: reports that reached the other
-# replica left their prefill queued for 30 s, so the pool looked saturated).
-# The single-proxy shape keeps it off, so its results stay comparable.
+# sharedLoad.shareReports its queue no longer runs away on 2x2, and it beat
+# kvasir without it on balance and TTFT at trace loads 1.0 and 1.5 and on
+# the chat (bench/results/late-binding-deployed/README.md). Before
+# shareReports it ran away in most 2x2 runs: reports that reached the other
+# replica left their prefill queued, so the pool looked saturated. The
+# single-proxy shape keeps it off, so its results stay comparable.
 DEPLOYED_LATE_BINDING = True
 
 
