@@ -665,6 +665,10 @@ def main(argv: list[str]) -> int:
     modes = a.modes.split(",")
     workloads = a.workloads.split(",")
     late = a.late_binding == "on" if a.late_binding else deployed and VAR.DEPLOYED_LATE_BINDING
+    # This run's settings only: nothing of an earlier main() in the same
+    # process (the tests call it more than once) carries over.
+    VAR.KVASIR.clear()
+    VARIANTS.clear()
     if late:
         VAR.KVASIR["flow"] = dict(LATE_BINDING)
     VARIANTS.update(parse_variants(a.variants))

@@ -280,6 +280,14 @@ mod tests {
         }
     }
 
+    /// The engines the routing benchmark runs.
+    fn h100() -> EngineModel {
+        EngineModel {
+            profile: LatencyProfile::h100_8b(),
+            max_num_batched_tokens: 8192,
+        }
+    }
+
     #[test]
     fn best_reuse_is_the_previous_turn_or_the_tenants_system_prompt() {
         let run = vec![
@@ -314,10 +322,7 @@ mod tests {
 
     #[test]
     fn the_best_reuse_floor_is_never_above_the_own_reuse_price() {
-        let m = EngineModel {
-            profile: LatencyProfile::h100_8b(),
-            max_num_batched_tokens: 8192,
-        };
+        let m = h100();
         let run = vec![
             rec(0, "t1", 0, 0, 0.0, 3000, 0),
             rec(1, "t1", 0, 1, 2.0, 3600, 1000),
@@ -338,10 +343,7 @@ mod tests {
 
     #[test]
     fn unanswered_requests_are_left_out() {
-        let m = EngineModel {
-            profile: LatencyProfile::h100_8b(),
-            max_num_batched_tokens: 8192,
-        };
+        let m = h100();
         let mut lost = rec(1, "t", 0, 1, 1.0, 5000, 0);
         lost.outcome = Outcome::Timeout;
         lost.ttft_ms = f64::NAN;
@@ -352,10 +354,7 @@ mod tests {
 
     #[test]
     fn a_turn_that_leaves_its_engine_keeps_only_its_system_prompt() {
-        let m = EngineModel {
-            profile: LatencyProfile::h100_8b(),
-            max_num_batched_tokens: 8192,
-        };
+        let m = h100();
         // Tenant t's first turns found 2048 tokens cached (its system
         // prompt). Conversation 0's second turn reused 6000 on its engine;
         // conversation 1 starts on the other engine at the same time, so

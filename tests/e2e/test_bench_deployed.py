@@ -36,6 +36,9 @@ def tiny(monkeypatch, artifacts):
     # Past the clusters' start and the first requests (a quarter of the
     # 8 s window at this time scale is 0.5 s wall).
     monkeypatch.setattr(routing, "RESTART_AT", 0.4)
+    # main() sets kvasir's pool settings for its run (late binding in the
+    # deployed shape); they go with the test.
+    monkeypatch.setattr(routing.VAR, "KVASIR", {})
 
 
 def test_the_deployed_mode_spreads_restarts_and_reports(tiny, tmp_path):
