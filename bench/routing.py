@@ -665,14 +665,7 @@ def main(argv: list[str]) -> int:
     modes = a.modes.split(",")
     workloads = a.workloads.split(",")
     late = a.late_binding == "on" if a.late_binding else deployed and VAR.DEPLOYED_LATE_BINDING
-    # This run's settings only: nothing of an earlier main() in the same
-    # process (the tests call it more than once) carries over.
-    VAR.KVASIR.clear()
-    VARIANTS.clear()
-    if late:
-        VAR.KVASIR["flow"] = dict(LATE_BINDING)
-    VARIANTS.update(parse_variants(a.variants))
-    modes += list(VARIANTS)
+    modes += VAR.configure(late, a.variants)
     for m in modes:
         if m not in MODES and m not in VARIANTS:
             raise SystemExit(f"unknown mode {m!r}; known: {MODES}")

@@ -72,6 +72,19 @@ def flow(mode: str, time_scale: float) -> dict | None:
     return flow_section(f, time_scale) if f and f.get("enabled", True) else None
 
 
+def configure(late: bool, spec: str) -> list[str]:
+    """Sets KVASIR and VARIANTS for one run, from nothing (a process that
+    runs the benchmark more than once, as the tests do, carries nothing
+    over): kvasir's late binding when `late`, the variants `spec` names.
+    Returns the variants' mode names."""
+    KVASIR.clear()
+    VARIANTS.clear()
+    if late:
+        KVASIR["flow"] = dict(LATE_BINDING)
+    VARIANTS.update(parse_variants(spec))
+    return list(VARIANTS)
+
+
 def parse_variants(spec: str) -> dict[str, dict]:
     """`name:key=v,sec.key=v;name2:...` -> {"kvasir-name": {"scoring": {key: v}, "sec": {key: v}}}."""
     out = {}

@@ -91,6 +91,17 @@ fn dist_of<'a>(pairs: impl Iterator<Item = (&'a Record, u64)>, model: &EngineMod
 /// prompt token, as vLLM reuses. An over-estimate only lowers the floor, so
 /// the floor stays one.
 pub fn chat_best_reuse(records: &[Record], runs: &[&[Record]], block_tokens: u64) -> Vec<u64> {
+    best_reuse(records, runs, block_tokens, &system_prompts(records, runs))
+}
+
+/// [`chat_best_reuse`] with the tenants' system prompts given
+/// ([`system_prompts`]).
+fn best_reuse(
+    records: &[Record],
+    runs: &[&[Record]],
+    block_tokens: u64,
+    system: &HashMap<&str, u64>,
+) -> Vec<u64> {
     let block = block_tokens.max(1);
     let mut turns: HashMap<(usize, usize), (u64, u64)> = HashMap::new();
     for r in runs.iter().flat_map(|rs| rs.iter()).chain(records) {
@@ -99,7 +110,6 @@ pub fn chat_best_reuse(records: &[Record], runs: &[&[Record]], block_tokens: u64
             turns.insert((c, r.turn), (r.prompt_tokens, r.completion_tokens));
         }
     }
-    let system = system_prompts(records, runs);
     // A tenant's first request by send time has nothing to reuse.
     let mut first: HashMap<&str, (f64, usize)> = HashMap::new();
     for r in records {
@@ -232,15 +242,16 @@ pub fn chat(
     engines: usize,
     model: &EngineModel,
 ) -> Unqueued {
+    let system = system_prompts(records, runs);
     // One best figure per record, in the records' order.
-    let best = chat_best_reuse(records, runs, block_tokens);
+    let best = best_reuse(records, runs, block_tokens, &system);
     let pairs = || records.iter().zip(best.iter().copied());
     let (mut hit, mut all) = (0u64, 0u64);
     for (r, c) in pairs().filter(|(r, _)| answered(r)) {
         hit += c;
         all += r.prompt_tokens;
     }
-    let on_turns = sticky(records, &system_prompts(records, runs), engines, model);
+    let on_turns = sticky(records, &system, engines, model);
     Unqueued {
         best: Some(dist_of(pairs(), model)),
         best_hit_rate: (all > 0).then(|| hit as f64 / all as f64),
