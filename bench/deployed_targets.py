@@ -138,10 +138,10 @@ def hit_row(r: Run, mode: str = KVASIR) -> dict:
         d = r.d
         w = r.s.get("deployment", {}).get("workloads", {}).get("trace", {})
         hashes = gap.window_hashes(gap.TRACE, w.get("from_s", 0.0), w.get("window_s"))
-        bound_req = json.loads((d / "bound.json").read_text())["per_request_cached"]
+        b = json.loads((d / "bound.json").read_text())
         rows = list(csv.DictReader((d / f"trace-1.00-{mode}.csv").open()))
         restart = r.runs[("trace", 1.0, mode)].get("notes", {}).get("restart at s")
-        c = gap.causes(rows, hashes, bound_req, restart)
+        c = gap.causes(rows, hashes, b["per_request_cached"], restart, gap.engine_capacity(b, r.s, rows))
         short = sum(c["lost"].values())
         causes = ", ".join(f"{k} {100 * c['lost'][k] / short:.0f}% ({c['count'][k]} requests)"
                            for k in gap.CAUSES if c["lost"][k]) if short else "none"

@@ -27,6 +27,14 @@ they went to, than the holder's cache would have saved them: a trade of
 hits for TTFT that the bound, one cache with no load, never makes; and
 what the hit rate would be had only the others stayed and hit.
 
+Given the engines' cache size, it also replays each engine's cache as an
+LRU of trace blocks over the requests it served (in the order they were
+sent; the restarted engine's emptied at the restart) and says, for each of
+those others, whether the latest holder's engine still held the prefix
+when the request was sent, another ready holder's engine did, or none did
+(evicted everywhere: no router could have hit it). It states how often the
+model's hits agree with the engines' own, request by request.
+
 Usage: `python3 bench/hit_gap.py RESULTS_DIR [MODE ...]` (a deployed or
 single-proxy routing results folder with `bound.json` and the trace's
 runs; default: every mode of every trace run). Pure reading; prints a
@@ -37,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import csv
+from collections import OrderedDict
 import json
 import math
 import sys
@@ -86,11 +95,64 @@ def backlog(sent: list[tuple[float, float, int]], at: float) -> int:
     return sum(u for s, ready, u in sent if s < at < ready)
 
 
-def causes(rows: list[dict], hashes: list[list[int]], bound: list[int], restart_s: float | None) -> dict:
+class Caches:
+    """Each engine's prefix cache modelled as an LRU of trace blocks (keys
+    from `chain`), `capacity` blocks per engine: what vLLM's free-block
+    queue keeps, at the trace's granularity."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.on: dict[str, OrderedDict] = collections.defaultdict(OrderedDict)
+        # Requests whose modelled hit was within one block of the engine's.
+        self.agree = self.total = 0
+
+    def holds(self, endpoint: str, key: int) -> bool:
+        return key in self.on[endpoint]
+
+    def clear(self, endpoint: str) -> None:
+        self.on[endpoint] = OrderedDict()
+
+    def admit(self, endpoint: str, keys: list[int], cached_tokens: int) -> None:
+        """A request served on `endpoint`: its blocks become the most recent;
+        `cached_tokens`, what the engine said it hit, checks the model."""
+        c = self.on[endpoint]
+        n = 0
+        while n < len(keys) and keys[n] in c:
+            n += 1
+        self.total += 1
+        self.agree += abs(n - cached_tokens // BLOCK) <= 1
+        for k in keys:
+            if k in c:
+                c.move_to_end(k)
+            else:
+                c[k] = True
+        while len(c) > self.capacity:
+            c.popitem(last=False)
+
+
+def where_held(caches: Caches | None, key: int, latest: str, ready: list[tuple[str, float]], chosen: str) -> str:
+    """Which engine the model says still held a request's missing prefix
+    block when it was sent: the latest ready holder's, another ready
+    holder's, or none (evicted everywhere)."""
+    if caches is None:
+        return ""
+    if caches.holds(latest, key):
+        return "holder"
+    if any(caches.holds(e, key) for e, _ in ready if e != chosen):
+        return "other holder"
+    return "none"
+
+
+def causes(rows: list[dict], hashes: list[list[int]], bound: list[int], restart_s: float | None,
+           capacity_tokens: int | None = None) -> dict:
     """Tokens of shortfall per cause, and the totals; for each request sent
     elsewhere, what it would have queued behind on the latest ready
-    holder's engine and what it did on its own (`elsewhere`)."""
+    holder's engine and what it did on its own (`elsewhere`) and, given
+    each engine's cache size in tokens, where the LRU model says its
+    prefix still was (`held`; the model's agreement in `caches`)."""
     restarted = restarted_endpoint(rows, restart_s)
+    caches = Caches(capacity_tokens // BLOCK) if capacity_tokens else None
+    cleared = restart_s is None
     by_id = sorted(rows, key=lambda r: (float(r["sent_s"]), int(r["id"])))
     # Per prefix key: (endpoint, ready at) of every request sent so far.
     seen: dict[int, list[tuple[str, float]]] = collections.defaultdict(list)
@@ -104,6 +166,10 @@ def causes(rows: list[dict], hashes: list[list[int]], bound: list[int], restart_
         i = int(r["id"])
         keys = chain(hashes[i])
         sent = float(r["sent_s"])
+        if caches is not None and not cleared and sent >= restart_s:
+            cleared = True
+            if restarted:
+                caches.clear(restarted)
         ok = r["outcome"] == "ok"
         got = int(r["cached_tokens"] or 0) if ok else 0
         want = bound[i] if i < len(bound) else 0
@@ -124,8 +190,10 @@ def causes(rows: list[dict], hashes: list[list[int]], bound: list[int], restart_
                 cause = "sent elsewhere"
                 # The latest ready holder: the one most likely to hold it still.
                 latest = max(ready, key=lambda x: x[1])[0]
-                elsewhere.append({"short": short, "chosen": backlog(on[r["endpoint"]], sent),
-                                  "holder": backlog(on[latest], sent)})
+                e = {"short": short, "chosen": backlog(on[r["endpoint"]], sent), "holder": backlog(on[latest], sent)}
+                if caches is not None:
+                    e["held"] = where_held(caches, keys[need], latest, ready, r["endpoint"])
+                elsewhere.append(e)
             elif (restarted and r["endpoint"] == restarted and restart_s is not None
                   and all(t < restart_s for e, t in ready if e == restarted)):
                 cause = "lost in the restart"
@@ -138,8 +206,10 @@ def causes(rows: list[dict], hashes: list[list[int]], bound: list[int], restart_
             seen[k].append((r["endpoint"], ready_at))
         if ok:
             on[r["endpoint"]].append((sent, ready_at, int(r.get("prompt_tokens") or 0) - got))
+            if caches is not None:
+                caches.admit(r["endpoint"], keys, got)
     return {"lost": lost, "count": count, "got": got_total, "bound": bound_total, "beyond": beyond,
-            "restarted": restarted, "elsewhere": elsewhere}
+            "restarted": restarted, "elsewhere": elsewhere, "caches": caches}
 
 
 def elsewhere_why(c: dict) -> str:
@@ -158,13 +228,51 @@ def elsewhere_why(c: dict) -> str:
         out += (f" (on average {mean('holder', longer) / 1e3:.0f}k tokens in prefill there against "
                 f"{mean('chosen', longer) / 1e3:.0f}k, to save {mean('short', longer) / 1e3:.1f}k)")
         rest = sum(x["short"] for x in e) - sum(x["short"] for x in longer)
-        if c["bound"]:
+        if c["bound"] and c.get("caches") is None:
             # The hit rate as a share of the bound had every other request
-            # sent elsewhere stayed and hit: what load cost at most.
+            # sent elsewhere stayed and hit: what load cost at most (with the
+            # LRU model, `held_why` counts only those still held).
             share = (c["got"] + rest) / c["bound"]
             out += (f"; had only the other {len(e) - len(longer)} stayed with the holder and hit, the hits would be "
                     f"{100 * share:.1f}% of the bound")
+    held = held_why(c, longer)
+    return out + (f"; {held}" if held else "")
+
+
+def held_why(c: dict, longer: list[dict]) -> str:
+    """Where the LRU model says the prefixes of the requests sent elsewhere
+    still were: evicted from every engine (no router could hit them), or
+    still on a holder's engine; and the hits had every request whose
+    prefix a holder still held, and whose holder was not the busier by
+    more than it saved (not in `longer`), stayed and hit."""
+    caches = c.get("caches")
+    e = c["elsewhere"]
+    if caches is None or not caches.total or not e:
+        return ""
+    n, tok = collections.Counter(), collections.Counter()
+    for x in e:
+        n[x["held"]] += 1
+        tok[x["held"]] += x["short"]
+    out = (f"replaying each engine's cache as an LRU of trace blocks (within one block of the engines' own hits on "
+           f"{100 * caches.agree / caches.total:.1f}% of requests), {n['none']} of the {len(e)} had lost the prefix "
+           f"on every engine ({tok['none'] / 1e3:.0f}k tokens no router could hit), {n['holder']} were still on the "
+           f"latest holder's engine and {n['other holder']} on another holder's")
+    ids = {id(x) for x in longer}
+    free = [x for x in e if x["held"] != "none" and id(x) not in ids]
+    if c["bound"]:
+        share = (c["got"] + sum(x["short"] for x in free)) / c["bound"]
+        out += (f"; had the {len(free)} of those held with no busier holder stayed and hit, the hits would be "
+                f"{100 * share:.1f}% of the bound")
     return out
+
+
+def engine_capacity(bound: dict, summary: dict, rows: list[dict]) -> int | None:
+    """One engine's cache in tokens: the bound's pooled capacity over the
+    engines (the deployment record's count, else the endpoints the records
+    name)."""
+    engines = summary.get("deployment", {}).get("engines") or len({r["endpoint"] for r in rows if r["endpoint"]})
+    total = bound.get("capacity_tokens")
+    return total // engines if total and engines else None
 
 
 def main(argv: list[str]) -> int:
@@ -173,7 +281,8 @@ def main(argv: list[str]) -> int:
         return 2
     d = Path(argv[0])
     s = json.loads((d / "summary.json").read_text())
-    bound = json.loads((d / "bound.json").read_text())["per_request_cached"]
+    b = json.loads((d / "bound.json").read_text())
+    bound = b["per_request_cached"]
     w = s.get("deployment", {}).get("workloads", {}).get("trace", {})
     setup = s.get("setup", {})
     from_s = w.get("from_s", setup.get("trace_from_s", 0.0))
@@ -187,7 +296,8 @@ def main(argv: list[str]) -> int:
             continue
         path = d / f"trace-{run['load']:.2f}-{run['mode']}.csv"
         rows = list(csv.DictReader(path.open()))
-        c = causes(rows, hashes, bound, run.get("notes", {}).get("restart at s"))
+        capacity = engine_capacity(b, s, rows)
+        c = causes(rows, hashes, bound, run.get("notes", {}).get("restart at s"), capacity)
         gap = max(1, c["bound"] - c["got"] + c["beyond"])
         cells = [f"{c['lost'][k] / 1e3:.0f}k ({100 * c['lost'][k] / gap:.0f}%, {c['count'][k]})" for k in CAUSES]
         print(f"| {run['load']:.1f} | {run['mode']} | {c['got'] / 1e6:.2f}M | {c['bound'] / 1e6:.2f}M | "

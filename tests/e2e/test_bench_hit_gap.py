@@ -77,3 +77,32 @@ def test_a_request_sent_away_from_a_busy_holder_is_told_apart_from_one_sent_away
     # Had request 3 stayed: 1k more of the 2k the bound hits (got 0).
     assert why.endswith("had only the other 1 stayed with the holder and hit, the hits would be 50.0% of the "
                         "bound"), why
+
+
+def test_the_lru_model_tells_an_evicted_prefix_from_one_its_holder_still_held():
+    # Engines hold 3 trace blocks. Request 0 puts [1, 2] on e1; request 1's
+    # three new blocks push them out. Request 2 wants [1, 2] and goes to e2:
+    # no engine held it any more. Request 3 puts [8, 9] on e3; request 4
+    # wants it and goes to e4 while e3, idle, still held it.
+    hashes = [[1, 2], [5, 6, 7], [1, 2, 3], [8, 9], [8, 9, 10]]
+    rows = [row(0, 0.0, "e1", 0), row(1, 1.0, "e1", 0), row(2, 2.0, "e2", 0), row(3, 3.0, "e3", 0),
+            row(4, 4.0, "e4", 0)]
+    for r in rows:
+        r["prompt_tokens"] = str(3 * K)
+    c = gap.causes(rows, hashes, [0, 0, 2 * K, 0, 2 * K], restart_s=None, capacity_tokens=3 * K)
+    assert [x["held"] for x in c["elsewhere"]] == ["none", "holder"]
+    # Every request's modelled hit (none) matches what its engine said.
+    assert (c["caches"].agree, c["caches"].total) == (5, 5)
+    why = gap.held_why(c, longer=[])
+    assert "1 of the 2 had lost the prefix on every engine (1k tokens no router could hit), 1 were still on the " \
+           "latest holder's engine" in why, why
+    # Had request 4 stayed: 2k of the bound's 4k.
+    assert why.endswith("had the 1 of those held with no busier holder stayed and hit, the hits would be 50.0% of "
+                        "the bound"), why
+
+
+def test_the_lru_model_empties_the_restarted_engine():
+    hashes = [[1, 2], [6], [1, 2, 3]]
+    rows = [row(0, 0.0, "e1", 0), row(1, 4.0, "e1", 0, ok=False), row(2, 10.0, "e2", 0)]
+    c = gap.causes(rows, hashes, [0, 0, 2 * K], restart_s=5.0, capacity_tokens=100 * K)
+    assert [x["held"] for x in c["elsewhere"]] == ["none"]
