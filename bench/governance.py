@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import routing as R  # noqa: E402  (the routing benchmark: cluster, runs, calibration)
+import routing as R  # noqa: E402  (the routing benchmark: runs, calibration)
+import sim_cluster as CL  # noqa: E402  (the cluster routing.py runs; loaded by it, so the same module)
 import kvasir_harness as h  # noqa: E402
 
 REPO = R.REPO
@@ -139,7 +140,7 @@ def flow_config(scenario: str, time_scale: float, flow: dict | None = None) -> d
 POOLS_FILE_ONLY = ("enginePriority", "reserveCountsWaiting", "overShareSlack")
 
 
-class Cluster(R.Cluster):
+class Cluster(CL.Cluster):
     """The routing benchmark's cluster, with the governance mode's policy
     (budgets, the pool's flow control for the filter's deadline) and
     indexer settings."""
@@ -150,7 +151,7 @@ class Cluster(R.Cluster):
 
     def policy(self) -> dict:
         m = MODES.get(self.mode)
-        pol = copy.deepcopy(R.POLICY)
+        pol = copy.deepcopy(CL.POLICY)
         if m is None:
             return pol
         for t in pol["tenants"]:
@@ -199,7 +200,7 @@ def log(msg: str) -> None:
 
 
 def run_tenants(workload: str, mode: str, load: float, ts: float, wl_args: list[str], out: Path, logroot: Path,
-                shape: R.Shape = R.SINGLE) -> dict:
+                shape: CL.Shape = CL.SINGLE) -> dict:
     """One `kvasir-bench tenants` run on a fresh cluster; returns its meta
     (with the proxies' and indexers' counters in its notes)."""
     logdir = Path(tempfile.mkdtemp(prefix=f"{workload}-{mode}-", dir=logroot))
@@ -320,10 +321,10 @@ def budgets(p: dict, out: Path, logroot: Path, setup: list[str]) -> dict:
             "--duration-s", str(b["duration_s"]), "--prefix-tokens", str(b["prefix"]),
             "--unique-tokens", "{}..{}".format(*b["unique"]), "--output-tokens", "{}..{}".format(*b["output"]),
             "--no-max-tokens", ",".join(no_max)]
-    shape = R.Shape(True, R.NUM_GPU_BLOCKS, R.MAX_MODEL_LEN)
+    shape = CL.Shape(True, CL.NUM_GPU_BLOCKS, CL.MAX_MODEL_LEN)
     run_tenants("budgets", "kvasir-budgets", 1.0, 1.0, args, out, logroot, shape)
     setup.append(
-        f"budgets: {R.PROXIES} Envoys x {R.REPLICAS} indexer replicas sharing budgets through a redis-server "
+        f"budgets: {CL.PROXIES} Envoys x {CL.REPLICAS} indexer replicas sharing budgets through a redis-server "
         f"(`budgets: {{store: redis}}`), requests alternating over the Envoys; every tenant's budget "
         f"tokensPerMinute {tpm} (prompt, cached at weight 1, plus completion); prompts of a {b['prefix']}-token "
         f"tenant prefix plus {b['unique'][0]}-{b['unique'][1]} tokens, answers of {b['output'][0]}-{b['output'][1]} "
@@ -454,8 +455,8 @@ def main(argv: list[str]) -> int:
     logroot = Path(tempfile.mkdtemp(prefix="kvasir-governance-"))
     t0 = time.monotonic()
     setup = [
-        f"{R.ENGINES} vllm-sims (latency profile {R.PROFILE}, {R.NUM_GPU_BLOCKS} KV blocks of {R.BLOCK} tokens, token "
-        f"budget {R.BUDGET}), Envoy 1.40 (2 workers) with the Kvasir filter and the cache-indexer (round-robin: "
+        f"{CL.ENGINES} vllm-sims (latency profile {CL.PROFILE}, {CL.NUM_GPU_BLOCKS} KV blocks of {CL.BLOCK} tokens, token "
+        f"budget {CL.BUDGET}), Envoy 1.40 (2 workers) with the Kvasir filter and the cache-indexer (round-robin: "
         "Envoy's own, no filter); a fresh cluster per run; everything shares this machine's 2 cores.",
         "Modes: kvasir = the filter + the indexer fed by KV events, flow control off (as before issue 23); "
         "kvasir-fc / kvasir-lb = the same with the pool's flow control on; kvasir-budgets = with tenants' "
@@ -481,7 +482,7 @@ def main(argv: list[str]) -> int:
         sc["saturation"], sc["below"] = trace_runs(p, rate, scenarios, out, logroot, setup)
     setup.append(f"Total wall time {time.monotonic() - t0:.0f} s.")
     (out / "scenarios.json").write_text(json.dumps(sc, indent=2))
-    R.bench(["governance-report", "--dir", str(out), *R.ENGINE_ARGS])
+    R.bench(["governance-report", "--dir", str(out), *CL.ENGINE_ARGS])
     if not a.no_readme:
         update_readme(out)
     shutil.rmtree(logroot, ignore_errors=True)

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import math
 import shutil
@@ -61,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import kvasir_harness as h  # harness/kvasir_harness: processes, ports, bounded waits, the launchers
@@ -74,26 +73,18 @@ RECORDS = h.load_script(REPO / "bench" / "deployed_records.py")
 CPU = h.load_script(REPO / "bench" / "cpu_usage.py")
 # The kvasir mode's variants (`--variants`): other pool settings, late binding.
 VAR = h.load_script(REPO / "bench" / "variants.py")
-VARIANTS, LATE_BINDING, parse_variants = VAR.VARIANTS, VAR.LATE_BINDING, VAR.parse_variants
+# The cluster each run starts: engines, Envoys, indexers, its shape.
+CL = h.load_script(REPO / "bench" / "sim_cluster.py")
 
 BENCH_BIN = h.TARGET / "release" / "kvasir-bench"
 TRACE = REPO.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 MODES = ["round-robin", "least-request", "approx-prefix", "kvasir"]
-ENGINES = 8
-NUM_GPU_BLOCKS = 25_000
-BLOCK = 16
-PROFILE = "h100-8b"
-BUDGET = 8192  # vllm-sim's --max-num-batched-tokens default, which the sims run with
-# The engines as `kvasir-bench bound` and `report` price requests with no queueing.
-ENGINE_ARGS = ["--profile", PROFILE, "--max-num-batched-tokens", str(BUDGET), "--engine-block", str(BLOCK)]
 TARGET_UTIL = 0.70
 # How far from TARGET_UTIL a calibration run may land and be taken as load
 # 1.0. At 5 points a run at 75% passed, which made every trace load ~10%
 # heavier than a run that settled at 71% and the full runs incomparable;
 # round-robin's utilisation moves ~3 points per 0.1x of trace speed.
 CALIBRATION_TOLERANCE = 0.02
-# Long enough for the trace's longest prompt (191k tokens) plus its answer.
-MAX_MODEL_LEN = 196_608
 
 # Chat requests are short next to the trace's (~5k tokens, mostly cached):
 # 70% prefill use of 8 H100-profile engines takes ~14 conversations (~40
@@ -125,41 +116,16 @@ CHAT_MAX_RATE_PER_SCALE = 16.0
 CHAT_SHAPE = ["--tenants", "8", "--tenant-skew", "0.5", "--system-words", "2000..4000", "--turns", "4..10",
               "--user-words", "200..800", "--output-tokens", "50..150", "--think-s", "3"]
 
-# Tenants are named in a header (x-tenant) set by the load generator: the
-# benchmark measures routing, not authentication.
-TENANTS = [f"t{i:02d}" for i in range(16)] + ["trace"]
-POLICY = {
-    "tenantSource": {"header": "x-tenant"},
-    "tenants": [{"name": t} for t in TENANTS],
-    "pools": [{"name": "main", "models": [h.MODEL], "cluster": "kvasir_pool", "indexerCluster": "kvasir_indexer",
-               "indexerPool": "main", "indexerTimeoutMs": 100}],
-    "policies": [],
-    "defaultAction": {"route": {"pool": "main", "includeUsage": True}},
-}
-# 2 MiB - 1: the trace's longest prompt is ~1.3 MB of JSON token ids
-# (Envoy's per-connection buffer in the bootstrap is 2 MiB).
-SETTINGS = {"exposeServedEndpoint": True, "bodyLimitBytes": 2 * 1024 * 1024 - 1}
-
-
-# The deployed-like shape (`--deployment deployed`, issue 22).
-PROXIES = 2
-REPLICAS = 2
-# The indexers' sharing round in a deployment (sharedLoad.intervalMs's
-# default) and the fastest the indexer accepts.
-SHARED_LOAD_MS = 25
-SHARED_LOAD_MIN_MS = 5
+# The deployed-like shape (`--deployment deployed`, issue 22); its Envoys,
+# replicas and sharing round are sim_cluster's.
 # The workload's reused content over what all engines' caches hold together.
 WORKING_SET_OVER_CACHE = 2.0
-# When one engine is killed and restarted: this share into the arrival
+# When one engine is killed and restarted (for sim_cluster.RESTART_DOWN_S): this share into the arrival
 # window (wall time from the load generator's launch; the note gives the
 # exact time on the records' axis). Early enough that the restarted engine
 # is back before the utilisation window (the second half) starts.
 RESTART_AT = 0.3
 RESTARTED = 1  # which engine (sim1), the same in every mode
-# How long it stays down (wall): a pod takes longer, but this is already
-# several of the indexer's scrapes and Envoy's health checks, so both see
-# it gone, and within what kvasir-bench's engine scrapes wait out.
-RESTART_DOWN_S = 1.0
 # How often the replicas' view of each other is sampled during a run (wall).
 SHARED_LOAD_SAMPLE_S = 0.5
 # The deployed chat runs at half real speed. In real time (1.0) its results
@@ -177,45 +143,20 @@ DEPLOYED_CHAT_TIME_SCALE = 2.0
 CHAT_MAX_MODEL_LEN = 32_768
 
 
-@dataclass(frozen=True)
-class Shape:
-    """What a run's cluster looks like: the single-proxy benchmark, or the
-    deployed-like one with its engine cache size."""
-
-    deployed: bool = False
-    num_gpu_blocks: int = NUM_GPU_BLOCKS
-    max_model_len: int = MAX_MODEL_LEN
-    direct_share: float = 0.0
-    # Deployed only (`--proxies`, `--replicas`): the single shape is 1x1.
-    proxy_count: int = PROXIES
-    replica_count: int = REPLICAS
-
-    @property
-    def proxies(self) -> int:
-        return self.proxy_count if self.deployed else 1
-
-    @property
-    def replicas(self) -> int:
-        return self.replica_count if self.deployed else 1
-
-
-SINGLE = Shape()
-
-
 def deployed_blocks(reused_tokens: int, max_model_len: int) -> tuple[int, str]:
     """Blocks per engine so all engines together hold 1 / WORKING_SET_OVER_CACHE
     of the reused content, never more than the single-proxy runs' caches and
     never less than one sequence of `max_model_len` (vllm-sim refuses
     less); and a sentence saying which."""
-    want = math.ceil(reused_tokens / WORKING_SET_OVER_CACHE / ENGINES / BLOCK)
-    floor = math.ceil(max_model_len / BLOCK)
-    blocks = max(min(want, NUM_GPU_BLOCKS), floor)
-    ratio = reused_tokens / (blocks * BLOCK * ENGINES)
+    want = math.ceil(reused_tokens / WORKING_SET_OVER_CACHE / CL.ENGINES / CL.BLOCK)
+    floor = math.ceil(max_model_len / CL.BLOCK)
+    blocks = max(min(want, CL.NUM_GPU_BLOCKS), floor)
+    ratio = reused_tokens / (blocks * CL.BLOCK * CL.ENGINES)
     why = ("" if blocks == want else
            " (held at the single-proxy runs' size: the reused content is already more than "
-           f"{WORKING_SET_OVER_CACHE:.0f}x that)" if blocks == NUM_GPU_BLOCKS else
+           f"{WORKING_SET_OVER_CACHE:.0f}x that)" if blocks == CL.NUM_GPU_BLOCKS else
            f" (raised to hold one sequence of max-model-len {max_model_len}, as vllm-sim requires)")
-    return blocks, (f"{blocks} blocks per engine ({blocks * BLOCK * ENGINES / 1e6:.2f}M tokens in all) for "
+    return blocks, (f"{blocks} blocks per engine ({blocks * CL.BLOCK * CL.ENGINES / 1e6:.2f}M tokens in all) for "
                     f"{reused_tokens / 1e6:.2f}M tokens of reused content: {ratio:.1f}x what the caches hold{why}")
 
 
@@ -223,197 +164,12 @@ def log(msg: str) -> None:
     print(f"[routing] {msg}", file=sys.stderr, flush=True)
 
 
-class Cluster:
-    """Fresh sims plus one mode's proxies (and indexers, and Redis in the
-    deployed shape); stops everything on exit."""
-
-    def __init__(self, mode: str, logdir: Path, time_scale: float, shape: Shape = SINGLE):
-        self.mode, self.logdir, self.time_scale, self.shape = mode, logdir, time_scale, shape
-        self.sims: list[h.Sim] = []
-        self.indexers: list[h.Indexer] = []
-        self.envoys: list[h.Envoy] = []
-        self.procs = h.Processes()
-
-    @property
-    def envoy(self) -> h.Envoy:
-        return self.envoys[0]
-
-    @property
-    def indexer(self) -> h.Indexer | None:
-        return self.indexers[0] if self.indexers else None
-
-    def __enter__(self) -> "Cluster":
-        try:
-            self._start()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def sim_args(self) -> list[str]:
-        """The engines' extra vllm-sim arguments (a subclass adds its mode's)."""
-        sh = self.shape
-        return ["--num-gpu-blocks", str(sh.num_gpu_blocks), "--max-model-len", str(sh.max_model_len)]
-
-    def _start(self) -> None:
-        sh = self.shape
-        self.sims = [self.procs.add(h.start_sim(self.logdir, f"sim{i}", profile=PROFILE, time_scale=self.time_scale,
-                                                extra=self.sim_args()))
-                     for i in range(ENGINES)]
-        for s in self.sims:
-            h.wait_sim(s)
-        pool = [s.address for s in self.sims]
-        if self.mode in ("round-robin", "least-request"):
-            lb = self.mode.replace("-", "_")
-            self.envoys = [self.procs.add(h.start_envoy(self.logdir, "{}", pool, "127.0.0.1:9", "127.0.0.1:9",
-                                                        name=f"envoy{i}", without_filter=True, pool_lb=lb,
-                                                        log_level="warning"))
-                           for i in range(sh.proxies)]
-        else:
-            self._start_indexers()
-            plugin = h.compile_plugin(self.policy(), SETTINGS)
-            addrs = [ix.address for ix in self.indexers]
-            self.envoys = [self.procs.add(h.start_envoy(self.logdir, plugin, pool, addrs[0], "127.0.0.1:9",
-                                                        name=f"envoy{i}", indexers=addrs, log_level="warning"))
-                           for i in range(sh.proxies)]
-        for e in self.envoys:
-            h.wait_envoy(e, pool)
-            if self.indexers:
-                h.wait_until("indexer cluster healthy in envoy",
-                             lambda: e.healthy("kvasir_indexer", [ix.address for ix in self.indexers]))
-
-    def _start_indexers(self) -> None:
-        """The mode's indexer (or replicas sharing load through Redis)."""
-        sh = self.shape
-        extra_ix = ["--index", "picks"] if self.mode == "approx-prefix" else []
-        overrides = VAR.overrides(self.mode)
-        redis = self.procs.add(h.start_redis(self.logdir)) if sh.replicas > 1 else None
-        for i in range(sh.replicas):
-            cfg = self.indexer_config(i, redis, overrides)
-            args = list(extra_ix)
-            if cfg:
-                path = self.logdir / f"indexer{i}.json"
-                path.write_text(json.dumps(cfg))
-                args += ["--config", str(path)]
-            # Deployed: only the engines' HTTP addresses, so a restarted
-            # engine's new KV-event sockets are found as in a cluster.
-            ix = self.procs.add(h.indexer_for(self.sims, self.logdir, scrape_interval_ms=100, extra=args,
-                                              events_from_engine=sh.deployed))
-            ix.start()
-            self.indexers.append(ix)
-
-    def flow(self) -> dict | None:
-        """The mode's pool `flowControl` (late binding), or None."""
-        return VAR.flow(self.mode, self.time_scale)
-
-    def policy(self) -> dict:
-        """The policy set the filter runs (bench/governance.py's cluster
-        gives other modes their own). With flow control the pool carries
-        the indexer's section too: the filter's pick deadline grows by its
-        maxWaitMs and, with the work term, the filter reports first tokens."""
-        flow = self.flow()
-        if not flow:
-            return POLICY
-        pol = copy.deepcopy(POLICY)
-        # enginePriority is the indexer's pools file's alone (the filter
-        # writes whatever priority the pick answers).
-        pol["pools"][0]["flowControl"] = {k: v for k, v in flow.items() if k != "enginePriority"}
-        return pol
-
-    def indexer_config(self, i: int, redis: h.Redis | None, overrides: dict | None) -> dict:
-        """Replica `i`'s config file ({}: none): a variant's pool settings,
-        the shared load through `redis` with several replicas."""
-        cfg: dict = {}
-        # A variant's `sharedLoad.*` keys go to the indexer's own section
-        # (e.g. `noplace:sharedLoad.placements=false`), the rest to the pool.
-        overrides = dict(overrides or {})
-        shared = overrides.pop("sharedLoad", {})
-        if overrides.pop("flow", None) and self.flow():
-            overrides["flowControl"] = self.flow()
-        if overrides:
-            # A scoring variant: the same pool, other settings.
-            cfg["pools"] = [{"name": "main", "model": h.MODEL, "tokenizer": str(h.TOKENIZER), **overrides}]
-        if redis is not None:
-            # The replicas' sharing round (25 wall ms by default) scaled with
-            # the run's clock, so the staleness a replica sees is the same in
-            # simulated time as in a deployment running in real time: at time
-            # scale 0.25 an unscaled round would be 100 simulated ms, four
-            # times a deployment's, against four times its request rate.
-            interval = max(SHARED_LOAD_MIN_MS, round(SHARED_LOAD_MS * self.time_scale))
-            cfg["sharedLoad"] = {"redisUrl": redis.url, "replicaId": f"indexer-{i}", "intervalMs": interval, **shared}
-        return cfg
-
-    def __exit__(self, *exc) -> None:
-        self.procs.stop_all()
-
-    def metrics_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{s.port}/metrics" for s in self.sims]
-
-    def restart(self, i: int) -> float:
-        """Kills engine `i` and starts it again on its port (new KV-event
-        sockets, empty cache); returns when it was killed (Unix seconds)."""
-        at = time.time()
-        back = h.restart_sim(self.sims[i], self.logdir, f"sim{i}-restarted", down_s=RESTART_DOWN_S)
-        self.procs.add(back)
-        h.wait_sim(back)
-        self.sims[i] = back
-        return at
-
-    def notes(self) -> dict:
-        """Proxy-side facts of the run: fail-opens and pick errors, summed
-        over the proxies and replicas; in the deployed shape, what each
-        proxy and replica did."""
-        out: dict = {}
-        if not self.indexers:
-            return out
-        for e in self.envoys:
-            for k, v in e.stats().items():
-                if ".pool.main." in k and any(w in k for w in ("fail_open", "pick.")) and v:
-                    key = k.split(".pool.main.", 1)[1]
-                    out[key] = out.get(key, 0) + v
-        # How the indexer decided: `all_saturated` picks ranked endpoints that
-        # were all past the saturation thresholds.
-        decisions: dict[str, int] = {}
-        for i, ix in enumerate(self.indexers):
-            by = ix.metric_by("kvasir_indexer_picks_total", "decision")
-            for d, n in by.items():
-                decisions[d] = decisions.get(d, 0) + int(n)
-            if self.shape.deployed:
-                # Also with one replica, so shapes compare (bench/shapes.py).
-                out[f"picks by indexer{i}"] = int(sum(by.values()))
-            if len(self.indexers) > 1:
-                out[f"indexer{i} peers seen"] = int(ix.metric("kvasir_indexer_shared_load_peers"))
-        for d, n in sorted(decisions.items()):
-            if n:
-                out[f"decision.{d}"] = n
-        if self.flow():
-            out.update(self.flow_notes())
-        return out
-
-    def flow_notes(self) -> dict:
-        """Late binding's picks held, released and shed, and their wait,
-        summed over the replicas."""
-        names = {"flow held picks": "kvasir_indexer_flow_queued_total",
-                 "flow released picks": "kvasir_indexer_flow_released_total",
-                 "flow shed picks": "kvasir_indexer_flow_shed_total",
-                 "flow wait s (sum)": "kvasir_indexer_flow_queue_wait_seconds_sum"}
-        out = {k: round(sum(ix.metric(m) for ix in self.indexers), 3) for k, m in names.items()}
-        held = out["flow released picks"]
-        out["flow wait ms per released pick"] = round(1e3 * out["flow wait s (sum)"] / held, 1) if held else 0.0
-        return out
-
-    def engine_source_changes(self) -> int:
-        """KV-event source changes the indexers saw (a restarted engine's
-        new sockets), summed."""
-        return int(sum(ix.metric("kvasir_indexer_kv_event_source_changes_total") for ix in self.indexers))
-
-
 def bench(args: list[str]) -> None:
     cmd = [str(BENCH_BIN), *args]
     subprocess.run(cmd, check=True, timeout=3600)
 
 
-def bench_with_restart(args: list[str], c: Cluster, restart_after_s: float) -> float:
+def bench_with_restart(args: list[str], c: CL.Cluster, restart_after_s: float) -> float:
     """Runs kvasir-bench while engine RESTARTED is killed and restarted
     `restart_after_s` wall seconds after its launch; returns when it was
     killed (Unix seconds). The load generator is stopped on any error."""
@@ -445,12 +201,12 @@ def arrival_window_s(workload: str, rate: float, p: dict) -> float:
 
 
 def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Path, logroot: Path,
-            progress: bool, shape: Shape = SINGLE, cluster: type | None = None) -> dict:
-    """One run; `cluster`: the Cluster class to start (default Cluster)."""
+            progress: bool, shape: CL.Shape = CL.SINGLE, cluster: type | None = None) -> dict:
+    """One run; `cluster`: the Cluster class to start (default sim_cluster's)."""
     logdir = Path(tempfile.mkdtemp(prefix=f"{workload}-{mode}-", dir=logroot))
     ts = p[f"{workload}_time_scale"]
     restart_unix = None
-    with (cluster or Cluster)(mode, logdir, ts, shape) as c:
+    with (cluster or CL.Cluster)(mode, logdir, ts, shape) as c:
         common = ["--time-scale", str(ts), "--mode", mode, "--load", str(load), "--out-dir", str(out)]
         for e in c.envoys:
             common += ["--url", f"http://127.0.0.1:{e.port}"]
@@ -509,7 +265,7 @@ def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Pa
 
 
 def calibrate(workload: str, guess: float, p: dict, scratch: Path, logroot: Path,
-              shape: Shape = SINGLE) -> tuple[float, float, list]:
+              shape: CL.Shape = CL.SINGLE) -> tuple[float, float, list]:
     """The rate where round-robin's prefill utilisation is ~70% on the very
     requests the runs replay: a round-robin run at `guess`, the rate scaled
     by 0.7 / measured, and one more such step if the second run is more
@@ -542,22 +298,22 @@ def calibrate(workload: str, guess: float, p: dict, scratch: Path, logroot: Path
     return best[0], best[1], steps
 
 
-def deployed_shape(workload: str, p: dict, direct_share: float, setup: list[str]) -> Shape:
+def deployed_shape(workload: str, p: dict, direct_share: float, setup: list[str]) -> CL.Shape:
     """The deployed shape for `workload`: caches sized against its reused
     content (the chat's estimated at its load-1.0 cap or guess), stated in
     `setup`."""
     if workload == "trace":
         reused, longest = RECORDS.trace_reused_tokens(TRACE, p["trace_from_s"], p["trace_window_s"])
-        if longest > MAX_MODEL_LEN:
-            raise SystemExit(f"the trace window's longest prompt ({longest} tokens) exceeds {MAX_MODEL_LEN}")
-        blocks, why = deployed_blocks(reused, MAX_MODEL_LEN)
+        if longest > CL.MAX_MODEL_LEN:
+            raise SystemExit(f"the trace window's longest prompt ({longest} tokens) exceeds {CL.MAX_MODEL_LEN}")
+        blocks, why = deployed_blocks(reused, CL.MAX_MODEL_LEN)
         setup.append(f"trace caches: {why}.")
-        return Shape(True, blocks, MAX_MODEL_LEN, direct_share)
+        return CL.Shape(True, blocks, CL.MAX_MODEL_LEN, direct_share)
     rate = min(p["chat_guess"], CHAT_MAX_RATE_PER_SCALE) * p["chat_time_scale"]
     blocks, why = deployed_blocks(RECORDS.chat_reused_tokens(rate, p["chat_duration_s"]), CHAT_MAX_MODEL_LEN)
     setup.append(f"chat caches (max-model-len {CHAT_MAX_MODEL_LEN}): {why}, estimated at {rate:.1f} "
                  "conversations/s from the chat's mean shape.")
-    return Shape(True, blocks, CHAT_MAX_MODEL_LEN, direct_share)
+    return CL.Shape(True, blocks, CHAT_MAX_MODEL_LEN, direct_share)
 
 
 def default_dir(preset: str, deployed: bool, proxies: int, replicas: int) -> str:
@@ -565,7 +321,7 @@ def default_dir(preset: str, deployed: bool, proxies: int, replicas: int) -> str
     named only when it is not the default 2x2, so other shapes never
     overwrite the folders the README quotes (scripts/bench_report.py)."""
     name = "routing-deployed" if deployed else "routing"
-    if deployed and (proxies, replicas) != (PROXIES, REPLICAS):
+    if deployed and (proxies, replicas) != (CL.PROXIES, CL.REPLICAS):
         name += f"-{proxies}x{replicas}"
     return name + ("" if preset == "full" else f"-{preset}")
 
@@ -578,7 +334,7 @@ def deployed_setup(proxies: int, replicas: int, direct_share: float) -> str:
                     "each worker's `Session` stream, so picks and their reports stay on one replica) that share "
                     "in-flight picks, queued prefill, picks still in prefill and recent placements (`sharedLoad."
                     "placements`) through a redis-server started for "
-                    f"the run (`sharedLoad`, one round every {SHARED_LOAD_MS} simulated ms: its default 25 ms scaled by "
+                    f"the run (`sharedLoad`, one round every {CL.SHARED_LOAD_MS} simulated ms: its default 25 ms scaled by "
                     "the run's time scale, at least 5 wall ms)")
     else:
         indexers = "each Envoy's indexer cluster holds the same single cache-indexer (no Redis, nothing to share)"
@@ -586,7 +342,7 @@ def deployed_setup(proxies: int, replicas: int, direct_share: float) -> str:
             f"conversations as a whole) over {envoys}; with the filter, {indexers}; each indexer has only the "
             "engines' HTTP addresses and reads their KV-event sockets from `GET /kv_event_sources`; round-robin "
             f"and least-request run on {envoys} without the filter. Engine sim{RESTARTED} is killed (SIGKILL) "
-            f"{RESTART_AT:.0%} into each run's arrival window and started again {RESTART_DOWN_S:.0f} wall s later on "
+            f"{RESTART_AT:.0%} into each run's arrival window and started again {CL.RESTART_DOWN_S:.0f} wall s later on "
             "its port (empty cache, new KV-event sockets, event sequence from 0); the per-run facts give when, what "
             f"it served before and after, and the TTFT of the requests sent in the {RECORDS.AFTER_RESTART_S:.0f} simulated "
             "seconds after it."
@@ -594,7 +350,7 @@ def deployed_setup(proxies: int, replicas: int, direct_share: float) -> str:
                "to the engines directly, not through any router." if direct_share else ""))
 
 
-def main(argv: list[str]) -> int:
+def arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="short")
     ap.add_argument("--out", help="results directory (default: bench/results/routing for the full preset, "
@@ -622,20 +378,25 @@ def main(argv: list[str]) -> int:
                          f"{'on' if VAR.DEPLOYED_LATE_BINDING else 'off'} deployed, off single)")
     ap.add_argument("--deployment", choices=["single", "deployed"], default="single",
                     help="single: one Envoy, one indexer (today's results, comparable run to run); deployed: "
-                         f"{PROXIES} Envoys x {REPLICAS} indexer replicas sharing load through Redis, caches under "
+                         f"{CL.PROXIES} Envoys x {CL.REPLICAS} indexer replicas sharing load through Redis, caches under "
                          "pressure, one engine restarted mid-run (issue 22)")
     ap.add_argument("--direct-share", type=float, default=0.0,
                     help="deployed only: share of trace requests / conversations sent to the engines directly, "
                          "not through any router (default 0)")
-    ap.add_argument("--proxies", type=int, help=f"deployed only: Envoys (default {PROXIES})")
+    ap.add_argument("--proxies", type=int, help=f"deployed only: Envoys (default {CL.PROXIES})")
     ap.add_argument("--replicas", type=int, help=f"deployed only: indexer replicas each Envoy spreads picks over "
-                    f"(default {REPLICAS}; with 1, no Redis)")
+                    f"(default {CL.REPLICAS}; with 1, no Redis)")
     ap.add_argument("--compare-to", help="another run's results directory of the same setup and another shape "
                     "(e.g. 1x1 against 2x2): its load-1.0 rates are used unless given, a setup that differs in "
                     "anything but the shape is refused, and the comparison (bench/shapes.py) goes into "
                     "shapes.md and the report")
     ap.add_argument("--no-progress", action="store_true")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def checked_shape(a: argparse.Namespace) -> tuple[bool, int, int, dict | None]:
+    """The shape's arguments checked: (deployed, proxies, replicas, the
+    `--compare-to` run's summary or None)."""
     deployed = a.deployment == "deployed"
     if a.direct_share and not deployed:
         raise SystemExit("--direct-share needs --deployment deployed")
@@ -643,8 +404,8 @@ def main(argv: list[str]) -> int:
         raise SystemExit("--direct-share must be within [0, 1)")
     if (a.proxies is not None or a.replicas is not None) and not deployed:
         raise SystemExit("--proxies and --replicas need --deployment deployed")
-    proxies = PROXIES if a.proxies is None else a.proxies
-    replicas = REPLICAS if a.replicas is None else a.replicas
+    proxies = CL.PROXIES if a.proxies is None else a.proxies
+    replicas = CL.REPLICAS if a.replicas is None else a.replicas
     if proxies < 1 or replicas < 1:
         raise SystemExit("--proxies and --replicas must be at least 1")
     other = None
@@ -653,7 +414,11 @@ def main(argv: list[str]) -> int:
             other = SHAPES.read_summary(Path(a.compare_to))
         except SHAPES.Refused as e:
             raise SystemExit(f"--compare-to: {e}")
+    return deployed, proxies, replicas, other
 
+
+def preset_of(a: argparse.Namespace, deployed: bool) -> dict:
+    """The preset with `--chat-time-scale` (or the deployed chat's) applied."""
     p = dict(PRESETS[a.preset])
     if a.chat_time_scale is not None:
         if not a.chat_time_scale > 0:
@@ -661,17 +426,126 @@ def main(argv: list[str]) -> int:
         p["chat_time_scale"] = a.chat_time_scale
     elif deployed:
         p["chat_time_scale"] = DEPLOYED_CHAT_TIME_SCALE
-    loads = {w: [float(x) for x in a.loads.split(",")] if a.loads else p[f"{w}_loads"] for w in ("trace", "chat")}
+    return p
+
+
+def modes_of(a: argparse.Namespace, deployed: bool) -> tuple[list[str], bool]:
+    """The modes to run, variants last, and whether kvasir late-binds;
+    sets the variants' settings for this run (bench/variants.py)."""
     modes = a.modes.split(",")
-    workloads = a.workloads.split(",")
     late = a.late_binding == "on" if a.late_binding else deployed and VAR.DEPLOYED_LATE_BINDING
     modes += VAR.configure(late, a.variants)
     for m in modes:
-        if m not in MODES and m not in VARIANTS:
+        if m not in MODES and m not in VAR.VARIANTS:
             raise SystemExit(f"unknown mode {m!r}; known: {MODES}")
     for b in (BENCH_BIN, h.SIM_BIN, h.INDEXER_BIN, h.WASM, h.COMPILE, h.ENVOY_BIN):
         if not b.exists():
             raise SystemExit(f"{b} missing: run `make build` first")
+    return modes, late
+
+
+def command_line(a: argparse.Namespace, deployed: bool, proxies: int, replicas: int) -> str:
+    """The command the report names."""
+    cmdline = "make bench" if a.preset == "short" else "make bench-full"
+    if deployed:
+        cmdline = f"bench/routing.py --preset {a.preset} --deployment deployed" + (
+            f" --direct-share {a.direct_share}" if a.direct_share else "") + (
+            "" if (proxies, replicas) == (CL.PROXIES, CL.REPLICAS) else f" --proxies {proxies} --replicas {replicas}")
+    if a.late_binding:
+        cmdline += f" --late-binding {a.late_binding}"
+    return cmdline
+
+
+def cluster_setup(p: dict, deployed: bool, late: bool) -> list[str]:
+    """The setup's sentences on the engines, the proxies and the modes."""
+    setup = [
+        f"{CL.ENGINES} vllm-sims, latency profile {CL.PROFILE} (FACTS.md: ~30 ms + 0.03 ms per uncached token of prefill, "
+        f"~6 ms decode steps), {'KV blocks (sized per workload below)' if deployed else f'{CL.NUM_GPU_BLOCKS} KV blocks'} "
+        f"of {CL.BLOCK} tokens each, max-num-seqs 256, "
+        f"token budget {CL.BUDGET}; time scale {p['trace_time_scale']} for the trace, {p['chat_time_scale']} for the chat "
+        "(wall seconds per simulated second).",
+        "Envoy 1.40 (2 workers) in every mode; a fresh cluster (sims, indexer, Envoy) per run; the load generator "
+        "and all processes share this machine's 2 cores.",
+        "Modes: round-robin and least-request = Envoy's own load balancers with no filter; approx-prefix = Kvasir's filter "
+        "+ cache-indexer with `--index picks` (prefix index learned from its own picks, per-endpoint LRU, the Inference "
+        "Extension's approach) and the same load terms; kvasir = the filter + the indexer fed by KV events.",
+    ]
+    if late:
+        setup.append(f"kvasir runs with late binding: the pool's flow control {json.dumps(VAR.LATE_BINDING)} (the "
+                     "wait in simulated ms, scaled by the time scale) in every indexer replica and the filter's "
+                     "policy: a pick waits "
+                     "at the indexer once every engine has that many prefill tokens queued and is bound to an "
+                     "endpoint when one has room (approx-prefix runs without it).")
+    return setup
+
+
+def load_one(w: str, given: float | None, theirs: float | None, compare_to: str | None, p: dict, shape: CL.Shape,
+             scratch: Path, logroot: Path, setup: list[str]) -> float:
+    """Workload `w`'s rate at load 1.0: given, the compared run's, or
+    calibrated; stated in `setup`."""
+    if not given and theirs:
+        setup.append(f"{w}: load 1.0 = {theirs:.3f}, the compared run's ({compare_to})")
+        return theirs
+    if given:
+        setup.append(f"{w}: load 1.0 given as {given}")
+        return given
+    guess = p["trace_guess"] if w == "trace" else p["chat_guess"] * p["chat_time_scale"]
+    rate, u, steps = calibrate(w, guess, p, scratch, logroot, shape=shape)
+    unit = "x trace speed" if w == "trace" else "conversations/s"
+    last_rate = steps[-1][0]
+    capped = (w == "chat" and rate >= CHAT_MAX_RATE_PER_SCALE * p["chat_time_scale"] - 1e-9
+              and rate < last_rate * TARGET_UTIL / u - 1e-9)
+    tried = ", ".join(f"{r:.3f} -> {x:.1%}" for r, x in steps)
+    setup.append(f"{w}: calibration (round-robin, rate -> prefill use: {tried}); load 1.0 = {rate:.3f} {unit}"
+                 + (f" (capped: {TARGET_UTIL:.0%} would need ~{last_rate * TARGET_UTIL / u:.2f}, more requests "
+                    "per wall second than this 2-core machine drives)" if capped
+                    else f" (target {TARGET_UTIL:.0%} within {CALIBRATION_TOLERANCE * 100:.0f} points, at most 3 runs"
+                    + ("; none was, so the closest is taken" if abs(u - TARGET_UTIL) > CALIBRATION_TOLERANCE
+                       else "") + ")")
+                 + ".")
+    return rate
+
+
+def workload_setup(workloads: list[str], p: dict, shapes: dict, out: Path, setup: list[str]) -> None:
+    """The trace's pooled-cache bound (bound.json) and the workloads'
+    sentences."""
+    if "trace" in workloads:
+        window = p["trace_window_s"]
+        bargs = ["bound", "--trace", str(TRACE), "--capacity-tokens", str(CL.ENGINES * shapes["trace"].num_gpu_blocks * CL.BLOCK),
+                 "--from-s", str(p["trace_from_s"]), "--out", str(out / "bound.json"), *CL.ENGINE_ARGS]
+        if window is not None:
+            bargs += ["--duration-s", str(window)]
+        bench(bargs)
+        setup.append("trace: " + ("the whole trace (3,993 requests, 17 min of trace time)" if window is None
+                                  else f"trace time {p['trace_from_s']:.0f}-{p['trace_from_s'] + window:.0f} s"))
+    if "chat" in workloads:
+        setup.append(f"chat: 8 tenants (popularity skew 0.5) with 2-4k-token system prompts, 4-10 turns of 200-800-word "
+                     f"questions and 50-150-token answers, 3 s mean think time, Poisson conversation arrivals for "
+                     f"{p['chat_duration_s']:.0f} simulated seconds (`kvasir-bench chat {' '.join(CHAT_SHAPE)}`).")
+
+
+def write_report(out: Path, cmdline: str, record: dict, compare_to: str | None, other: dict | None) -> None:
+    """`kvasir-bench report`, the deployment record in summary.json and,
+    with `--compare-to`, the shapes side by side."""
+    bench(["report", "--dir", str(out), "--command", cmdline, *CL.ENGINE_ARGS])
+    summary = json.loads((out / "summary.json").read_text())
+    summary["deployment"] = record
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if other is not None:
+        md = SHAPES.render(out, summary, Path(compare_to), other)
+        (out / "shapes.md").write_text(md)
+        with (out / "report.md").open("a") as f:
+            f.write("\n" + md)
+        print(md, end="")
+
+
+def main(argv: list[str]) -> int:
+    a = arg_parser().parse_args(argv)
+    deployed, proxies, replicas, other = checked_shape(a)
+    p = preset_of(a, deployed)
+    loads = {w: [float(x) for x in a.loads.split(",")] if a.loads else p[f"{w}_loads"] for w in ("trace", "chat")}
+    workloads = a.workloads.split(",")
+    modes, late = modes_of(a, deployed)
 
     out = Path(a.out) if a.out else REPO / "bench" / "results" / default_dir(a.preset, deployed, proxies, replicas)
     if a.compare_to and out.resolve() == Path(a.compare_to).resolve():
@@ -683,32 +557,8 @@ def main(argv: list[str]) -> int:
     scratch = logroot / "calibration"
     scratch.mkdir()
     t_start = time.monotonic()
-    cmdline = "make bench" if a.preset == "short" else "make bench-full"
-    if deployed:
-        cmdline = f"bench/routing.py --preset {a.preset} --deployment deployed" + (
-            f" --direct-share {a.direct_share}" if a.direct_share else "") + (
-            "" if (proxies, replicas) == (PROXIES, REPLICAS) else f" --proxies {proxies} --replicas {replicas}")
-    if a.late_binding:
-        cmdline += f" --late-binding {a.late_binding}"
-    setup = [
-        f"{ENGINES} vllm-sims, latency profile {PROFILE} (FACTS.md: ~30 ms + 0.03 ms per uncached token of prefill, "
-        f"~6 ms decode steps), {'KV blocks (sized per workload below)' if deployed else f'{NUM_GPU_BLOCKS} KV blocks'} "
-        f"of {BLOCK} tokens each, max-num-seqs 256, "
-        f"token budget {BUDGET}; time scale {p['trace_time_scale']} for the trace, {p['chat_time_scale']} for the chat "
-        "(wall seconds per simulated second).",
-        "Envoy 1.40 (2 workers) in every mode; a fresh cluster (sims, indexer, Envoy) per run; the load generator "
-        "and all processes share this machine's 2 cores.",
-        "Modes: round-robin and least-request = Envoy's own load balancers with no filter; approx-prefix = Kvasir's filter "
-        "+ cache-indexer with `--index picks` (prefix index learned from its own picks, per-endpoint LRU, the Inference "
-        "Extension's approach) and the same load terms; kvasir = the filter + the indexer fed by KV events.",
-    ]
-    if late:
-        setup.append(f"kvasir runs with late binding: the pool's flow control {json.dumps(LATE_BINDING)} (the "
-                     "wait in simulated ms, scaled by the time scale) in every indexer replica and the filter's "
-                     "policy: a pick waits "
-                     "at the indexer once every engine has that many prefill tokens queued and is bound to an "
-                     "endpoint when one has room (approx-prefix runs without it).")
-    shapes = {w: SINGLE for w in workloads}
+    setup = cluster_setup(p, deployed, late)
+    shapes = {w: CL.SINGLE for w in workloads}
     if deployed:
         setup.append(deployed_setup(proxies, replicas, a.direct_share))
     rates = {}
@@ -716,33 +566,12 @@ def main(argv: list[str]) -> int:
         if deployed:
             shapes[w] = replace(deployed_shape(w, p, a.direct_share, setup), proxy_count=proxies,
                                 replica_count=replicas)
-        given = a.trace_rate if w == "trace" else a.chat_rate
         theirs = (other or {}).get("deployment", {}).get("workloads", {}).get(w, {}).get("rate")
-        if not given and theirs:
-            rates[w] = theirs
-            setup.append(f"{w}: load 1.0 = {theirs:.3f}, the compared run's ({a.compare_to})")
-        elif given:
-            rates[w] = given
-            setup.append(f"{w}: load 1.0 given as {given}")
-        else:
-            guess = p["trace_guess"] if w == "trace" else p["chat_guess"] * p["chat_time_scale"]
-            rate, u, steps = calibrate(w, guess, p, scratch, logroot, shape=shapes[w])
-            rates[w] = rate
-            unit = "x trace speed" if w == "trace" else "conversations/s"
-            last_rate = steps[-1][0]
-            capped = (w == "chat" and rate >= CHAT_MAX_RATE_PER_SCALE * p["chat_time_scale"] - 1e-9
-                      and rate < last_rate * TARGET_UTIL / u - 1e-9)
-            tried = ", ".join(f"{r:.3f} -> {x:.1%}" for r, x in steps)
-            setup.append(f"{w}: calibration (round-robin, rate -> prefill use: {tried}); load 1.0 = {rate:.3f} {unit}"
-                         + (f" (capped: {TARGET_UTIL:.0%} would need ~{last_rate * TARGET_UTIL / u:.2f}, more requests "
-                            "per wall second than this 2-core machine drives)" if capped
-                            else f" (target {TARGET_UTIL:.0%} within {CALIBRATION_TOLERANCE * 100:.0f} points, at most 3 runs"
-                            + ("; none was, so the closest is taken" if abs(u - TARGET_UTIL) > CALIBRATION_TOLERANCE
-                               else "") + ")")
-                         + ".")
+        rates[w] = load_one(w, a.trace_rate if w == "trace" else a.chat_rate, theirs, a.compare_to, p, shapes[w],
+                            scratch, logroot, setup)
     record = SHAPES.deployment_record(
-        a.deployment, a.preset, ENGINES, (proxies, replicas) if deployed else (1, 1), a.direct_share,
-        {"engine": RESTARTED, "at_share_of_arrivals": RESTART_AT, "down_wall_s": RESTART_DOWN_S} if deployed else None,
+        a.deployment, a.preset, CL.ENGINES, (proxies, replicas) if deployed else (1, 1), a.direct_share,
+        {"engine": RESTARTED, "at_share_of_arrivals": RESTART_AT, "down_wall_s": CL.RESTART_DOWN_S} if deployed else None,
         {w: {"rate": rates[w], "num_gpu_blocks": sh.num_gpu_blocks, "max_model_len": sh.max_model_len}
          for w, sh in shapes.items()}, p)
     if late:
@@ -752,19 +581,7 @@ def main(argv: list[str]) -> int:
         diff = SHAPES.setup_differences(record, other["deployment"])
         if diff:
             raise SystemExit(f"--compare-to {a.compare_to}: another setup, not only another shape: " + "; ".join(diff))
-    if "trace" in workloads:
-        window = p["trace_window_s"]
-        bargs = ["bound", "--trace", str(TRACE), "--capacity-tokens", str(ENGINES * shapes["trace"].num_gpu_blocks * BLOCK),
-                 "--from-s", str(p["trace_from_s"]), "--out", str(out / "bound.json"), *ENGINE_ARGS]
-        if window is not None:
-            bargs += ["--duration-s", str(window)]
-        bench(bargs)
-        setup.append("trace: " + ("the whole trace (3,993 requests, 17 min of trace time)" if window is None
-                                  else f"trace time {p['trace_from_s']:.0f}-{p['trace_from_s'] + window:.0f} s"))
-    if "chat" in workloads:
-        setup.append(f"chat: 8 tenants (popularity skew 0.5) with 2-4k-token system prompts, 4-10 turns of 200-800-word "
-                     f"questions and 50-150-token answers, 3 s mean think time, Poisson conversation arrivals for "
-                     f"{p['chat_duration_s']:.0f} simulated seconds (`kvasir-bench chat {' '.join(CHAT_SHAPE)}`).")
+    workload_setup(workloads, p, shapes, out, setup)
 
     for w in workloads:
         for load in loads[w]:
@@ -776,19 +593,10 @@ def main(argv: list[str]) -> int:
         if rr.exists():
             got = RECORDS.measured_chat_reused_tokens(rr)
             setup.append(f"chat: reused content measured on {rr.name}'s records: about {got / 1e6:.2f}M tokens, "
-                         f"{got / (shapes['chat'].num_gpu_blocks * BLOCK * ENGINES):.1f}x what the caches hold.")
+                         f"{got / (shapes['chat'].num_gpu_blocks * CL.BLOCK * CL.ENGINES):.1f}x what the caches hold.")
     setup.append(f"Total wall time {time.monotonic() - t_start:.0f} s.")
     (out / "setup.txt").write_text("\n".join(setup) + "\n")
-    bench(["report", "--dir", str(out), "--command", cmdline, *ENGINE_ARGS])
-    summary = json.loads((out / "summary.json").read_text())
-    summary["deployment"] = record
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    if other is not None:
-        md = SHAPES.render(out, summary, Path(a.compare_to), other)
-        (out / "shapes.md").write_text(md)
-        with (out / "report.md").open("a") as f:
-            f.write("\n" + md)
-        print(md, end="")
+    write_report(out, command_line(a, deployed, proxies, replicas), record, a.compare_to, other)
     shutil.rmtree(logroot, ignore_errors=True)
     return 0
 

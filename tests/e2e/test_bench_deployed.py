@@ -30,9 +30,9 @@ def tiny(monkeypatch, artifacts):
     if not redis_available():
         pytest.skip("redis-server not installed (scripts/setup.sh installs it)")
     monkeypatch.setitem(routing.PRESETS, "tiny", TINY)
-    monkeypatch.setattr(routing, "ENGINES", 3)
+    monkeypatch.setattr(routing.CL, "ENGINES", 3)
     # Small caches need a small max-model-len (vllm-sim wants one sequence to fit).
-    monkeypatch.setattr(routing, "MAX_MODEL_LEN", 40_960)
+    monkeypatch.setattr(routing.CL, "MAX_MODEL_LEN", 40_960)
     # Past the clusters' start and the first requests (a quarter of the
     # 8 s window at this time scale is 0.5 s wall).
     monkeypatch.setattr(routing, "RESTART_AT", 0.4)

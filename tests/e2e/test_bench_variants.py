@@ -13,7 +13,8 @@ import pytest
 
 from kvasir_harness import load_script
 
-routing = load_script("bench/routing.py")
+CL = load_script("bench/sim_cluster.py")  # the cluster each run starts
+VAR = load_script("bench/variants.py")
 
 
 class _Redis:
@@ -21,9 +22,9 @@ class _Redis:
 
 
 def _config(spec: str, replica: int = 0, redis=_Redis()) -> dict:
-    variants = routing.parse_variants(spec)
+    variants = VAR.parse_variants(spec)
     (mode, overrides), = variants.items()
-    cluster = routing.Cluster(mode, Path("/nonexistent"), 0.25)
+    cluster = CL.Cluster(mode, Path("/nonexistent"), 0.25)
     return cluster.indexer_config(replica, redis, overrides)
 
 
@@ -33,7 +34,7 @@ def test_a_shared_load_key_goes_to_the_sharing_section_not_the_pool():
     shared = cfg["sharedLoad"]
     assert shared["placements"] is False
     assert shared["replicaId"] == "indexer-1"
-    assert shared["intervalMs"] == max(routing.SHARED_LOAD_MIN_MS, round(routing.SHARED_LOAD_MS * 0.25))
+    assert shared["intervalMs"] == max(CL.SHARED_LOAD_MIN_MS, round(CL.SHARED_LOAD_MS * 0.25))
 
 
 def test_pool_keys_still_go_to_the_pool_beside_a_shared_load_key():
@@ -50,10 +51,10 @@ def test_without_redis_a_shared_load_key_writes_nothing():
 
 def test_a_flow_key_turns_on_late_binding_in_every_replica_and_the_policy():
     spec = "lb:flow.saturatedPrefillTokens=8192"
-    (mode, _), = routing.parse_variants(spec).items()
-    routing.VARIANTS.update(routing.parse_variants(spec))
+    (mode, _), = VAR.parse_variants(spec).items()
+    VAR.VARIANTS.update(VAR.parse_variants(spec))
     try:
-        want = {**routing.LATE_BINDING, "saturatedPrefillTokens": 8192}
+        want = {**VAR.LATE_BINDING, "saturatedPrefillTokens": 8192}
         wall_ms = round(want.pop("maxWaitSimMs") * 0.25)
         for replica in (0, 1):
             cfg = _config(spec, replica=replica)
@@ -62,48 +63,48 @@ def test_a_flow_key_turns_on_late_binding_in_every_replica_and_the_policy():
             assert "flow" not in pool and "scoring" not in pool
             assert cfg["sharedLoad"]["replicaId"] == f"indexer-{replica}"
         # The filter's policy carries the same section (its pick deadline, first-token reports).
-        policy = routing.Cluster(mode, Path("/nonexistent"), 0.25).policy()
+        policy = CL.Cluster(mode, Path("/nonexistent"), 0.25).policy()
         assert policy["pools"][0]["flowControl"] == pool["flowControl"]
-        assert "flowControl" not in routing.POLICY["pools"][0], "the shared policy must stay untouched"
-        assert "flowControl" not in routing.Cluster("kvasir", Path("/nonexistent"), 0.25).policy()["pools"][0]
+        assert "flowControl" not in CL.POLICY["pools"][0], "the shared policy must stay untouched"
+        assert "flowControl" not in CL.Cluster("kvasir", Path("/nonexistent"), 0.25).policy()["pools"][0]
     finally:
-        routing.VARIANTS.pop(mode)
+        VAR.VARIANTS.pop(mode)
 
 
 def test_a_flow_wait_is_given_in_simulated_ms():
     with pytest.raises(SystemExit):
-        routing.parse_variants("lb:flow.maxWaitMs=100")
+        VAR.parse_variants("lb:flow.maxWaitMs=100")
 
 
 def test_late_bound_kvasir_carries_it_to_its_variants_but_not_to_approx_prefix():
-    routing.VAR.KVASIR["flow"] = dict(routing.LATE_BINDING)
-    variants = routing.parse_variants("noplace:sharedLoad.placements=false;off:flow.enabled=false")
-    routing.VARIANTS.update(variants)
+    VAR.KVASIR["flow"] = dict(VAR.LATE_BINDING)
+    variants = VAR.parse_variants("noplace:sharedLoad.placements=false;off:flow.enabled=false")
+    VAR.VARIANTS.update(variants)
     try:
-        want = routing.VAR.flow_section(routing.LATE_BINDING, 0.25)
+        want = VAR.flow_section(VAR.LATE_BINDING, 0.25)
         for mode in ("kvasir", "kvasir-noplace"):
-            cluster = routing.Cluster(mode, Path("/nonexistent"), 0.25)
+            cluster = CL.Cluster(mode, Path("/nonexistent"), 0.25)
             for replica in (0, 1):
-                cfg = cluster.indexer_config(replica, _Redis(), routing.VAR.overrides(mode))
+                cfg = cluster.indexer_config(replica, _Redis(), VAR.overrides(mode))
                 assert cfg["pools"][0]["flowControl"] == want, (mode, cfg)
             assert cluster.policy()["pools"][0]["flowControl"] == want
         for mode in ("approx-prefix", "kvasir-off"):
-            cluster = routing.Cluster(mode, Path("/nonexistent"), 0.25)
-            cfg = cluster.indexer_config(0, _Redis(), routing.VAR.overrides(mode))
+            cluster = CL.Cluster(mode, Path("/nonexistent"), 0.25)
+            cfg = cluster.indexer_config(0, _Redis(), VAR.overrides(mode))
             assert "flowControl" not in cfg.get("pools", [{}])[0], (mode, cfg)
             assert "flowControl" not in cluster.policy()["pools"][0]
     finally:
-        routing.VAR.KVASIR.clear()
+        VAR.KVASIR.clear()
         for mode in variants:
-            routing.VARIANTS.pop(mode)
+            VAR.VARIANTS.pop(mode)
 
 
 def test_engine_priority_goes_to_the_indexers_only():
     spec = "prio:flow.enginePriority=true"
-    (mode, overrides), = routing.parse_variants(spec).items()
-    routing.VARIANTS.update({mode: overrides})
+    (mode, overrides), = VAR.parse_variants(spec).items()
+    VAR.VARIANTS.update({mode: overrides})
     try:
         assert _config(spec)["pools"][0]["flowControl"]["enginePriority"] is True
-        assert "enginePriority" not in routing.Cluster(mode, Path("/nonexistent"), 0.25).policy()["pools"][0]["flowControl"]
+        assert "enginePriority" not in CL.Cluster(mode, Path("/nonexistent"), 0.25).policy()["pools"][0]["flowControl"]
     finally:
-        routing.VARIANTS.pop(mode)
+        VAR.VARIANTS.pop(mode)

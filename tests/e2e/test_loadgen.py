@@ -13,7 +13,7 @@ import pytest
 
 from kvasir_harness import TARGET, compile_plugin, load_script, start_envoy, wait_envoy, wait_until
 
-routing = load_script("bench/routing.py")  # the benchmark's policy and settings
+sim_cluster = load_script("bench/sim_cluster.py")  # the routing benchmark's policy and settings
 
 BENCH = TARGET / "release" / "kvasir-bench"
 
@@ -27,7 +27,7 @@ def bench_envoy(stack):
     if not BENCH.exists():
         pytest.skip("kvasir-bench not built")
     pool = [s.address for s in stack.sims]
-    e = start_envoy(stack.logdir, compile_plugin(routing.POLICY, routing.SETTINGS), pool, stack.indexer.address,
+    e = start_envoy(stack.logdir, compile_plugin(sim_cluster.POLICY, sim_cluster.SETTINGS), pool, stack.indexer.address,
                     stack.provider.address, name="envoy-loadgen")
     try:
         wait_envoy(e, pool)
