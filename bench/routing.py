@@ -475,7 +475,9 @@ def cluster_setup(p: dict, deployed: bool, late: bool) -> list[str]:
                      "wait in simulated ms, scaled by the time scale) in every indexer replica and the filter's "
                      "policy: a pick waits "
                      "at the indexer once every engine has that many prefill tokens queued and is bound to an "
-                     "endpoint when one has room (approx-prefix runs without it).")
+                     "endpoint when one has room (approx-prefix runs without it); with it kvasir's scoring weights "
+                     f"{json.dumps(VAR.LATE_SCORING)} (the indexer's default queuedPrefill is 0.25): the queue term "
+                     "can weigh less while late binding holds picks on busy engines.")
     return setup
 
 
@@ -577,6 +579,7 @@ def main(argv: list[str]) -> int:
     if late:
         # Compared shapes must agree on it (bench/shapes.py compares every key).
         record["late_binding"] = VAR.KVASIR["flow"]
+        record["late_binding_scoring"] = VAR.KVASIR["scoring"]
     if other is not None:
         diff = SHAPES.setup_differences(record, other["deployment"])
         if diff:

@@ -79,7 +79,9 @@ def test_the_deployed_mode_spreads_restarts_and_reports(tiny, tmp_path):
     assert "Deployed-like shape (2x2)" in md and "restart at s" in md
     assert "kvasir runs with late binding" in md
     assert "| 1.0 | kvasir | 28 |" in md
-    assert json.loads((out / "summary.json").read_text())["deployment"]["replicas"] == 2
+    deployment = json.loads((out / "summary.json").read_text())["deployment"]
+    assert deployment["replicas"] == 2
+    assert deployment["late_binding_scoring"] == routing.VAR.LATE_SCORING, deployment
 
     # The same setup as 1x1, compared with the 2x2 run: its rate taken from it.
     one = tmp_path / "one"

@@ -77,26 +77,30 @@ def test_a_flow_wait_is_given_in_simulated_ms():
 
 
 def test_late_bound_kvasir_carries_it_to_its_variants_but_not_to_approx_prefix():
-    VAR.KVASIR["flow"] = dict(VAR.LATE_BINDING)
-    variants = VAR.parse_variants("noplace:sharedLoad.placements=false;off:flow.enabled=false")
-    VAR.VARIANTS.update(variants)
+    modes = VAR.configure(True, "noplace:sharedLoad.placements=false;off:flow.enabled=false;qp25:queuedPrefill=0.25")
     try:
+        assert modes == ["kvasir-noplace", "kvasir-off", "kvasir-qp25"]
         want = VAR.flow_section(VAR.LATE_BINDING, 0.25)
-        for mode in ("kvasir", "kvasir-noplace"):
+        for mode in ("kvasir", "kvasir-noplace", "kvasir-qp25"):
             cluster = CL.Cluster(mode, Path("/nonexistent"), 0.25)
             for replica in (0, 1):
                 cfg = cluster.indexer_config(replica, _Redis(), VAR.overrides(mode))
                 assert cfg["pools"][0]["flowControl"] == want, (mode, cfg)
             assert cluster.policy()["pools"][0]["flowControl"] == want
+        # Late binding brings its scoring weights; a variant's own keys win.
+        scoring = {m: CL.Cluster(m, Path("/nonexistent"), 0.25).indexer_config(0, None, VAR.overrides(m))
+                   ["pools"][0].get("scoring") for m in ("kvasir", "kvasir-noplace", "kvasir-qp25")}
+        assert scoring == {"kvasir": VAR.LATE_SCORING, "kvasir-noplace": VAR.LATE_SCORING,
+                           "kvasir-qp25": {"queuedPrefill": 0.25}}, scoring
         for mode in ("approx-prefix", "kvasir-off"):
             cluster = CL.Cluster(mode, Path("/nonexistent"), 0.25)
             cfg = cluster.indexer_config(0, _Redis(), VAR.overrides(mode))
             assert "flowControl" not in cfg.get("pools", [{}])[0], (mode, cfg)
             assert "flowControl" not in cluster.policy()["pools"][0]
+        assert "pools" not in CL.Cluster("approx-prefix", Path("/nonexistent"), 0.25).indexer_config(
+            0, None, VAR.overrides("approx-prefix"))
     finally:
-        VAR.KVASIR.clear()
-        for mode in variants:
-            VAR.VARIANTS.pop(mode)
+        VAR.configure(False, "")
 
 
 def test_engine_priority_goes_to_the_indexers_only():
