@@ -283,10 +283,16 @@ def main(argv: list[str]) -> int:
     s = json.loads((d / "summary.json").read_text())
     b = json.loads((d / "bound.json").read_text())
     bound = b["per_request_cached"]
+    # Runs record their trace window (summary.json's `deployment`); older
+    # ones do not and are read as the whole trace, which the bound's
+    # request count checks.
     w = s.get("deployment", {}).get("workloads", {}).get("trace", {})
-    setup = s.get("setup", {})
-    from_s = w.get("from_s", setup.get("trace_from_s", 0.0))
-    hashes = window_hashes(TRACE, from_s, w.get("window_s"))
+    hashes = window_hashes(TRACE, w.get("from_s", 0.0), w.get("window_s"))
+    if len(hashes) != len(bound):
+        print(f"{d}: bound.json prices {len(bound)} requests but the trace window read has {len(hashes)}: "
+              "this run's summary.json records no trace window (`deployment`) to read",
+              file=sys.stderr)
+        return 2
     want = set(argv[1:])
     notes = []
     print("| load | mode | hit (tokens) | bound | " + " | ".join(CAUSES) + " | beyond the bound |")

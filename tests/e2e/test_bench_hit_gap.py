@@ -106,3 +106,12 @@ def test_the_lru_model_empties_the_restarted_engine():
     rows = [row(0, 0.0, "e1", 0), row(1, 4.0, "e1", 0, ok=False), row(2, 10.0, "e2", 0)]
     c = gap.causes(rows, hashes, [0, 0, 2 * K], restart_s=5.0, capacity_tokens=100 * K)
     assert [x["held"] for x in c["elsewhere"]] == ["none"]
+
+
+def test_a_run_without_its_trace_window_is_refused_not_misread(tmp_path, capsys):
+    # No `deployment` record: read as the whole trace (3,993 requests),
+    # which a bound over 2 requests contradicts.
+    (tmp_path / "summary.json").write_text('{"runs": []}')
+    (tmp_path / "bound.json").write_text('{"per_request_cached": [0, 0], "capacity_tokens": 100}')
+    assert gap.main([str(tmp_path)]) == 2
+    assert "records no trace window" in capsys.readouterr().err
