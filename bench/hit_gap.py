@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import collections
 import csv
-from collections import OrderedDict
 import json
 import math
 import sys
@@ -102,7 +101,7 @@ class Caches:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.on: dict[str, OrderedDict] = collections.defaultdict(OrderedDict)
+        self.on: dict[str, collections.OrderedDict] = collections.defaultdict(collections.OrderedDict)
         # Requests whose modelled hit was within one block of the engine's.
         self.agree = self.total = 0
 
@@ -110,7 +109,7 @@ class Caches:
         return key in self.on[endpoint]
 
     def clear(self, endpoint: str) -> None:
-        self.on[endpoint] = OrderedDict()
+        self.on[endpoint] = collections.OrderedDict()
 
     def admit(self, endpoint: str, keys: list[int], cached_tokens: int) -> None:
         """A request served on `endpoint`: its blocks become the most recent;
