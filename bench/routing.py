@@ -120,10 +120,11 @@ CHAT_SHAPE = ["--tenants", "8", "--tenant-skew", "0.5", "--system-words", "2000.
 # replicas and sharing round are sim_cluster's.
 # The workload's reused content over what all engines' caches hold together.
 WORKING_SET_OVER_CACHE = 2.0
-# When one engine is killed and restarted (for sim_cluster.RESTART_DOWN_S): this share into the arrival
-# window (wall time from the load generator's launch; the note gives the
-# exact time on the records' axis). Early enough that the restarted engine
-# is back before the utilisation window (the second half) starts.
+# When one engine is killed and restarted (down for sim_cluster's
+# RESTART_DOWN_S): this share into the arrival window (wall time from the
+# load generator's launch; the note gives the exact time on the records'
+# axis). Early enough that the restarted engine is back before the
+# utilisation window (the second half) starts.
 RESTART_AT = 0.3
 RESTARTED = 1  # which engine (sim1), the same in every mode
 # How often the replicas' view of each other is sampled during a run (wall).
