@@ -135,13 +135,8 @@ def hit_row(r: Run, mode: str = KVASIR) -> dict:
     why = ""
     if not met:
         gap = _hit_gap()
-        d = r.d
-        w = r.s.get("deployment", {}).get("workloads", {}).get("trace", {})
-        hashes = gap.window_hashes(gap.TRACE, w.get("from_s", 0.0), w.get("window_s"))
-        b = json.loads((d / "bound.json").read_text())
-        rows = list(csv.DictReader((d / f"trace-1.00-{mode}.csv").open()))
-        restart = r.runs[("trace", 1.0, mode)].get("notes", {}).get("restart at s")
-        c = gap.causes(rows, hashes, b["per_request_cached"], restart, gap.engine_capacity(b, r.s, rows))
+        b, hashes = gap.folder(r.d, r.s)
+        c = gap.run_causes(r.d, r.s, b, hashes, r.runs[("trace", 1.0, mode)])
         short = sum(c["lost"].values())
         causes = ", ".join(f"{k} {100 * c['lost'][k] / short:.0f}% ({c['count'][k]} requests)"
                            for k in gap.CAUSES if c["lost"][k]) if short else "none"

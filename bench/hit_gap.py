@@ -219,31 +219,38 @@ def elsewhere_why(c: dict) -> str:
     e = c["elsewhere"]
     if not e:
         return ""
-    longer = [x for x in e if x["holder"] - x["chosen"] > x["short"]]
+    longer = [x for x in e if busier_holder(x)]
     mean = lambda k, xs: sum(x[k] for x in xs) / len(xs)  # noqa: E731
     out = (f"of the {len(e)} requests sent elsewhere, {len(longer)} found the latest holder's engine with more prefill "
            f"in progress, beyond the engine they went to, than its cache would have saved them")
     if longer:
         out += (f" (on average {mean('holder', longer) / 1e3:.0f}k tokens in prefill there against "
                 f"{mean('chosen', longer) / 1e3:.0f}k, to save {mean('short', longer) / 1e3:.1f}k)")
-        rest = sum(x["short"] for x in e) - sum(x["short"] for x in longer)
         if c["bound"] and c.get("caches") is None:
             # The hit rate as a share of the bound had every other request
             # sent elsewhere stayed and hit: what load cost at most (with the
             # LRU model, `held_why` counts only those still held).
+            rest = sum(x["short"] for x in e if not busier_holder(x))
             share = (c["got"] + rest) / c["bound"]
             out += (f"; had only the other {len(e) - len(longer)} stayed with the holder and hit, the hits would be "
                     f"{100 * share:.1f}% of the bound")
-    held = held_why(c, longer)
+    held = held_why(c)
     return out + (f"; {held}" if held else "")
 
 
-def held_why(c: dict, longer: list[dict]) -> str:
+def busier_holder(x: dict) -> bool:
+    """Whether a request sent elsewhere found the latest holder's engine
+    with more prefill in progress, beyond the one it went to, than the
+    holder's cache would have saved it."""
+    return x["holder"] - x["chosen"] > x["short"]
+
+
+def held_why(c: dict) -> str:
     """Where the LRU model says the prefixes of the requests sent elsewhere
     still were: evicted from every engine (no router could hit them), or
     still on a holder's engine; and the hits had every request whose
     prefix a holder still held, and whose holder was not the busier by
-    more than it saved (not in `longer`), stayed and hit."""
+    more than it saved, stayed and hit."""
     caches = c.get("caches")
     e = c["elsewhere"]
     if caches is None or not caches.total or not e:
@@ -256,8 +263,7 @@ def held_why(c: dict, longer: list[dict]) -> str:
            f"{100 * caches.agree / caches.total:.1f}% of requests), {n['none']} of the {len(e)} had lost the prefix "
            f"on every engine ({tok['none'] / 1e3:.0f}k tokens no router could hit), {n['holder']} were still on the "
            f"latest holder's engine and {n['other holder']} on another holder's")
-    ids = {id(x) for x in longer}
-    free = [x for x in e if x["held"] != "none" and id(x) not in ids]
+    free = [x for x in e if x["held"] != "none" and not busier_holder(x)]
     if c["bound"]:
         share = (c["got"] + sum(x["short"] for x in free)) / c["bound"]
         out += (f"; had the {len(free)} of those held with no busier holder stayed and hit, the hits would be "
@@ -274,23 +280,42 @@ def engine_capacity(bound: dict, summary: dict, rows: list[dict]) -> int | None:
     return total // engines if total and engines else None
 
 
+class NoWindow(ValueError):
+    """A results folder whose trace window cannot be read."""
+
+
+def folder(d: Path, s: dict) -> tuple[dict, list[list[int]]]:
+    """Results folder `d`'s bound.json and its trace window's block hashes
+    (`s`: its summary.json). Runs record their window (`deployment`);
+    older ones do not and are read as the whole trace, which the bound's
+    request count checks (NoWindow when it disagrees)."""
+    b = json.loads((d / "bound.json").read_text())
+    w = s.get("deployment", {}).get("workloads", {}).get("trace", {})
+    hashes = window_hashes(TRACE, w.get("from_s", 0.0), w.get("window_s"))
+    if len(hashes) != len(b["per_request_cached"]):
+        raise NoWindow(f"{d}: bound.json prices {len(b['per_request_cached'])} requests but the trace window read "
+                       f"has {len(hashes)}: this run's summary.json records no trace window (`deployment`) to read")
+    return b, hashes
+
+
+def run_causes(d: Path, s: dict, b: dict, hashes: list[list[int]], run: dict) -> dict:
+    """`causes` for one trace run of folder `d` (`run`: its entry in
+    summary.json's runs), with the engines' cache size for the LRU model."""
+    rows = list(csv.DictReader((d / f"trace-{run['load']:.2f}-{run['mode']}.csv").open()))
+    return causes(rows, hashes, b["per_request_cached"], run.get("notes", {}).get("restart at s"),
+                  engine_capacity(b, s, rows))
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
         return 2
     d = Path(argv[0])
     s = json.loads((d / "summary.json").read_text())
-    b = json.loads((d / "bound.json").read_text())
-    bound = b["per_request_cached"]
-    # Runs record their trace window (summary.json's `deployment`); older
-    # ones do not and are read as the whole trace, which the bound's
-    # request count checks.
-    w = s.get("deployment", {}).get("workloads", {}).get("trace", {})
-    hashes = window_hashes(TRACE, w.get("from_s", 0.0), w.get("window_s"))
-    if len(hashes) != len(bound):
-        print(f"{d}: bound.json prices {len(bound)} requests but the trace window read has {len(hashes)}: "
-              "this run's summary.json records no trace window (`deployment`) to read",
-              file=sys.stderr)
+    try:
+        b, hashes = folder(d, s)
+    except NoWindow as e:
+        print(e, file=sys.stderr)
         return 2
     want = set(argv[1:])
     notes = []
@@ -299,10 +324,7 @@ def main(argv: list[str]) -> int:
     for run in sorted(s["runs"], key=lambda r: (r["load"], r["mode"])):
         if run["workload"] != "trace" or (want and run["mode"] not in want):
             continue
-        path = d / f"trace-{run['load']:.2f}-{run['mode']}.csv"
-        rows = list(csv.DictReader(path.open()))
-        capacity = engine_capacity(b, s, rows)
-        c = causes(rows, hashes, bound, run.get("notes", {}).get("restart at s"), capacity)
+        c = run_causes(d, s, b, hashes, run)
         gap = max(1, c["bound"] - c["got"] + c["beyond"])
         cells = [f"{c['lost'][k] / 1e3:.0f}k ({100 * c['lost'][k] / gap:.0f}%, {c['count'][k]})" for k in CAUSES]
         print(f"| {run['load']:.1f} | {run['mode']} | {c['got'] / 1e6:.2f}M | {c['bound'] / 1e6:.2f}M | "

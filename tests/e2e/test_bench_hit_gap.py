@@ -93,7 +93,7 @@ def test_the_lru_model_tells_an_evicted_prefix_from_one_its_holder_still_held():
     assert [x["held"] for x in c["elsewhere"]] == ["none", "holder"]
     # Every request's modelled hit (none) matches what its engine said.
     assert (c["caches"].agree, c["caches"].total) == (5, 5)
-    why = gap.held_why(c, longer=[])
+    why = gap.held_why(c)
     assert "1 of the 2 had lost the prefix on every engine (1k tokens no router could hit), 1 were still on the " \
            "latest holder's engine" in why, why
     # Had request 4 stayed: 2k of the bound's 4k.
