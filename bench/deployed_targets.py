@@ -151,11 +151,13 @@ def hit_row(r: Run, mode: str = KVASIR) -> dict:
             "met": met, "why": why}
 
 
-def sticky_why(sticky: float | None, balanced: float) -> str:
+def sticky_why(sticky: float | None, balanced: float, best: float | None = None, how: str | None = None) -> str:
     """What a multi-turn run's perfect balance costs in reuse: the queue
     model with each request placed at arrival where its first token comes
     soonest, a turn that leaves its conversation's engine reusing only its
-    tenant's system prompt (`queue::sticky` in kvasir-bench)."""
+    tenant's system prompt (`queue::sticky` in kvasir-bench), and the best
+    of a grid of such oracle dispatchers (`dispatch::best`: `best` ms,
+    `how` in words)."""
     if sticky is None or not balanced:
         return ""
     x = sticky / balanced
@@ -165,6 +167,12 @@ def sticky_why(sticky: float | None, balanced: float) -> str:
            f"perfect balance")
     if x > BALANCE:
         out += ", itself above the target"
+    if best is not None and how:
+        y = best / balanced
+        out += (f"; the best of a grid of such oracle routers (placing at arrival or holding requests centrally, oldest or "
+                f"quickest first, a move priced at 0-2x the extra prefill it adds) is the one {how}: "
+                f"{ms(best)}, {y:.2f}x perfect balance")
+        out += ", above the target too" if y > BALANCE else ", within the target"
     return out
 
 
@@ -188,7 +196,9 @@ def balance_rows(r: Run, kvasir: str = KVASIR) -> list[dict]:
                    if own is not None else "")
             if own is not None and abs(own - m) > 0.25 * m:
                 why += f" (the model is {100 * abs(own - m) / m:.0f}% off the measured mean here, so only roughly)"
-            why += sticky_why(r.model(w, load, mode, "sticky", "mean"), b)
+            why += sticky_why(r.model(w, load, mode, "sticky", "mean"), b,
+                              r.model(w, load, mode, "dispatched", "mean"),
+                              r.unq.get((w, load, mode), {}).get("dispatched_how"))
         out.append({"target": target, "measured": f"{ms(m)} vs {ms(b)}: {x:.2f}x", "met": met, "why": why})
     return out
 

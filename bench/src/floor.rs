@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::bound::EngineModel;
+use crate::dispatch;
 use crate::queue::{self, Job};
 use crate::record::{Outcome, Record};
 use crate::stats::Dist;
@@ -54,6 +55,14 @@ pub struct Unqueued {
     /// tenant's system prompt ([`crate::queue::sticky`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sticky: Option<Dist>,
+    /// Multi-turn runs: the oracle dispatcher of [`crate::dispatch::grid`]
+    /// with the lowest mean, turns that leave their engine priced as in
+    /// `sticky` ([`crate::dispatch::best`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatched: Option<Dist>,
+    /// That dispatcher in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatched_how: Option<String>,
 }
 
 fn answered(r: &Record) -> bool {
@@ -150,17 +159,16 @@ fn system_prompts<'a>(records: &'a [Record], runs: &[&'a [Record]]) -> HashMap<&
     system
 }
 
-/// [`queue::sticky`] over the answered `records` of a chat run: a later
+/// The answered `records` of a chat run as multi-turn queue jobs: a later
 /// turn costs its own reuse on its conversation's engine and only its
 /// tenant's system prompt elsewhere.
-fn sticky(
+fn turn_jobs(
     records: &[Record],
     system: &HashMap<&str, u64>,
-    engines: usize,
     model: &EngineModel,
-) -> Vec<f64> {
+) -> Vec<queue::TurnJob<usize>> {
     let price = |r: &Record, c: u64| model.unqueued_ttft_ms(r.prompt_tokens as usize, c as usize);
-    let jobs: Vec<queue::TurnJob<usize>> = records
+    records
         .iter()
         .filter(|r| answered(r))
         .map(|r| {
@@ -174,8 +182,7 @@ fn sticky(
                 conversation: r.conversation,
             }
         })
-        .collect();
-    queue::sticky(&jobs, engines)
+        .collect()
 }
 
 /// The answered `records` as queue jobs (arrival at their send time), each
@@ -229,6 +236,8 @@ pub fn at_own_reuse(
         balanced: (!plain.is_empty()).then(|| Dist::of(queue::balanced(&plain, engines))),
         balanced_best,
         sticky: None,
+        dispatched: None,
+        dispatched_how: None,
     }
 }
 
@@ -251,11 +260,15 @@ pub fn chat(
         hit += c;
         all += r.prompt_tokens;
     }
-    let on_turns = sticky(records, &system, engines, model);
+    let turns = turn_jobs(records, &system, model);
+    let on_turns = queue::sticky(&turns, engines);
+    let dispatched = dispatch::best(&turns, engines);
     Unqueued {
         best: Some(dist_of(pairs(), model)),
         best_hit_rate: (all > 0).then(|| hit as f64 / all as f64),
         sticky: (!on_turns.is_empty()).then(|| Dist::of(on_turns)),
+        dispatched_how: dispatched.as_ref().map(|(d, _)| d.describe()),
+        dispatched: dispatched.map(|(_, t)| Dist::of(t)),
         ..at_own_reuse(
             ("chat", meta.0, meta.1),
             records,
@@ -377,13 +390,13 @@ mod tests {
         ];
         let system = system_prompts(&run, &[&run]);
         assert_eq!(system["t"], 2048);
-        let t = sticky(&run, &system, 2, &m);
+        let t = queue::sticky(&turn_jobs(&run, &system, &m), 2);
         assert!(
             (t[2] - m.unqueued_ttft_ms(7000, 6000)).abs() < 1e-9,
             "{t:?}"
         );
         // On one engine, conversation 1 waits behind conversation 0's turn.
-        let one = sticky(&run, &system, 1, &m);
+        let one = queue::sticky(&turn_jobs(&run, &system, &m), 1);
         assert!(
             (one[1] - 2.0 * m.unqueued_ttft_ms(3000, 2048)).abs() < 1e-9,
             "{one:?}"
@@ -391,5 +404,11 @@ mod tests {
         let u = chat(("kvasir", 1.0), &run, &[&run], 16, 2, &m);
         let mean = (2.0 * m.unqueued_ttft_ms(3000, 2048) + m.unqueued_ttft_ms(7000, 6000)) / 3.0;
         assert!((u.sticky.unwrap().mean - mean).abs() < 1e-9);
+        // Nothing queues on two engines, so no dispatcher does better.
+        assert!((u.dispatched.unwrap().mean - mean).abs() < 1e-9);
+        assert!(u
+            .dispatched_how
+            .unwrap()
+            .starts_with("placing each request at arrival"));
     }
 }

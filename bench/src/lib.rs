@@ -16,6 +16,7 @@ pub mod chat;
 pub mod client;
 pub mod cluster;
 pub mod compare;
+pub mod dispatch;
 pub mod floor;
 pub mod governance;
 pub mod governance_report;

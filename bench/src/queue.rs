@@ -20,6 +20,8 @@
 //!   found there: what a router that knew every queue exactly and chose at
 //!   arrival, selfishly, would get on a multi-turn workload. Perfect
 //!   balance keeps every turn's reuse wherever it goes; this does not.
+//!   [`crate::dispatch`] goes on from it: late binding, shortest first, a
+//!   move priced for the delay it passes on.
 //!
 //! A yardstick, not a floor: real engines batch concurrent prefills into one
 //! step (sharing its fixed cost), which no FCFS queue does, and interleave
@@ -39,7 +41,7 @@ pub struct Job {
 }
 
 /// Time order of `jobs` (stable for equal arrivals).
-fn by_arrival<T>(jobs: &[T], arrival: impl Fn(&T) -> f64) -> Vec<usize> {
+pub(crate) fn by_arrival<T>(jobs: &[T], arrival: impl Fn(&T) -> f64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by(|&a, &b| arrival(&jobs[a]).total_cmp(&arrival(&jobs[b])));
     order
@@ -116,22 +118,43 @@ pub struct TurnJob<K> {
 /// `moved_service_ms` elsewhere, and its conversation then lives where it
 /// went. Ties go to the conversation's engine, then the lowest index.
 pub fn sticky<K: std::hash::Hash + Eq + Copy>(jobs: &[TurnJob<K>], engines: usize) -> Vec<f64> {
+    sticky_priced(jobs, engines, 0.0)
+}
+
+/// [`sticky`] with a move chosen as if it finished later by
+/// `move_penalty` times the extra prefill it adds (the delay it passes to
+/// whoever queues behind it); it still finishes when it does.
+pub fn sticky_priced<K: std::hash::Hash + Eq + Copy>(
+    jobs: &[TurnJob<K>],
+    engines: usize,
+    move_penalty: f64,
+) -> Vec<f64> {
     let mut free = vec![f64::NEG_INFINITY; engines.max(1)];
     let mut home: HashMap<K, usize> = HashMap::new();
     let mut ttft = vec![0.0; jobs.len()];
     for i in by_arrival(jobs, |t| t.job.arrival_ms) {
         let t = &jobs[i];
         let h = t.conversation.and_then(|c| home.get(&c).copied());
+        let moved = |e: usize| matches!(h, Some(h) if h != e);
         let done_on = |e: usize| {
-            let service = match h {
-                Some(h) if h != e => t.moved_service_ms,
-                _ => t.job.service_ms,
+            let service = if moved(e) {
+                t.moved_service_ms
+            } else {
+                t.job.service_ms
             };
             free[e].max(t.job.arrival_ms) + service
         };
+        let priced = |e: usize| {
+            let extra = if moved(e) {
+                t.moved_service_ms - t.job.service_ms
+            } else {
+                0.0
+            };
+            done_on(e) + move_penalty * extra
+        };
         let mut best = h.unwrap_or(0);
         for e in 0..free.len() {
-            if done_on(e) < done_on(best) {
+            if priced(e) < priced(best) {
                 best = e;
             }
         }

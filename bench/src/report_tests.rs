@@ -131,6 +131,8 @@ fn a_p90_miss_at_equal_hit_rates_says_the_index_made_no_difference() {
         balanced: None,
         balanced_best: None,
         sticky: None,
+        dispatched: None,
+        dispatched_how: None,
     };
     let inp = Inputs {
         unqueued: vec![own(150.0, KVASIR), own(149.0, APPROX)],
@@ -217,6 +219,8 @@ fn chat_ttft_misses_are_set_against_the_best_reuse_floor() {
             balanced: None,
             balanced_best: None,
             sticky: None,
+            dispatched: None,
+            dispatched_how: None,
         }],
         ..Default::default()
     };
@@ -403,6 +407,8 @@ fn a_mean_ttft_miss_is_split_by_the_queue_model_when_it_fits() {
             balanced: Some(mean(balanced)),
             balanced_best: Some(mean(best)),
             sticky: None,
+            dispatched: None,
+            dispatched_how: None,
         }],
         ..Default::default()
     };

@@ -164,3 +164,21 @@ def test_a_chat_miss_says_what_choosing_at_arrival_gets_when_a_moved_turn_loses_
     chat = rows_by_target(d)["chat @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]
     assert chat["met"] is False
     assert "gets 150 ms in the same model, 1.50x perfect balance, itself above the target" in chat["why"], chat["why"]
+    # Without the oracle grid's figure (results older than it) nothing more is said.
+    assert "oracle routers" not in chat["why"]
+
+
+def test_a_chat_miss_names_the_best_oracle_router_and_whether_it_meets_the_target(tmp_path):
+    d = folder(tmp_path, kvasir_hit=0.12)
+    s = json.loads((d / "summary.json").read_text())
+    s["unqueued"][2]["sticky"] = dist(120, 400, 150)
+    s["unqueued"][2]["dispatched"] = dist(110, 300, 132)
+    s["unqueued"][2]["dispatched_how"] = "holding requests in one central queue, quickest first"
+    (d / "summary.json").write_text(json.dumps(s))
+    chat = rows_by_target(d)["chat @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]
+    assert ("is the one holding requests in one central queue, quickest first: 132 ms, 1.32x perfect balance, "
+            "above the target too") in chat["why"], chat["why"]
+    s["unqueued"][2]["dispatched"] = dist(100, 300, 125)
+    (d / "summary.json").write_text(json.dumps(s))
+    chat = rows_by_target(d)["chat @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]
+    assert "125 ms, 1.25x perfect balance, within the target" in chat["why"], chat["why"]
