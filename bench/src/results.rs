@@ -47,11 +47,9 @@ pub fn read_runs(dir: &Path) -> anyhow::Result<Vec<(RunMeta, Vec<Record>)>> {
     let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n != "bound.json" && n != "summary.json")
-        })
+        // A run is a JSON beside its CSV: the folder also holds the bound,
+        // the summary and deployed_targets.py's targets, which are not runs.
+        .filter(|p| p.extension().is_some_and(|e| e == "json") && p.with_extension("csv").is_file())
         .collect();
     names.sort();
     for p in names {
@@ -298,8 +296,12 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap())
                 .unwrap();
         assert_eq!(summary["runs"].as_array().map(Vec::len), Some(2));
-        // The report's own outputs are not runs.
+        // The report's own outputs are not runs, nor is what
+        // deployed_targets.py writes beside them (a report is rewritten
+        // after it).
+        std::fs::write(dir.join("targets-deployed.json"), r#"{"rows": []}"#).unwrap();
         assert_eq!(read_runs(&dir).unwrap().len(), 2);
+        write_report(&dir, "kvasir-bench report --dir D", None, 16).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
