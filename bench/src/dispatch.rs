@@ -103,7 +103,8 @@ pub fn best<K: Hash + Eq + Copy>(
 /// takes, of the requests it may take, the oldest or the quickest on it.
 /// A request may go to any engine unless its conversation lives on another
 /// one that would, with `move_penalty` applied, still give it its first
-/// token sooner. No engine idles while a request it may take waits.
+/// token sooner. No engine idles while a request it may take waits; of
+/// several idle engines, the one idle longest chooses first.
 fn held<K: Hash + Eq + Copy>(jobs: &[TurnJob<K>], engines: usize, d: Dispatch) -> Vec<f64> {
     let order = queue::by_arrival(jobs, |t| t.job.arrival_ms);
     let mut free = vec![f64::NEG_INFINITY; engines.max(1)];
@@ -117,10 +118,11 @@ fn held<K: Hash + Eq + Copy>(jobs: &[TurnJob<K>], engines: usize, d: Dispatch) -
             next += 1;
         }
         let mut started = false;
-        for e in 0..free.len() {
-            if free[e] > now {
-                continue;
-            }
+        // The engine idle longest chooses first, so new conversations
+        // spread over the idle engines instead of filling the first.
+        let mut idle: Vec<usize> = (0..free.len()).filter(|&e| free[e] <= now).collect();
+        idle.sort_by(|&a, &b| free[a].total_cmp(&free[b]).then(a.cmp(&b)));
+        for e in idle {
             let Some(w) = pick(jobs, &waiting, e, now, &free, &home, d) else {
                 continue;
             };
@@ -272,6 +274,20 @@ mod tests {
             ..FCFS
         };
         assert_eq!(run(&jobs, 2, priced), vec![100.0, 20.0, 95.0]);
+    }
+
+    #[test]
+    fn the_engine_idle_longest_takes_a_new_conversation() {
+        let jobs = [
+            turn(0.0, 100.0, 100.0, Some(1)),
+            turn(0.0, 10.0, 10.0, Some(2)),
+            // Engine 1 has been idle since 10, engine 0 since 100: this
+            // long new conversation goes to engine 1 ...
+            turn(200.0, 1000.0, 1000.0, Some(3)),
+            // ... so conversation 1's turn finds its engine free.
+            turn(201.0, 10.0, 500.0, Some(1)),
+        ];
+        assert_eq!(run(&jobs, 2, FCFS), vec![100.0, 10.0, 1000.0, 10.0]);
     }
 
     #[test]
