@@ -9,9 +9,10 @@
 //! engine a request only when it frees (late binding), taking the shortest
 //! first; and they can price a move above its own prefill, since the
 //! extra prefill a move adds delays whoever queues behind it. [`best`]
-//! tries a small grid of both and keeps the lowest mean: how close to
-//! perfect balance any router that must keep conversations' caches gets on
-//! the same arrivals, by the same model.
+//! tries a small grid of both and keeps the lowest mean: a yardstick of how
+//! close to perfect balance a router that must keep conversations' caches
+//! can get on the same arrivals, by the same model (the best of these, not
+//! a bound over every router).
 
 use std::collections::HashMap;
 use std::hash::Hash;
