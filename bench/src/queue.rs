@@ -20,7 +20,7 @@
 //!   found there: what a router that knew every queue exactly and chose at
 //!   arrival, selfishly, would get on a multi-turn workload. Perfect
 //!   balance keeps every turn's reuse wherever it goes; this does not.
-//!   [`crate::dispatch`] goes on from it: late binding, shortest first, a
+//!   [`crate::dispatch`] goes on from it: late binding, quickest first, a
 //!   move priced for the delay it passes on.
 //!
 //! A yardstick, not a floor: real engines batch concurrent prefills into one
