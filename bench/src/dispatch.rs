@@ -129,7 +129,7 @@ fn held<K: Hash + Eq + Copy>(jobs: &[TurnJob<K>], engines: usize, d: Dispatch) -
             };
             let i = waiting.remove(w);
             let t = &jobs[i];
-            let done = now + service_on(t, e, &home);
+            let done = now + t.service_on(t.home(&home), e);
             free[e] = done;
             if let Some(c) = t.conversation {
                 home.insert(c, e);
@@ -157,17 +157,6 @@ fn held<K: Hash + Eq + Copy>(jobs: &[TurnJob<K>], engines: usize, d: Dispatch) -
     ttft
 }
 
-fn home_of<K: Hash + Eq + Copy>(t: &TurnJob<K>, home: &HashMap<K, usize>) -> Option<usize> {
-    t.conversation.and_then(|c| home.get(&c).copied())
-}
-
-fn service_on<K: Hash + Eq + Copy>(t: &TurnJob<K>, e: usize, home: &HashMap<K, usize>) -> f64 {
-    match home_of(t, home) {
-        Some(h) if h != e => t.moved_service_ms,
-        _ => t.job.service_ms,
-    }
-}
-
 /// Which of `waiting` idle engine `e` takes at `now`, as an index into it.
 fn pick<K: Hash + Eq + Copy>(
     jobs: &[TurnJob<K>],
@@ -178,16 +167,16 @@ fn pick<K: Hash + Eq + Copy>(
     home: &HashMap<K, usize>,
     d: Dispatch,
 ) -> Option<usize> {
-    let may = |t: &TurnJob<K>| match home_of(t, home) {
+    let may = |t: &TurnJob<K>| match t.home(home) {
         Some(h) if h != e => {
-            let extra = t.moved_service_ms - t.job.service_ms;
-            free[h].max(now) + t.job.service_ms > now + t.moved_service_ms + d.move_penalty * extra
+            let moved = now + t.service_on(Some(h), e) + d.move_penalty * t.extra_on(Some(h), e);
+            free[h].max(now) + t.job.service_ms > moved
         }
         _ => true,
     };
     let key = |t: &TurnJob<K>| {
         let first = if d.shortest_first {
-            service_on(t, e, home)
+            t.service_on(t.home(home), e)
         } else {
             0.0
         };
@@ -207,18 +196,7 @@ fn pick<K: Hash + Eq + Copy>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::Job;
-
-    fn turn(arrival_ms: f64, here: f64, moved: f64, conversation: Option<u32>) -> TurnJob<u32> {
-        TurnJob {
-            job: Job {
-                arrival_ms,
-                service_ms: here,
-            },
-            moved_service_ms: moved,
-            conversation,
-        }
-    }
+    use crate::queue::tests::turn;
 
     const FCFS: Dispatch = Dispatch {
         central: true,

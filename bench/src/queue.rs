@@ -111,6 +111,27 @@ pub struct TurnJob<K> {
     pub conversation: Option<K>,
 }
 
+impl<K: std::hash::Hash + Eq + Copy> TurnJob<K> {
+    /// The engine its conversation was last served on, by `homes`.
+    pub fn home(&self, homes: &HashMap<K, usize>) -> Option<usize> {
+        self.conversation.and_then(|c| homes.get(&c).copied())
+    }
+
+    /// Its prefill time on engine `e` when its conversation lives on
+    /// `home`: its own there (or anywhere, with no home), moved elsewhere.
+    pub fn service_on(&self, home: Option<usize>, e: usize) -> f64 {
+        match home {
+            Some(h) if h != e => self.moved_service_ms,
+            _ => self.job.service_ms,
+        }
+    }
+
+    /// The prefill a move to `e` adds over staying home (0 when it stays).
+    pub fn extra_on(&self, home: Option<usize>, e: usize) -> f64 {
+        self.service_on(home, e) - self.job.service_ms
+    }
+}
+
 /// TTFT of each of `jobs` (in their order) when each goes, in arrival
 /// order, to the engine of `engines` where it would get its first token
 /// soonest, each engine an FCFS queue: a request whose conversation was
@@ -134,24 +155,9 @@ pub fn sticky_priced<K: std::hash::Hash + Eq + Copy>(
     let mut ttft = vec![0.0; jobs.len()];
     for i in by_arrival(jobs, |t| t.job.arrival_ms) {
         let t = &jobs[i];
-        let h = t.conversation.and_then(|c| home.get(&c).copied());
-        let moved = |e: usize| matches!(h, Some(h) if h != e);
-        let done_on = |e: usize| {
-            let service = if moved(e) {
-                t.moved_service_ms
-            } else {
-                t.job.service_ms
-            };
-            free[e].max(t.job.arrival_ms) + service
-        };
-        let priced = |e: usize| {
-            let extra = if moved(e) {
-                t.moved_service_ms - t.job.service_ms
-            } else {
-                0.0
-            };
-            done_on(e) + move_penalty * extra
-        };
+        let h = t.home(&home);
+        let done_on = |e: usize| free[e].max(t.job.arrival_ms) + t.service_on(h, e);
+        let priced = |e: usize| done_on(e) + move_penalty * t.extra_on(h, e);
         let mut best = h.unwrap_or(0);
         for e in 0..free.len() {
             if priced(e) < priced(best) {
@@ -169,7 +175,7 @@ pub fn sticky_priced<K: std::hash::Hash + Eq + Copy>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn job(arrival_ms: f64, service_ms: f64) -> Job {
@@ -222,7 +228,13 @@ mod tests {
         assert!(spare.iter().zip(&plain).all(|(t, j)| *t == j.service_ms));
     }
 
-    fn turn(arrival_ms: f64, here: f64, moved: f64, conversation: Option<u32>) -> TurnJob<u32> {
+    /// A multi-turn job for tests (here: on its conversation's engine).
+    pub(crate) fn turn(
+        arrival_ms: f64,
+        here: f64,
+        moved: f64,
+        conversation: Option<u32>,
+    ) -> TurnJob<u32> {
         TurnJob {
             job: job(arrival_ms, here),
             moved_service_ms: moved,
