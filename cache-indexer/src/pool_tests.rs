@@ -450,3 +450,59 @@ async fn the_placement_term_is_in_the_score_breakdown() {
     assert_ne!(second.endpoints[0].address, taken, "{second:?}");
     assert_eq!(placement(&second.endpoints[0].address), 0.0);
 }
+
+/// `hotPrefixStarts` with `hotQueuedPrefill`: once enough conversations
+/// started with a shared prefix, a new one weighs the queue on the
+/// prefix's holder at full weight and goes to an idle endpoint; before
+/// that (or with the knob off) it waits behind the holder's queue, where
+/// the prefix saves it the most prefill.
+#[tokio::test]
+async fn a_hot_shared_prefix_weighs_the_holders_queue_in_full() {
+    // Three starts, decayed by the few ms between them: just under 3.
+    for hot in [0.0, 2.5] {
+        let w = Weights {
+            queued_prefill: 0.15,
+            placement: 0.0,
+            hot_prefix_starts: hot,
+            hot_queued_prefill: Some(1.0),
+            ..Weights::default()
+        };
+        let pool = Pool::new(
+            "p",
+            "m",
+            4,
+            RequestTokenizer::Approx,
+            LoadTracker::new(LoadConfig::default()),
+            w,
+        )
+        .with_index(IndexSource::Events, DEFAULT_PICK_HISTORY_BLOCKS);
+        pool.set_idle_loopback_endpoints(2);
+        // A 2,000-token system prompt on 8001; each conversation adds
+        // 3,000 tokens of its own, none reported done (queued there).
+        store(&pool, "127.0.0.1:8001", &prompt(2000, 0, 0));
+        for n in 1..=3 {
+            let r = pool
+                .pick(ids_req(&format!("c{n}"), prompt(2000, 3000, n)))
+                .await
+                .unwrap();
+            assert_eq!(r.endpoints[0].address, "127.0.0.1:8001", "{hot}: {r:?}");
+        }
+        let fourth = pool
+            .pick(ids_req("c4", prompt(2000, 3000, 4)))
+            .await
+            .unwrap();
+        let holder = fourth
+            .endpoints
+            .iter()
+            .find(|e| e.address == "127.0.0.1:8001")
+            .and_then(|e| e.score.as_ref())
+            .expect("holder ranked");
+        if hot > 0.0 {
+            assert_eq!(fourth.endpoints[0].address, "127.0.0.1:8000", "{fourth:?}");
+            assert!(holder.prefill > 9_000.0 + 3_000.0, "{holder:?}");
+        } else {
+            assert_eq!(fourth.endpoints[0].address, "127.0.0.1:8001", "{fourth:?}");
+            assert!(holder.prefill < 3_000.0 + 0.2 * 9_900.0, "{holder:?}");
+        }
+    }
+}

@@ -24,6 +24,7 @@ impl Pool {
             ranking,
             prompt_tokens,
             starts_conversation,
+            ..
         } = ranked;
         tracing::debug!(
             pool = %self.name,
