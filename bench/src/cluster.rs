@@ -443,15 +443,6 @@ impl Cluster {
                 }
             })
             .collect();
-        // The deepest prefix any engine holds, in trace ids: a start's
-        // shared prefix, counted for `hotPrefixStarts`.
-        let shared_ids = candidates
-            .iter()
-            .map(|c| c.matched_blocks as usize * block / self.trace_block.max(1))
-            .max()
-            .unwrap_or(0)
-            .min(chain.len());
-        let hot_ids = placements.hot_blocks(chain, shared_ids, w.hot_prefix_starts, t);
         let req = Request {
             prompt_tokens: u32::try_from(r.input_length).unwrap_or(u32::MAX),
             block_size: u32::try_from(block).unwrap_or(u32::MAX),
@@ -459,8 +450,6 @@ impl Cluster {
             max_endpoints: 1,
             indexed: true,
             starts_conversation: starts,
-            hot_prefix_blocks: u32::try_from(hot_ids * self.trace_block / block)
-                .unwrap_or(u32::MAX),
         };
         let ranking = kvasir_scoring::rank(&req, &candidates, w);
         let (pick, work) = ranking
@@ -468,9 +457,6 @@ impl Cluster {
             .first()
             .map_or((0, 0), |f| (f.candidate, f.cost.prefill_work));
         placements.record(pick, chain, starts, t);
-        if starts {
-            placements.count_start_prefix(chain, shared_ids, t);
-        }
         engines[pick].history[replica].touch_chain(chain);
         (pick, work, ranking.decision)
     }

@@ -209,17 +209,6 @@ pub struct Weights {
     /// [`Candidate::recent_placements`]).
     #[serde(alias = "placement_half_life_ms")]
     pub placement_half_life_ms: f64,
-    /// Recent conversation starts (decaying with `placementHalfLifeMs`)
-    /// with the same shared prefix at which a request that starts a
-    /// conversation ranks every endpoint as if it held that prefix
-    /// ([`Request::hot_prefix_blocks`]); 0 turns it off.
-    #[serde(alias = "hot_prefix_starts")]
-    pub hot_prefix_starts: f64,
-    /// With `hotPrefixStarts`: a start with a hot shared prefix weighs
-    /// earlier picks' queued prefill by this instead of ranking every
-    /// endpoint as if it held the prefix.
-    #[serde(alias = "hot_queued_prefill")]
-    pub hot_queued_prefill: Option<f64>,
 }
 
 impl Default for Weights {
@@ -236,8 +225,6 @@ impl Default for Weights {
             max_queue_skew: None,
             placement: 2048.0,
             placement_half_life_ms: 60_000.0,
-            hot_prefix_starts: 0.0,
-            hot_queued_prefill: None,
         }
     }
 }
@@ -255,7 +242,6 @@ impl Weights {
             ("saturatedLoad", self.saturated_load),
             ("maxQueueSkew", self.max_queue_skew.unwrap_or(0.0)),
             ("placement", self.placement),
-            ("hotPrefixStarts", self.hot_prefix_starts),
         ] {
             if !v.is_finite() || v < 0.0 {
                 return Err((name, format!("must be a finite number >= 0, got {v}")));
@@ -324,12 +310,6 @@ pub struct Request {
     /// ([`placements::Placements::starts_conversation`]): only such a
     /// request pays the `placement` term. False when unknown.
     pub starts_conversation: bool,
-    /// Leading prompt blocks of a hot shared prefix
-    /// ([`placements::Placements::hot_blocks`]): a request that starts a
-    /// conversation is ranked as if every endpoint held them (its
-    /// [`Cost::prefill_work`], what the pick adds to the endpoint's queue,
-    /// stays what the endpoint really holds). 0 when none.
-    pub hot_prefix_blocks: u32,
 }
 
 /// An endpoint's cost, by term.
@@ -469,20 +449,7 @@ pub fn cost(req: &Request, c: &Candidate<'_>, w: &Weights) -> (Cost, u32) {
         0.0
     };
     let work = prefill_work(req.prompt_tokens, cached, w.attention);
-    let hot = req.starts_conversation && req.indexed && req.hot_prefix_blocks > 0;
-    let (ranked_work, queued_weight) = match w.hot_queued_prefill {
-        Some(q) if hot => (work, q),
-        None if hot && req.hot_prefix_blocks > matched => {
-            let held =
-                predicted_cached_tokens(req.prompt_tokens, req.hot_prefix_blocks, req.block_size);
-            (
-                prefill_work(req.prompt_tokens, held, w.attention),
-                w.queued_prefill,
-            )
-        }
-        _ => (work, w.queued_prefill),
-    };
-    let prefill = w.prefill * (ranked_work + queued_weight * c.queued_prefill_tokens as f64);
+    let prefill = w.prefill * (work + w.queued_prefill * c.queued_prefill_tokens as f64);
     let decode = w.decode * f64::from(active);
     let queue = w.queue * f64::from(c.waiting);
     (

@@ -21,19 +21,10 @@
 //!   history is cached there), so this is the load an endpoint has
 //!   committed to beyond what is running on it now.
 //!
-//! * **How many conversations started with a shared prefix recently.** A
-//!   decaying count per shared prefix (the chain hash of the deepest
-//!   prefix any endpoint held for the start, e.g. a tenant's system
-//!   prompt), for `hotPrefixStarts` ([`crate::Weights::hot_prefix_starts`]):
-//!   a prefix many conversations start with is worth holding on more
-//!   endpoints, since each copy costs one prefill and then serves the
-//!   starts that follow.
-//!
-//! All are bounded: ends and shared prefixes in first-in first-out order
-//! up to a capacity (a conversation idle longer than the capacity's worth
-//! of picks starts over, which costs it at most the `placement` term; a
-//! shared prefix counts from zero again), counts one per endpoint until
-//! [`Placements::forget`].
+//! Both are bounded: ends in first-in first-out order up to a capacity
+//! (a conversation idle longer than the capacity's worth of picks starts
+//! over, which costs it at most the `placement` term), counts one per
+//! endpoint until [`Placements::forget`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
@@ -51,11 +42,6 @@ pub struct Placements<K> {
     /// `ends` in insertion order, for first-in first-out eviction.
     order: VecDeque<u64>,
     max_ends: usize,
-    /// Per shared prefix (chain hash of its last block): the count of
-    /// conversations started with it, as of the time given, in ms.
-    shared: HashMap<u64, (f64, f64)>,
-    /// `shared`'s keys in insertion order, for first-in first-out eviction.
-    shared_order: VecDeque<u64>,
 }
 
 impl<K: Eq + Hash + Copy> Placements<K> {
@@ -69,8 +55,6 @@ impl<K: Eq + Hash + Copy> Placements<K> {
             ends: HashSet::new(),
             order: VecDeque::new(),
             max_ends: max_ends.max(1),
-            shared: HashMap::new(),
-            shared_order: VecDeque::new(),
         }
     }
 
@@ -136,61 +120,6 @@ impl<K: Eq + Hash + Copy> Placements<K> {
                 }
             }
         }
-    }
-
-    /// Counts a conversation started at `now_ms` with the shared prefix
-    /// whose last block's chain hash is `prefix_end`.
-    pub fn count_shared_start(&mut self, prefix_end: u64, now_ms: f64) {
-        let n = self.shared_starts(prefix_end, now_ms) + 1.0;
-        if self.shared.insert(prefix_end, (n, now_ms)).is_none() {
-            self.shared_order.push_back(prefix_end);
-        }
-        while self.shared_order.len() > self.max_ends {
-            if let Some(old) = self.shared_order.pop_front() {
-                self.shared.remove(&old);
-            }
-        }
-    }
-
-    /// Conversations started with the shared prefix ending in
-    /// `prefix_end`, decayed to `now_ms`.
-    pub fn shared_starts(&self, prefix_end: u64, now_ms: f64) -> f64 {
-        self.shared
-            .get(&prefix_end)
-            .map_or(0.0, |&(n, at)| n * self.decay(now_ms - at))
-    }
-
-    /// The leading blocks of a starting prompt that count as held on
-    /// every endpoint: `shared_blocks` (the deepest prefix any endpoint
-    /// holds) when at least `min_starts` recent conversations started with
-    /// that prefix, else 0. Off (0) when `min_starts` is not a count > 0.
-    pub fn hot_blocks(
-        &self,
-        chain: &[u64],
-        shared_blocks: usize,
-        min_starts: f64,
-        now_ms: f64,
-    ) -> usize {
-        if !(min_starts.is_finite() && min_starts > 0.0) || shared_blocks == 0 {
-            return 0;
-        }
-        match chain.get(shared_blocks - 1) {
-            Some(&end) if self.shared_starts(end, now_ms) >= min_starts => shared_blocks,
-            _ => 0,
-        }
-    }
-
-    /// Counts a start whose deepest held prefix was `shared_blocks` of
-    /// `chain` (nothing when 0, or beyond the chain).
-    pub fn count_start_prefix(&mut self, chain: &[u64], shared_blocks: usize, now_ms: f64) {
-        if let Some(&end) = shared_blocks.checked_sub(1).and_then(|i| chain.get(i)) {
-            self.count_shared_start(end, now_ms);
-        }
-    }
-
-    /// Shared prefixes counted.
-    pub fn shared_prefixes(&self) -> usize {
-        self.shared.len()
     }
 
     /// Forgets an endpoint's count (it left the pool, or came back with an
@@ -271,36 +200,6 @@ mod tests {
         // A start dated later than now (clocks disagree) counts whole.
         p.place_at(2, 5000.0, 1000.0);
         assert_eq!(p.recent(2, 1000.0), 1.0);
-    }
-
-    #[test]
-    fn a_prefix_many_conversations_start_with_is_hot() {
-        let mut p = Placements::<u8>::new(1000.0, 4);
-        // Three starts with the system prompt [1, 2] (held 2 blocks deep).
-        for i in 0..3 {
-            p.count_start_prefix(&[1, 2, 10 + i], 2, 0.0);
-        }
-        assert_eq!(p.shared_starts(2, 0.0), 3.0);
-        assert_eq!(p.hot_blocks(&[1, 2, 20], 2, 3.0, 0.0), 2);
-        assert_eq!(p.hot_blocks(&[1, 2, 20], 2, 4.0, 0.0), 0);
-        // A prefix matched to another depth is another prefix.
-        assert_eq!(p.hot_blocks(&[1, 2, 20], 1, 1.0, 0.0), 0);
-        // Counts decay: a half-life later, 1.5 left.
-        assert_eq!(p.hot_blocks(&[1, 2, 20], 2, 2.0, 1000.0), 0);
-        assert!((p.shared_starts(2, 1000.0) - 1.5).abs() < 1e-12);
-        // Off, nothing shared, or beyond the chain: none.
-        assert_eq!(p.hot_blocks(&[1, 2, 20], 2, 0.0, 0.0), 0);
-        assert_eq!(p.hot_blocks(&[1, 2, 20], 0, 1.0, 0.0), 0);
-        assert_eq!(p.hot_blocks(&[1], 2, 1.0, 0.0), 0);
-        p.count_start_prefix(&[1], 0, 0.0);
-        p.count_start_prefix(&[1], 5, 0.0);
-        assert_eq!(p.shared_prefixes(), 1);
-        // Bounded, oldest first.
-        for end in 100..104 {
-            p.count_shared_start(end, 0.0);
-        }
-        assert_eq!(p.shared_prefixes(), 4);
-        assert_eq!(p.shared_starts(2, 0.0), 0.0);
     }
 
     #[test]

@@ -31,7 +31,6 @@ fn starting(prompt_tokens: u32, seed: u64) -> Request {
         max_endpoints: 0,
         indexed: true,
         starts_conversation: true,
-        hot_prefix_blocks: 0,
     }
 }
 
@@ -217,7 +216,6 @@ impl Demo {
         let starts = self.placements.starts_conversation(&ch);
         let req = Request {
             starts_conversation: starts,
-            hot_prefix_blocks: 0,
             ..starting(
                 u32::try_from(prompt.len()).expect("small"),
                 seed_of(&format!("conv-{conv}-turn-{turn}"), &[]),

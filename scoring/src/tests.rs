@@ -25,7 +25,6 @@ fn req(prompt_tokens: u32, seed: u64) -> Request {
         max_endpoints: 0,
         indexed: true,
         starts_conversation: false,
-        hot_prefix_blocks: 0,
     }
 }
 

@@ -166,36 +166,6 @@ impl Placed {
         }
     }
 
-    /// The leading blocks of a starting prompt with this chain that rank as
-    /// held everywhere: `shared_blocks` (the deepest prefix an endpoint
-    /// holds) when at least `min_starts` conversations this replica placed
-    /// lately started with it ([`Placements::hot_blocks`]), else 0.
-    pub(crate) fn hot_blocks(
-        &self,
-        chain: &[u64],
-        shared_blocks: usize,
-        min_starts: f64,
-        at: Instant,
-    ) -> usize {
-        let now = self.ms(at);
-        self.inner
-            .lock()
-            .placements
-            .hot_blocks(chain, shared_blocks, min_starts, now)
-    }
-
-    /// Counts a conversation started with the first `shared_blocks` of
-    /// `chain` as its shared prefix (this replica's starts only: the
-    /// replicas do not share these counts, each sees its share of the
-    /// starts).
-    pub(crate) fn count_start_prefix(&self, chain: &[u64], shared_blocks: usize, at: Instant) {
-        let now = self.ms(at);
-        self.inner
-            .lock()
-            .placements
-            .count_start_prefix(chain, shared_blocks, now);
-    }
-
     /// Remembers the end of a picked prompt's whole block chain.
     pub(crate) fn remember_end(&self, whole_chain: &[u64]) {
         self.inner.lock().remember_end(whole_chain);

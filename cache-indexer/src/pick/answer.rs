@@ -24,7 +24,6 @@ impl Pool {
             ranking,
             prompt_tokens,
             starts_conversation,
-            ..
         } = ranked;
         tracing::debug!(
             pool = %self.name,

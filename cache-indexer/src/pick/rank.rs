@@ -23,9 +23,6 @@ pub(crate) struct Ranked {
     /// Whether the prompt extends no earlier pick's prompt (see
     /// `scoring::placements`); false when it was not looked up.
     pub(crate) starts_conversation: bool,
-    /// The deepest prefix of the prompt any endpoint holds, in blocks: a
-    /// start's shared prefix (`hotPrefixStarts`).
-    pub(crate) shared_blocks: usize,
 }
 
 impl Pool {
@@ -66,20 +63,6 @@ impl Pool {
                 }
             })
             .collect();
-        let shared_blocks = candidates
-            .iter()
-            .map(|c| c.matched_blocks as usize)
-            .max()
-            .unwrap_or(0);
-        let hot_blocks = match chain {
-            Some(c) if starts_conversation => self.placements.hot_blocks(
-                c,
-                shared_blocks,
-                self.weights.hot_prefix_starts,
-                call.started,
-            ),
-            _ => 0,
-        };
         let request = scoring::Request {
             prompt_tokens,
             block_size: self.block_size,
@@ -87,7 +70,6 @@ impl Pool {
             max_endpoints: call.max_endpoints as usize,
             indexed: matched.indexed,
             starts_conversation,
-            hot_prefix_blocks: u32::try_from(hot_blocks).unwrap_or(u32::MAX),
         };
         let ranking = scoring::rank(&request, &candidates, &self.weights);
         Ranked {
@@ -96,7 +78,6 @@ impl Pool {
             ranking,
             prompt_tokens,
             starts_conversation,
-            shared_blocks,
         }
     }
 }

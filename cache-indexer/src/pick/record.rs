@@ -47,10 +47,6 @@ impl Pool {
             .filter(|_| matched.indexed && !tokens.complete_later);
         self.placements
             .record(e.id, ranked.starts_conversation, whole, call.started);
-        if let (true, Some(c)) = (ranked.starts_conversation, &matched.chain) {
-            self.placements
-                .count_start_prefix(c, ranked.shared_blocks, call.started);
-        }
         // A stopped tokenization left the pick's chain short: finish it
         // off the pick's path, so that requests sharing this prompt's
         // fresh part while it is in prefill see it there.
