@@ -163,7 +163,8 @@ def sticky_why(sticky: float | None, balanced: float, best: float | None = None,
     x = sticky / balanced
     out = (f"; perfect balance keeps every turn's reuse wherever it goes: a router that knew every queue exactly "
            f"and placed each request at arrival where its first token came soonest, a turn that leaves its "
-           f"conversation's engine reusing only its system prompt, gets {ms(sticky)} in the same model, {x:.2f}x "
+           f"conversation's engine reusing only its system prompt, and that only on an engine that served its "
+           f"tenant before, gets {ms(sticky)} in the same model, {x:.2f}x "
            f"perfect balance")
     if x > BALANCE:
         out += ", itself above the target"

@@ -1,7 +1,8 @@
 //! Oracle dispatchers for multi-turn workloads: routers that know every
 //! engine's queue exactly, replayed over a run's arrivals in the FCFS
 //! prefill queues of [`crate::queue`], a later turn that leaves its
-//! conversation's engine reusing only its tenant's system prompt.
+//! conversation's engine reusing only its tenant's system prompt, and that
+//! only on an engine that served the tenant before ([`queue::Held`]).
 //!
 //! [`crate::queue::sticky`] places each request at arrival where its first
 //! token comes soonest. The dispatchers here go further in two ways a real
@@ -17,7 +18,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use crate::queue::{self, TurnJob};
+use crate::queue::{self, Held, TurnJob};
 
 /// How a dispatcher holds and places requests.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -109,6 +110,7 @@ pub fn best<K: Hash + Eq + Copy>(
 fn held<K: Hash + Eq + Copy>(jobs: &[TurnJob<K>], engines: usize, d: Dispatch) -> Vec<f64> {
     let order = queue::by_arrival(jobs, |t| t.job.arrival_ms);
     let mut free = vec![f64::NEG_INFINITY; engines.max(1)];
+    let mut held = Held::new(free.len());
     let mut home: HashMap<K, usize> = HashMap::new();
     let mut waiting: Vec<usize> = Vec::new();
     let mut ttft = vec![0.0; jobs.len()];
@@ -124,13 +126,14 @@ fn held<K: Hash + Eq + Copy>(jobs: &[TurnJob<K>], engines: usize, d: Dispatch) -
         let mut idle: Vec<usize> = (0..free.len()).filter(|&e| free[e] <= now).collect();
         idle.sort_by(|&a, &b| free[a].total_cmp(&free[b]).then(a.cmp(&b)));
         for e in idle {
-            let Some(w) = pick(jobs, &waiting, e, now, &free, &home, d) else {
+            let Some(w) = pick(jobs, &waiting, e, now, (&free, &held), &home, d) else {
                 continue;
             };
             let i = waiting.remove(w);
             let t = &jobs[i];
-            let done = now + t.service_on(t.home(&home), e);
+            let done = now + t.service_on(t.home(&home), e, &held);
             free[e] = done;
+            held.serve(e, t);
             if let Some(c) = t.conversation {
                 home.insert(c, e);
             }
@@ -157,26 +160,27 @@ fn held<K: Hash + Eq + Copy>(jobs: &[TurnJob<K>], engines: usize, d: Dispatch) -
     ttft
 }
 
-/// Which of `waiting` idle engine `e` takes at `now`, as an index into it.
+/// Which of `waiting` idle engine `e` takes at `now`, given when each
+/// engine frees and the shared prompts each holds, as an index into it.
 fn pick<K: Hash + Eq + Copy>(
     jobs: &[TurnJob<K>],
     waiting: &[usize],
     e: usize,
     now: f64,
-    free: &[f64],
+    (free, held): (&[f64], &Held),
     home: &HashMap<K, usize>,
     d: Dispatch,
 ) -> Option<usize> {
     let may = |t: &TurnJob<K>| match t.home(home) {
         Some(h) if h != e => {
-            let moved = now + t.service_on(Some(h), e) + d.move_penalty * t.extra_on(Some(h), e);
-            free[h].max(now) + t.job.service_ms > moved
+            let (service, extra) = (t.service_on(Some(h), e, held), t.extra_on(Some(h), e, held));
+            free[h].max(now) + t.job.service_ms > now + service + d.move_penalty * extra
         }
         _ => true,
     };
     let key = |t: &TurnJob<K>| {
         let first = if d.shortest_first {
-            t.service_on(t.home(home), e)
+            t.service_on(t.home(home), e, held)
         } else {
             0.0
         };
@@ -253,6 +257,32 @@ mod tests {
             ..FCFS
         };
         assert_eq!(run(&jobs, 2, priced), vec![100.0, 20.0, 95.0]);
+    }
+
+    #[test]
+    fn a_tenants_system_prompt_is_held_only_where_the_tenant_ran() {
+        let tenant = |t: TurnJob<u32>| TurnJob {
+            shared: Some(0),
+            cold_service_ms: 200.0,
+            ..t
+        };
+        let jobs = [
+            // The tenant's first conversation: engine 0, cold.
+            tenant(turn(0.0, 200.0, 200.0, Some(1))),
+            // Another at 300: engine 1 has been idle longest but never
+            // served the tenant, so it prefills the system prompt there.
+            tenant(turn(300.0, 20.0, 20.0, Some(2))),
+            // A third at 600: both engines hold the prompt now.
+            tenant(turn(600.0, 20.0, 20.0, Some(3))),
+        ];
+        assert_eq!(run(&jobs, 2, FCFS), vec![200.0, 200.0, 20.0]);
+        // Quickest first on the same arrivals changes nothing here: one
+        // request waits at a time.
+        let sjf = Dispatch {
+            shortest_first: true,
+            ..FCFS
+        };
+        assert_eq!(run(&jobs, 2, sjf), vec![200.0, 200.0, 20.0]);
     }
 
     #[test]

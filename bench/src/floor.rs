@@ -161,18 +161,22 @@ fn system_prompts<'a>(records: &'a [Record], runs: &[&'a [Record]]) -> HashMap<&
 
 /// The answered `records` of a chat run as multi-turn queue jobs: a later
 /// turn costs its own reuse on its conversation's engine and only its
-/// tenant's system prompt elsewhere.
+/// tenant's system prompt elsewhere; any request costs its whole prompt
+/// on an engine that never served its tenant.
 fn turn_jobs(
     records: &[Record],
     system: &HashMap<&str, u64>,
     model: &EngineModel,
 ) -> Vec<queue::TurnJob<usize>> {
     let price = |r: &Record, c: u64| model.unqueued_ttft_ms(r.prompt_tokens as usize, c as usize);
+    let mut tenants: HashMap<&str, usize> = HashMap::new();
     records
         .iter()
         .filter(|r| answered(r))
         .map(|r| {
             let sys = system.get(r.tenant.as_str()).copied().unwrap_or(0);
+            let n = tenants.len();
+            let tenant = *tenants.entry(r.tenant.as_str()).or_insert(n);
             queue::TurnJob {
                 job: Job {
                     arrival_ms: r.sent_s * 1e3,
@@ -180,6 +184,8 @@ fn turn_jobs(
                 },
                 moved_service_ms: price(r, r.cached_tokens.min(sys)),
                 conversation: r.conversation,
+                shared: (sys > 0).then_some(tenant),
+                cold_service_ms: price(r, 0),
             }
         })
         .collect()
@@ -395,14 +401,22 @@ mod tests {
             (t[2] - m.unqueued_ttft_ms(7000, 6000)).abs() < 1e-9,
             "{t:?}"
         );
-        // On one engine, conversation 1 waits behind conversation 0's turn.
+        // No engine has served t yet: each first turn prefills the system
+        // prompt where it starts.
+        let cold = m.unqueued_ttft_ms(3000, 0);
+        assert!(
+            (t[0] - cold).abs() < 1e-9 && (t[1] - cold).abs() < 1e-9,
+            "{t:?}"
+        );
+        // On one engine, conversation 1 waits behind conversation 0's
+        // first turn and then finds the system prompt there.
         let one = queue::sticky(&turn_jobs(&run, &system, &m), 1);
         assert!(
-            (one[1] - 2.0 * m.unqueued_ttft_ms(3000, 2048)).abs() < 1e-9,
+            (one[1] - cold - m.unqueued_ttft_ms(3000, 2048)).abs() < 1e-9,
             "{one:?}"
         );
         let u = chat(("kvasir", 1.0), &run, &[&run], 16, 2, &m);
-        let mean = (2.0 * m.unqueued_ttft_ms(3000, 2048) + m.unqueued_ttft_ms(7000, 6000)) / 3.0;
+        let mean = (2.0 * cold + m.unqueued_ttft_ms(7000, 6000)) / 3.0;
         assert!((u.sticky.unwrap().mean - mean).abs() < 1e-9);
         // Nothing queues on two engines, so no dispatcher does better.
         assert!((u.dispatched.unwrap().mean - mean).abs() < 1e-9);

@@ -17,9 +17,11 @@
 //! * [`sticky`]: every request goes to the engine where its first token
 //!   comes soonest, but a later turn of a conversation that leaves the
 //!   engine of its previous turn pays the prefill of what it would have
-//!   found there: what a router that knew every queue exactly and chose at
-//!   arrival, selfishly, would get on a multi-turn workload. Perfect
-//!   balance keeps every turn's reuse wherever it goes; this does not.
+//!   found there, and a request on an engine that never served its tenant
+//!   pays for the tenant's system prompt too ([`Held`]): what a router that
+//!   knew every queue exactly and chose at arrival, selfishly, would get
+//!   on a multi-turn workload. Perfect balance keeps every turn's reuse
+//!   wherever it goes; this does not.
 //!   [`crate::dispatch`] goes on from it: late binding, quickest first, a
 //!   move priced for the delay it passes on.
 //!
@@ -29,7 +31,7 @@
 //! engines back for short prompts can beat least-work-left on the mean.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 /// One request as the queues see it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -109,6 +111,36 @@ pub struct TurnJob<K> {
     pub moved_service_ms: f64,
     /// Its conversation, when it continues one.
     pub conversation: Option<K>,
+    /// Its tenant's shared prompt (the system prompt), by index, when it
+    /// has one: only an engine that served that tenant holds it ([`Held`]).
+    pub shared: Option<usize>,
+    /// Prefill time on an engine that holds neither its conversation nor
+    /// its `shared` prompt.
+    pub cold_service_ms: f64,
+}
+
+/// The shared prompts ([`TurnJob::shared`]) each engine holds: every one it
+/// has served. Never evicted, which favours the yardsticks built on it.
+#[derive(Debug, Clone, Default)]
+pub struct Held(Vec<HashSet<usize>>);
+
+impl Held {
+    /// Nothing held on `engines` engines.
+    pub fn new(engines: usize) -> Self {
+        Held(vec![HashSet::new(); engines])
+    }
+
+    /// Whether engine `e` holds `shared` (anything holds no prompt).
+    fn has(&self, e: usize, shared: Option<usize>) -> bool {
+        shared.is_none_or(|s| self.0.get(e).is_some_and(|h| h.contains(&s)))
+    }
+
+    /// Engine `e` served `t`: it holds `t`'s shared prompt from now on.
+    pub fn serve<K>(&mut self, e: usize, t: &TurnJob<K>) {
+        if let (Some(s), Some(h)) = (t.shared, self.0.get_mut(e)) {
+            h.insert(s);
+        }
+    }
 }
 
 impl<K: std::hash::Hash + Eq + Copy> TurnJob<K> {
@@ -118,17 +150,20 @@ impl<K: std::hash::Hash + Eq + Copy> TurnJob<K> {
     }
 
     /// Its prefill time on engine `e` when its conversation lives on
-    /// `home`: its own there (or anywhere, with no home), moved elsewhere.
-    pub fn service_on(&self, home: Option<usize>, e: usize) -> f64 {
+    /// `home`: its own there; elsewhere, cold where `held` says `e` lacks
+    /// its shared prompt, else moved (or its own, with no home).
+    pub fn service_on(&self, home: Option<usize>, e: usize, held: &Held) -> f64 {
         match home {
-            Some(h) if h != e => self.moved_service_ms,
-            _ => self.job.service_ms,
+            Some(h) if h == e => self.job.service_ms,
+            _ if !held.has(e, self.shared) => self.cold_service_ms,
+            Some(_) => self.moved_service_ms,
+            None => self.job.service_ms,
         }
     }
 
-    /// The prefill a move to `e` adds over staying home (0 when it stays).
-    pub fn extra_on(&self, home: Option<usize>, e: usize) -> f64 {
-        self.service_on(home, e) - self.job.service_ms
+    /// The prefill going to `e` adds over its own (0 at home).
+    pub fn extra_on(&self, home: Option<usize>, e: usize, held: &Held) -> f64 {
+        self.service_on(home, e, held) - self.job.service_ms
     }
 }
 
@@ -151,13 +186,14 @@ pub fn sticky_priced<K: std::hash::Hash + Eq + Copy>(
     move_penalty: f64,
 ) -> Vec<f64> {
     let mut free = vec![f64::NEG_INFINITY; engines.max(1)];
+    let mut held = Held::new(free.len());
     let mut home: HashMap<K, usize> = HashMap::new();
     let mut ttft = vec![0.0; jobs.len()];
     for i in by_arrival(jobs, |t| t.job.arrival_ms) {
         let t = &jobs[i];
         let h = t.home(&home);
-        let done_on = |e: usize| free[e].max(t.job.arrival_ms) + t.service_on(h, e);
-        let priced = |e: usize| done_on(e) + move_penalty * t.extra_on(h, e);
+        let done_on = |e: usize| free[e].max(t.job.arrival_ms) + t.service_on(h, e, &held);
+        let priced = |e: usize| done_on(e) + move_penalty * t.extra_on(h, e, &held);
         let mut best = h.unwrap_or(0);
         for e in 0..free.len() {
             if priced(e) < priced(best) {
@@ -166,6 +202,7 @@ pub fn sticky_priced<K: std::hash::Hash + Eq + Copy>(
         }
         let done = done_on(best);
         free[best] = done;
+        held.serve(best, t);
         if let Some(c) = t.conversation {
             home.insert(c, best);
         }
@@ -239,6 +276,8 @@ pub(crate) mod tests {
             job: job(arrival_ms, here),
             moved_service_ms: moved,
             conversation,
+            shared: None,
+            cold_service_ms: moved,
         }
     }
 
@@ -261,6 +300,37 @@ pub(crate) mod tests {
         ];
         let t = sticky(&jobs, 2);
         assert_eq!(t, vec![100.0, 100.0, 100.0, 1040.0, 380.0, 10.0]);
+    }
+
+    #[test]
+    fn a_request_pays_its_system_prompt_where_its_tenant_never_ran() {
+        let tenant = |t: TurnJob<u32>, cold: f64| TurnJob {
+            shared: Some(7),
+            cold_service_ms: cold,
+            ..t
+        };
+        let jobs = [
+            // Tenant 7's first conversation takes engine 0 until 100.
+            tenant(turn(0.0, 100.0, 100.0, Some(1)), 100.0),
+            // Its next conversation at 10: 10 ms where the system prompt
+            // is (engine 0, done 110), 150 ms on engine 1 (done 160).
+            tenant(turn(10.0, 10.0, 10.0, Some(2)), 150.0),
+            // A request of no tenant goes anywhere at its own prefill.
+            turn(20.0, 10.0, 10.0, None),
+        ];
+        assert_eq!(sticky(&jobs, 2), vec![100.0, 100.0, 10.0]);
+        // Without the tenant, engine 1 serves it at once.
+        let free: Vec<TurnJob<u32>> = jobs
+            .iter()
+            .map(|t| TurnJob { shared: None, ..*t })
+            .collect();
+        assert_eq!(sticky(&free, 2), vec![100.0, 10.0, 10.0]);
+        // Once engine 1 served the tenant, it holds the prompt.
+        let mut held = Held::new(2);
+        assert_eq!(jobs[1].service_on(None, 1, &held), 150.0);
+        held.serve(1, &jobs[0]);
+        assert_eq!(jobs[1].service_on(None, 1, &held), 10.0);
+        assert_eq!(jobs[1].extra_on(None, 1, &held), 0.0);
     }
 
     #[test]
