@@ -85,6 +85,18 @@ def test_targets_met_and_missed_with_their_whys(tmp_path):
     assert chat_mean["met"] is False and "80 ms of the mean" in chat_mean["why"]
 
 
+def test_a_hit_miss_in_a_folder_without_its_trace_window_says_so_and_the_report_is_written(tmp_path):
+    d = folder(tmp_path, kvasir_hit=0.12)
+    s = json.loads((d / "summary.json").read_text())
+    del s["deployment"]  # an older run: the whole trace, which bound.json's 5 requests are not
+    (d / "summary.json").write_text(json.dumps(s))
+    hit = rows_by_target(d)["trace @1.0: kvasir hit rate >= 95% of the pooled-cache bound"]
+    assert (hit["met"], hit["measured"]) == (False, "12.0% vs bound 15.0%: 80.0%")
+    assert hit["why"].startswith("no breakdown of the shortfall: "), hit["why"]
+    assert "records no trace window" in hit["why"], hit["why"]
+    assert "Issue 22's targets" in (d / "report.md").read_text()
+
+
 def test_a_p90_short_of_the_target_says_what_reuse_and_balance_give(tmp_path):
     d = folder(tmp_path, kvasir_hit=0.15)
     s = json.loads((d / "summary.json").read_text())
