@@ -157,14 +157,16 @@ def hit_row(r: Run, mode: str = KVASIR) -> dict:
     return {"target": target, "measured": measured, "met": met, "why": why}
 
 
-def sticky_why(sticky: float | None, balanced: float, best: float | None = None, how: str | None = None) -> str:
+def sticky_why(sticky: float | None, balanced: float, best: float | None = None, how: str | None = None,
+               at_arrival: tuple[float, str] | None = None) -> str:
     """What a multi-turn run's perfect balance costs in reuse: the queue
     model with each request placed at arrival where its first token comes
     soonest, a turn that leaves its conversation's engine reusing only its
     tenant's system prompt, and that only where the tenant was served
     before (`queue::sticky` in kvasir-bench), and the best
     of a grid of such oracle dispatchers (`dispatch::best`: `best` ms,
-    `how` in words)."""
+    `how` in words), and when that one holds requests back, the best of
+    those that place at arrival (`at_arrival`: ms and words)."""
     if sticky is None or not balanced:
         return ""
     x = sticky / balanced
@@ -181,6 +183,10 @@ def sticky_why(sticky: float | None, balanced: float, best: float | None = None,
                 f"quickest first, a move priced at 0-2x the extra prefill it adds) is the one {how}: "
                 f"{ms(best)}, {y:.2f}x perfect balance")
         out += ", above the target too" if y > BALANCE else ", within the target"
+        if at_arrival is not None and at_arrival[1] != how:
+            z = at_arrival[0] / balanced
+            out += (f"; of the routers that place each request at arrival (holding nothing back) the best is the one "
+                    f"{at_arrival[1]}: {ms(at_arrival[0])}, {z:.2f}x perfect balance")
     return out
 
 
@@ -204,9 +210,12 @@ def balance_rows(r: Run, kvasir: str = KVASIR) -> list[dict]:
                    if own is not None else "")
             if own is not None and abs(own - m) > 0.25 * m:
                 why += f" (the model is {100 * abs(own - m) / m:.0f}% off the measured mean here, so only roughly)"
+            unq = r.unq.get((w, load, mode), {})
+            arrival = r.model(w, load, mode, "at_arrival", "mean")
             why += sticky_why(r.model(w, load, mode, "sticky", "mean"), b,
-                              r.model(w, load, mode, "dispatched", "mean"),
-                              r.unq.get((w, load, mode), {}).get("dispatched_how"))
+                              r.model(w, load, mode, "dispatched", "mean"), unq.get("dispatched_how"),
+                              (arrival, unq["at_arrival_how"]) if arrival is not None and unq.get("at_arrival_how")
+                              else None)
         out.append({"target": target, "measured": f"{ms(m)} vs {ms(b)}: {x:.2f}x", "met": met, "why": why})
     return out
 

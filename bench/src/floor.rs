@@ -63,6 +63,14 @@ pub struct Unqueued {
     /// That dispatcher in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispatched_how: Option<String>,
+    /// Multi-turn runs: the lowest mean of the dispatchers of
+    /// [`crate::dispatch::grid`] that place each request at arrival, as a
+    /// router that holds nothing back does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_arrival: Option<Dist>,
+    /// That dispatcher in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_arrival_how: Option<String>,
 }
 
 fn answered(r: &Record) -> bool {
@@ -244,6 +252,8 @@ pub fn at_own_reuse(
         sticky: None,
         dispatched: None,
         dispatched_how: None,
+        at_arrival: None,
+        at_arrival_how: None,
     }
 }
 
@@ -268,13 +278,17 @@ pub fn chat(
     }
     let turns = turn_jobs(records, &system, model);
     let on_turns = queue::sticky(&turns, engines);
-    let dispatched = dispatch::best(&turns, engines);
+    let grid = dispatch::run_grid(&turns, engines);
+    let at_arrival = dispatch::lowest(grid.clone(), |d| !d.central);
+    let dispatched = dispatch::lowest(grid, |_| true);
     Unqueued {
         best: Some(dist_of(pairs(), model)),
         best_hit_rate: (all > 0).then(|| hit as f64 / all as f64),
         sticky: (!on_turns.is_empty()).then(|| Dist::of(on_turns)),
         dispatched_how: dispatched.as_ref().map(|(d, _)| d.describe()),
         dispatched: dispatched.map(|(_, t)| Dist::of(t)),
+        at_arrival_how: at_arrival.as_ref().map(|(d, _)| d.describe()),
+        at_arrival: at_arrival.map(|(_, t)| Dist::of(t)),
         ..at_own_reuse(
             ("chat", meta.0, meta.1),
             records,
@@ -424,5 +438,7 @@ mod tests {
             .dispatched_how
             .unwrap()
             .starts_with("placing each request at arrival"));
+        assert!((u.at_arrival.unwrap().mean - mean).abs() < 1e-9);
+        assert!(u.at_arrival_how.is_some());
     }
 }

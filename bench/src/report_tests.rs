@@ -133,6 +133,8 @@ fn a_p90_miss_at_equal_hit_rates_says_the_index_made_no_difference() {
         sticky: None,
         dispatched: None,
         dispatched_how: None,
+        at_arrival: None,
+        at_arrival_how: None,
     };
     let inp = Inputs {
         unqueued: vec![own(150.0, KVASIR), own(149.0, APPROX)],
@@ -221,6 +223,8 @@ fn chat_ttft_misses_are_set_against_the_best_reuse_floor() {
             sticky: None,
             dispatched: None,
             dispatched_how: None,
+            at_arrival: None,
+            at_arrival_how: None,
         }],
         ..Default::default()
     };
@@ -409,6 +413,8 @@ fn a_mean_ttft_miss_is_split_by_the_queue_model_when_it_fits() {
             sticky: None,
             dispatched: None,
             dispatched_how: None,
+            at_arrival: None,
+            at_arrival_how: None,
         }],
         ..Default::default()
     };

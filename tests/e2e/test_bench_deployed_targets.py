@@ -194,3 +194,23 @@ def test_a_chat_miss_names_the_best_oracle_router_and_whether_it_meets_the_targe
     (d / "summary.json").write_text(json.dumps(s))
     chat = rows_by_target(d)["chat @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]
     assert "125 ms, 1.25x perfect balance, within the target" in chat["why"], chat["why"]
+    assert "place each request at arrival" not in chat["why"], "no at-arrival figure in this summary"
+
+
+def test_a_chat_miss_names_the_best_router_that_places_at_arrival_when_the_best_holds_back(tmp_path):
+    d = folder(tmp_path, kvasir_hit=0.12)
+    s = json.loads((d / "summary.json").read_text())
+    s["unqueued"][2]["sticky"] = dist(120, 400, 180)
+    s["unqueued"][2]["dispatched"] = dist(100, 300, 125)
+    s["unqueued"][2]["dispatched_how"] = "holding requests in one central queue, quickest first"
+    s["unqueued"][2]["at_arrival"] = dist(110, 350, 158)
+    s["unqueued"][2]["at_arrival_how"] = "placing each request at arrival, moving a turn only when ..."
+    (d / "summary.json").write_text(json.dumps(s))
+    chat = rows_by_target(d)["chat @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]
+    assert ("of the routers that place each request at arrival (holding nothing back) the best is the one "
+            "placing each request at arrival, moving a turn only when ...: 158 ms, 1.58x perfect balance") in chat["why"]
+    # When the best of all places at arrival itself, it is not named twice.
+    s["unqueued"][2]["dispatched_how"] = s["unqueued"][2]["at_arrival_how"]
+    (d / "summary.json").write_text(json.dumps(s))
+    chat = rows_by_target(d)["chat @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"]
+    assert "holding nothing back" not in chat["why"], chat["why"]
