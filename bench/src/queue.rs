@@ -105,7 +105,8 @@ pub fn balanced(jobs: &[Job], engines: usize) -> Vec<f64> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TurnJob<K> {
     /// Arrival and prefill time on the engine that holds its history (or,
-    /// for a request with no earlier turn, on any engine).
+    /// for a request with no earlier turn, on any engine that holds its
+    /// tenant's system prompt).
     pub job: Job,
     /// Prefill time on any other engine.
     pub moved_service_ms: f64,
@@ -130,7 +131,8 @@ impl Held {
         Held(vec![HashSet::new(); engines])
     }
 
-    /// Whether engine `e` holds `shared` (anything holds no prompt).
+    /// Whether engine `e` holds `shared`; with none, a request finds what
+    /// it shares with others anywhere.
     fn has(&self, e: usize, shared: Option<usize>) -> bool {
         shared.is_none_or(|s| self.0.get(e).is_some_and(|h| h.contains(&s)))
     }
