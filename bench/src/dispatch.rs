@@ -91,7 +91,7 @@ pub fn best<K: Hash + Eq + Copy>(
     jobs: &[TurnJob<K>],
     engines: usize,
 ) -> Option<(Dispatch, Vec<f64>)> {
-    lowest(run_grid(jobs, engines), |_| true)
+    lowest(&run_grid(jobs, engines), |_| true)
 }
 
 /// Every dispatcher of [`grid`] with its TTFTs over `jobs` (none for no
@@ -112,13 +112,14 @@ pub fn run_grid<K: Hash + Eq + Copy>(
 /// Of `runs` ([`run_grid`]), the one with the lowest mean TTFT among the
 /// dispatchers `keep` keeps (e.g. those that place at arrival).
 pub fn lowest(
-    runs: Vec<(Dispatch, Vec<f64>)>,
+    runs: &[(Dispatch, Vec<f64>)],
     keep: impl Fn(&Dispatch) -> bool,
 ) -> Option<(Dispatch, Vec<f64>)> {
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    runs.into_iter()
+    runs.iter()
         .filter(|(d, _)| keep(d))
         .min_by(|a, b| mean(&a.1).total_cmp(&mean(&b.1)))
+        .cloned()
 }
 
 /// The central queue: requests wait until an engine frees; a freed engine
@@ -339,7 +340,7 @@ mod tests {
         assert!(grid().contains(&d));
         // The best that places at arrival is no better, and no worse than
         // `sticky`, which is one of them.
-        let (a, at_arrival) = lowest(run_grid(&jobs, 3), |d| !d.central).unwrap();
+        let (a, at_arrival) = lowest(&run_grid(&jobs, 3), |d| !d.central).unwrap();
         assert!(!a.central);
         assert!(mean(&best) <= mean(&at_arrival));
         assert!(mean(&at_arrival) <= mean(&queue::sticky(&jobs, 3)));

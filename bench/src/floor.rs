@@ -279,8 +279,8 @@ pub fn chat(
     let turns = turn_jobs(records, &system, model);
     let on_turns = queue::sticky(&turns, engines);
     let grid = dispatch::run_grid(&turns, engines);
-    let at_arrival = dispatch::lowest(grid.clone(), |d| !d.central);
-    let dispatched = dispatch::lowest(grid, |_| true);
+    let at_arrival = dispatch::lowest(&grid, |d| !d.central);
+    let dispatched = dispatch::lowest(&grid, |_| true);
     Unqueued {
         best: Some(dist_of(pairs(), model)),
         best_hit_rate: (all > 0).then(|| hit as f64 / all as f64),
