@@ -221,7 +221,7 @@ fn pick<K: Hash + Eq + Copy>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::tests::turn;
+    use crate::queue::tests::{of_tenant, turn};
 
     const FCFS: Dispatch = Dispatch {
         central: true,
@@ -282,11 +282,7 @@ mod tests {
 
     #[test]
     fn a_tenants_system_prompt_is_held_only_where_the_tenant_ran() {
-        let tenant = |t: TurnJob<u32>| TurnJob {
-            shared: Some(0),
-            cold_service_ms: 200.0,
-            ..t
-        };
+        let tenant = |t: TurnJob<u32>| of_tenant(t, 0, 200.0);
         let jobs = [
             // The tenant's first conversation: engine 0, cold.
             tenant(turn(0.0, 200.0, 200.0, Some(1))),

@@ -283,6 +283,16 @@ pub(crate) mod tests {
         }
     }
 
+    /// `t` as a request of tenant `shared`, costing `cold` ms where that
+    /// tenant never ran.
+    pub(crate) fn of_tenant(t: TurnJob<u32>, shared: usize, cold: f64) -> TurnJob<u32> {
+        TurnJob {
+            shared: Some(shared),
+            cold_service_ms: cold,
+            ..t
+        }
+    }
+
     #[test]
     fn a_later_turn_stays_unless_leaving_is_sooner_even_at_its_full_prefill() {
         let jobs = [
@@ -306,11 +316,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_request_pays_its_system_prompt_where_its_tenant_never_ran() {
-        let tenant = |t: TurnJob<u32>, cold: f64| TurnJob {
-            shared: Some(7),
-            cold_service_ms: cold,
-            ..t
-        };
+        let tenant = |t: TurnJob<u32>, cold: f64| of_tenant(t, 7, cold);
         let jobs = [
             // Tenant 7's first conversation takes engine 0 until 100.
             tenant(turn(0.0, 100.0, 100.0, Some(1)), 100.0),
