@@ -156,7 +156,7 @@ fn best_reuse(
 /// Each tenant's system prompt in tokens, as far as the records show it:
 /// the most any answered first turn of that tenant found cached, in
 /// `records` or any of `runs` (replaying the same conversations).
-fn system_prompts<'a>(records: &'a [Record], runs: &[&'a [Record]]) -> HashMap<&'a str, u64> {
+pub fn system_prompts<'a>(records: &'a [Record], runs: &[&'a [Record]]) -> HashMap<&'a str, u64> {
     let mut system: HashMap<&str, u64> = HashMap::new();
     for r in runs.iter().flat_map(|rs| rs.iter()).chain(records) {
         if r.conversation.is_some() && r.turn == 0 && r.outcome == Outcome::Ok {

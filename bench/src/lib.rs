@@ -24,6 +24,7 @@ pub mod overhead;
 pub mod plot;
 pub mod queue;
 pub mod record;
+pub mod replay;
 pub mod report;
 pub mod results;
 pub mod run;

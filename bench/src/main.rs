@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 mod governance_cli;
+mod replay_cli;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -63,6 +64,10 @@ enum Cmd {
     /// Write the governance benchmarks' report from a results directory
     /// holding `scenarios.json` and the runs it names.
     GovernanceReport(governance_cli::GovernanceReportArgs),
+    /// Replay a chat run's conversations through the simulator's engines
+    /// in virtual time, placed as the run placed them and by oracle
+    /// routers (batching and eviction as the engines do them).
+    Replay(replay_cli::ReplayArgs),
 }
 
 #[derive(Args, Clone)]
@@ -287,7 +292,7 @@ struct ModelArgs {
 }
 
 /// `name:key=value,...` as a scored policy over the default weights.
-fn parse_variant(spec: &str) -> anyhow::Result<(String, Policy)> {
+pub(crate) fn parse_variant(spec: &str) -> anyhow::Result<(String, Policy)> {
     let (name, kvs) = spec
         .split_once(':')
         .filter(|(n, k)| !n.is_empty() && !k.is_empty())
@@ -616,6 +621,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().cmd {
         Cmd::Overhead(a) => overhead_cmd(&a),
+        Cmd::Replay(a) => replay_cli::replay_cmd(&a),
         cmd => tokio::runtime::Runtime::new()?.block_on(run_cmd(cmd)),
     }
 }
@@ -675,6 +681,8 @@ async fn run_cmd(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Model(a) => model_cmd(&a),
         Cmd::Tenants(a) => governance_cli::tenants_cmd(a).await,
         Cmd::GovernanceReport(a) => governance_cli::governance_report_cmd(&a),
-        Cmd::Overhead(_) => anyhow::bail!("overhead runs on its own one-thread runtime"),
+        Cmd::Overhead(_) | Cmd::Replay(_) => {
+            anyhow::bail!("overhead and replay run without an async runtime")
+        }
     }
 }

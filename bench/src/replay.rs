@@ -1,0 +1,684 @@
+//! A chat run's conversations replayed in virtual time through the
+//! simulator's own engines ([`vllm_sim::engine::Engine`]: vLLM's
+//! scheduler with chunked prefill and batching, its block pool evicting
+//! under pressure, the latency model), placed by the run's own choices or
+//! by an oracle router.
+//!
+//! Why: the yardsticks of [`crate::queue`] and [`crate::dispatch`] serve
+//! one prefill at a time and never evict (system prompts aside), and rules
+//! they favoured did worse in real runs. Here the same conversations meet
+//! the engines' batching and eviction. Replaying the run's own placements
+//! checks the replay against the measurement; the oracles then ask
+//! whether a router that holds requests in one queue until an engine frees
+//! beats one that places each at arrival, on these engines.
+//!
+//! The conversations ([`conversations`]): each answered turn of the run,
+//! in order. A first turn is its tenant's system prompt (the most any
+//! first turn of the tenant found cached) and new tokens up to the run's
+//! prompt length; a later turn is its conversation's previous prompt, the
+//! answer the replay's engine gave it, and as many new tokens as the run's
+//! prompt grew by. First turns are sent when the run sent them; a later
+//! turn the think time the run had after the replay's answer to the turn
+//! before (closed loop, as the load generator).
+//!
+//! The oracle knows each engine's cache exactly (the KV-event index
+//! without its delay) and, per engine, the requests it placed there that
+//! have no first token yet, each priced as if alone
+//! ([`EngineModel::unqueued_ttft_ms`]): their sum is the engine's backlog.
+//! Left out: the run's engine restart, and requests that failed in the run.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use vllm_sim::engine::{Engine, EngineConfig, FinishReason, NewRequest, StepOutput, TokenOutput};
+use vllm_sim::hashing::{extend_chain, BlockHash};
+
+use kvasir_scoring::placements::{Placements, DEFAULT_MAX_ENDS};
+use kvasir_scoring::{Candidate, Request, Weights};
+
+use crate::bound::EngineModel;
+use crate::queue::At;
+use crate::record::{Outcome, Record};
+
+/// One turn of a replayed conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    /// When the run sent it, simulated seconds (read for first turns).
+    pub sent_s: f64,
+    /// Seconds between the answer to the turn before and this one.
+    pub think_s: f64,
+    /// Prompt tokens it adds to what came before (the system prompt, for a
+    /// first turn; the previous prompt and its answer, for a later one).
+    pub new_tokens: usize,
+    /// Tokens it generates.
+    pub completion_tokens: u32,
+    /// The engine the run placed it on (an index into the run's endpoints).
+    pub endpoint: usize,
+}
+
+/// A conversation to replay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conversation {
+    /// Its tenant, by index.
+    pub tenant: usize,
+    /// Its tenant's system prompt, tokens.
+    pub system_tokens: usize,
+    /// Its answered turns, in order.
+    pub turns: Vec<Turn>,
+}
+
+/// A run's answered chat records as conversations, with the run's
+/// endpoints (in first-use order) that [`Turn::endpoint`] indexes.
+/// `system` is each tenant's system prompt in tokens.
+pub fn conversations(
+    records: &[Record],
+    system: &HashMap<&str, u64>,
+) -> (Vec<Conversation>, Vec<String>) {
+    let mut endpoints: Vec<String> = Vec::new();
+    let mut tenants: HashMap<&str, usize> = HashMap::new();
+    let mut by_conv: HashMap<usize, Vec<&Record>> = HashMap::new();
+    let mut order = Vec::new();
+    for r in records.iter().filter(|r| r.outcome == Outcome::Ok) {
+        let Some(c) = r.conversation else { continue };
+        by_conv
+            .entry(c)
+            .or_insert_with(|| {
+                order.push(c);
+                Vec::new()
+            })
+            .push(r);
+    }
+    let mut out = Vec::new();
+    for c in order {
+        let mut rs = by_conv.remove(&c).unwrap_or_default();
+        rs.sort_by_key(|r| r.turn);
+        let n = tenants.len();
+        let tenant = *tenants.entry(rs[0].tenant.as_str()).or_insert(n);
+        let system_tokens = system.get(rs[0].tenant.as_str()).copied().unwrap_or(0) as usize;
+        let mut turns = Vec::with_capacity(rs.len());
+        let mut before: Option<&Record> = None;
+        for r in rs {
+            let endpoint = match endpoints.iter().position(|e| *e == r.endpoint) {
+                Some(i) => i,
+                None => {
+                    endpoints.push(r.endpoint.clone());
+                    endpoints.len() - 1
+                }
+            };
+            let (think_s, had) = match before {
+                Some(b) => (
+                    (r.sent_s - b.sent_s - b.e2e_ms / 1e3).max(0.0),
+                    (b.prompt_tokens + b.completion_tokens) as usize,
+                ),
+                None => (0.0, system_tokens),
+            };
+            turns.push(Turn {
+                sent_s: r.sent_s,
+                think_s,
+                new_tokens: (r.prompt_tokens as usize).saturating_sub(had).max(1),
+                completion_tokens: r.completion_tokens.max(1) as u32,
+                endpoint,
+            });
+            before = Some(r);
+        }
+        out.push(Conversation {
+            tenant,
+            system_tokens,
+            turns,
+        });
+    }
+    (out, endpoints)
+}
+
+/// How requests are placed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Placement {
+    /// On the engine the run placed them on.
+    Own,
+    /// At arrival, by the cache-indexer's ranking with these weights
+    /// ([`kvasir_scoring::rank`]), over what an indexer would know if its
+    /// scrapes and shared load were never stale: each engine's cache
+    /// (blocks count from the step that computes them, as the indexer
+    /// matches picks still in prefill), running and waiting requests, KV
+    /// use, picks without a first token and their uncached tokens, and the
+    /// conversations it started recently.
+    Scored(Box<Weights>),
+    /// At arrival, on the engine where the first token is due soonest
+    /// (backlog plus its own prefill there), a move off the engine holding
+    /// most of its prompt priced `move_penalty` times the extra prefill it
+    /// adds.
+    AtArrival {
+        /// Share of a move's extra prefill counted against it.
+        move_penalty: f64,
+    },
+    /// In one queue until an engine frees (its backlog of uncached prompt
+    /// tokens at most `free_tokens`); the engine free longest takes the
+    /// oldest, or the quickest on it, of the requests it may take: any
+    /// whose best-holding engine would not, with the move priced as
+    /// above, give it its first token sooner.
+    Central {
+        /// The quickest on the freed engine first, else the oldest.
+        quickest: bool,
+        /// Share of a move's extra prefill counted against it.
+        move_penalty: f64,
+        /// Uncached prompt tokens still to prefill at which an engine
+        /// counts as free.
+        free_tokens: u64,
+    },
+}
+
+impl Placement {
+    /// Parses `own`, `at-arrival:PENALTY` or
+    /// `central:oldest|quickest:PENALTY[:FREE_TOKENS]`.
+    pub fn parse(s: &str) -> Result<Placement, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let num = |p: &str| {
+            p.parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| format!("{s:?}: {p:?} is not a number >= 0"))
+        };
+        match parts.as_slice() {
+            ["own"] => Ok(Placement::Own),
+            ["at-arrival", p] => Ok(Placement::AtArrival {
+                move_penalty: num(p)?,
+            }),
+            ["central", order, p, rest @ ..] if rest.len() <= 1 => {
+                let quickest = match *order {
+                    "quickest" => true,
+                    "oldest" => false,
+                    o => return Err(format!("{s:?}: order {o:?} is neither oldest nor quickest")),
+                };
+                let free_tokens = match rest {
+                    [f] => f
+                        .parse::<u64>()
+                        .map_err(|_| format!("{s:?}: {f:?} is not a token count"))?,
+                    _ => 0,
+                };
+                Ok(Placement::Central {
+                    quickest,
+                    move_penalty: num(p)?,
+                    free_tokens,
+                })
+            }
+            _ => Err(format!(
+                "{s:?}: expected own, at-arrival:PENALTY or central:oldest|quickest:PENALTY[:FREE_TOKENS]"
+            )),
+        }
+    }
+}
+
+/// The replayed cluster.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// Engines (at least the run's endpoints, for [`Placement::Own`]).
+    pub engines: usize,
+    /// Each engine's settings.
+    pub engine: EngineConfig,
+    /// The oracle's prefill pricing.
+    pub model: EngineModel,
+}
+
+/// What a replay gave.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replayed {
+    /// TTFT of each replayed turn, ms, in the order their first tokens came.
+    pub ttft_ms: Vec<f64>,
+    /// Prompt tokens sent.
+    pub prompt_tokens: u64,
+    /// Of those, found in the prefix cache.
+    pub cached_tokens: u64,
+    /// Turns per engine.
+    pub per_engine: Vec<usize>,
+    /// Running requests the engines preempted.
+    pub preemptions: u64,
+}
+
+impl Replayed {
+    /// Cached over prompt tokens.
+    pub fn hit_rate(&self) -> f64 {
+        self.cached_tokens as f64 / self.prompt_tokens.max(1) as f64
+    }
+}
+
+/// A turn in flight: sent, placed or waiting.
+struct Req {
+    conv: usize,
+    turn: usize,
+    tokens: Vec<u32>,
+    hashes: Vec<BlockHash>,
+    sent: f64,
+    rx: Option<UnboundedReceiver<TokenOutput>>,
+    output: Vec<u32>,
+}
+
+/// An engine and what the oracle knows of it.
+struct Node {
+    engine: Engine,
+    /// When the step in flight ends, and what it produced.
+    step: Option<(f64, StepOutput)>,
+    /// Requests placed here without a first token: (request, priced
+    /// prefill ms, uncached tokens).
+    pending: Vec<(usize, f64, u64)>,
+    /// Requests placed here not finished.
+    active: Vec<usize>,
+    /// Since when its backlog has been at most the free mark.
+    free_since: f64,
+}
+
+impl Node {
+    fn backlog_ms(&self) -> f64 {
+        self.pending.iter().map(|p| p.1).sum()
+    }
+
+    fn backlog_tokens(&self) -> u64 {
+        self.pending.iter().map(|p| p.2).sum()
+    }
+}
+
+/// Waiting requests at which the ranking counts an engine saturated (the
+/// indexer's `saturation.waiting` default).
+const SATURATION_WAITING: u32 = 5;
+
+/// KV use at which the ranking leaves an engine out (the indexer's
+/// `saturation.kvUsage` default).
+const KV_FULL: f64 = 0.9;
+
+/// The replay's state.
+struct Cluster<'a> {
+    convs: &'a [Conversation],
+    setup: &'a Setup,
+    nodes: Vec<Node>,
+    reqs: Vec<Req>,
+    arrivals: BinaryHeap<Reverse<(At, usize)>>,
+    waiting: Vec<usize>,
+    /// Conversations started per engine, for [`Placement::Scored`].
+    placements: Placements<usize>,
+    out: Replayed,
+}
+
+/// Replays `convs` on `setup`'s engines, placed by `placement`.
+pub fn replay(convs: &[Conversation], setup: &Setup, placement: &Placement) -> Replayed {
+    let vocab: Arc<[u32]> = (0..64).map(|i| 900_000 + i).collect::<Vec<u32>>().into();
+    let engines = setup.engines.max(1);
+    let mut c = Cluster {
+        convs,
+        setup,
+        nodes: (0..engines)
+            .map(|_| Node {
+                engine: Engine::new(setup.engine.clone(), Arc::clone(&vocab)),
+                step: None,
+                pending: Vec::new(),
+                active: Vec::new(),
+                free_since: f64::NEG_INFINITY,
+            })
+            .collect(),
+        reqs: Vec::new(),
+        arrivals: BinaryHeap::new(),
+        waiting: Vec::new(),
+        placements: Placements::new(
+            match placement {
+                Placement::Scored(w) => w.placement_half_life_ms,
+                _ => 0.0,
+            },
+            DEFAULT_MAX_ENDS,
+        ),
+        out: Replayed {
+            ttft_ms: Vec::new(),
+            prompt_tokens: 0,
+            cached_tokens: 0,
+            per_engine: vec![0; engines],
+            preemptions: 0,
+        },
+    };
+    for (i, conv) in convs.iter().enumerate() {
+        if let Some(t) = conv.turns.first() {
+            let r = c.new_turn(i, 0, Vec::new(), t.sent_s);
+            c.arrivals.push(Reverse((At(t.sent_s), r)));
+        }
+    }
+    loop {
+        let arrival = c.arrivals.peek().map(|Reverse((At(t), _))| *t);
+        let step = c
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(e, n)| n.step.as_ref().map(|(t, _)| (*t, e)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let (t, changed) = match (arrival, step) {
+            (_, Some((t, e))) if arrival.is_none_or(|a| t <= a) => (t, c.end_step(e, t)),
+            (Some(t), _) => {
+                let Some(Reverse((_, r))) = c.arrivals.pop() else {
+                    break;
+                };
+                c.arrive(r, t, placement);
+                (t, true)
+            }
+            _ => break,
+        };
+        if let (
+            true,
+            Placement::Central {
+                quickest,
+                move_penalty,
+                free_tokens,
+            },
+        ) = (changed, placement)
+        {
+            c.dispatch(t, *quickest, *move_penalty, *free_tokens);
+        }
+    }
+    c.out.preemptions = c.nodes.iter().map(|n| n.engine.stats().preemptions).sum();
+    c.out
+}
+
+impl Cluster<'_> {
+    /// Turn `turn` of conversation `conv`, after the previous prompt and
+    /// its answer (`before`), sent at `sent`: its index in `reqs`.
+    fn new_turn(&mut self, conv: usize, turn: usize, before: Vec<u32>, sent: f64) -> usize {
+        let c = &self.convs[conv];
+        let t = &c.turns[turn];
+        let mut tokens = before;
+        if turn == 0 {
+            // The tenant's system prompt: the same tokens for all its
+            // conversations, none another tenant's.
+            let base = 1_000_000 + 100_000 * c.tenant as u32;
+            tokens.extend((0..c.system_tokens as u32).map(|i| base + i % 90_000));
+        }
+        // New tokens no other conversation has after the same prefix (the
+        // chain hash of a block covers everything before it).
+        let salt = 5_000_000 + (conv as u32).wrapping_mul(7919);
+        tokens.extend((0..t.new_tokens as u32).map(|i| salt.wrapping_add(i) % 4_000_000_000));
+        let mut hashes = Vec::new();
+        let cfg = &self.setup.engine;
+        extend_chain(cfg.hash_seed, &mut hashes, &tokens, cfg.block_size, None);
+        self.reqs.push(Req {
+            conv,
+            turn,
+            tokens,
+            hashes,
+            sent,
+            rx: None,
+            output: Vec::new(),
+        });
+        self.reqs.len() - 1
+    }
+
+    /// Request `r` reaches the router at `t`.
+    fn arrive(&mut self, r: usize, t: f64, placement: &Placement) {
+        match placement {
+            Placement::Scored(w) => {
+                let e = self.scored(r, t, w);
+                self.place(r, e, t);
+            }
+            Placement::Own => {
+                let turn = &self.convs[self.reqs[r].conv].turns[self.reqs[r].turn];
+                let e = turn.endpoint % self.nodes.len();
+                self.place(r, e, t);
+            }
+            Placement::AtArrival { move_penalty } => {
+                let costs = self.costs(r);
+                let home = costs.best_holder;
+                let priced = |e: usize| {
+                    let n = &self.nodes[e];
+                    n.backlog_ms()
+                        + costs.alone[e]
+                        + move_penalty * (costs.alone[e] - costs.alone[home])
+                };
+                let mut best = home;
+                for e in 0..self.nodes.len() {
+                    if priced(e) < priced(best) {
+                        best = e;
+                    }
+                }
+                self.place(r, best, t);
+            }
+            Placement::Central { .. } => self.waiting.push(r),
+        }
+    }
+
+    /// The ranking's first endpoint for `r` at `t` ([`Placement::Scored`]),
+    /// recorded as a placement as the indexer records its picks.
+    fn scored(&mut self, r: usize, t: f64, w: &Weights) -> usize {
+        let costs = self.costs(r);
+        let bs = self.setup.engine.block_size;
+        let req = &self.reqs[r];
+        let chain: Vec<u64> = req.hashes.iter().map(|h| h.0).collect();
+        let starts = self.placements.starts_conversation(&chain);
+        let now_ms = t * 1e3;
+        let addresses: Vec<String> = (0..self.nodes.len()).map(|e| format!("e{e:02}")).collect();
+        let candidates: Vec<Candidate<'_>> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(e, n)| {
+                let kv_usage = n.engine.pool().usage();
+                let waiting = n.engine.num_waiting() as u32;
+                let kv_full = kv_usage >= KV_FULL;
+                Candidate {
+                    address: &addresses[e],
+                    matched_blocks: u32::try_from(costs.cached[e] / bs).unwrap_or(u32::MAX),
+                    running: n.engine.num_running() as u32,
+                    waiting,
+                    kv_usage,
+                    in_flight: n.active.len() as u32,
+                    queued_prefill_tokens: n.backlog_tokens(),
+                    healthy: true,
+                    saturated: kv_full || waiting >= SATURATION_WAITING,
+                    left_out: kv_full,
+                    failing: false,
+                    recent_placements: self.placements.recent(e, now_ms),
+                }
+            })
+            .collect();
+        let request = Request {
+            prompt_tokens: u32::try_from(req.tokens.len()).unwrap_or(u32::MAX),
+            block_size: u32::try_from(bs).unwrap_or(u32::MAX),
+            seed: r as u64,
+            max_endpoints: 1,
+            indexed: true,
+            starts_conversation: starts,
+        };
+        let pick = kvasir_scoring::rank(&request, &candidates, w)
+            .order
+            .first()
+            .map_or(0, |f| f.candidate);
+        self.placements.record(pick, &chain, starts, now_ms);
+        pick
+    }
+
+    /// What `r`'s prefill would cost alone on each engine, and the engine
+    /// holding most of its prompt (the least backlog among equals).
+    fn costs(&self, r: usize) -> Costs {
+        let req = &self.reqs[r];
+        let bs = self.setup.engine.block_size;
+        // vLLM reuses full blocks within the first len-1 tokens only.
+        let limit = ((req.tokens.len() - 1) / bs).min(req.hashes.len());
+        let cached: Vec<usize> = self
+            .nodes
+            .iter()
+            .map(|n| n.engine.pool().longest_cached_prefix(&req.hashes[..limit]) * bs)
+            .collect();
+        let alone: Vec<f64> = cached
+            .iter()
+            .map(|&c| self.setup.model.unqueued_ttft_ms(req.tokens.len(), c))
+            .collect();
+        let most = cached.iter().copied().max().unwrap_or(0);
+        let best_holder = (0..self.nodes.len())
+            .filter(|&e| cached[e] == most)
+            .min_by(|&a, &b| {
+                self.nodes[a]
+                    .backlog_ms()
+                    .total_cmp(&self.nodes[b].backlog_ms())
+            })
+            .unwrap_or(0);
+        Costs {
+            cached,
+            alone,
+            best_holder,
+        }
+    }
+
+    /// Hands `r` to engine `e` at `t`; an idle engine starts a step.
+    fn place(&mut self, r: usize, e: usize, t: f64) {
+        let costs = self.costs(r);
+        let req = &mut self.reqs[r];
+        let turn = &self.convs[req.conv].turns[req.turn];
+        let (tx, rx) = unbounded_channel();
+        req.rx = Some(rx);
+        let len = req.tokens.len() as u64;
+        let node = &mut self.nodes[e];
+        node.pending.push((
+            r,
+            costs.alone[e],
+            len.saturating_sub(costs.cached[e] as u64),
+        ));
+        node.active.push(r);
+        node.engine.add_request(NewRequest {
+            id: r as u64,
+            prompt: req.tokens.clone(),
+            max_tokens: turn.completion_tokens,
+            finish_reason: FinishReason::Length,
+            cache_salt: None,
+            arrival: t,
+            priority: 0,
+            sink: tx,
+        });
+        self.out.per_engine[e] += 1;
+        if node.step.is_none() {
+            let out = node.engine.step();
+            node.step = Some((t + out.duration.as_secs_f64(), out));
+        }
+    }
+
+    /// Engine `e`'s step ends at `t`: its tokens go out, first tokens are
+    /// timed, finished turns' next turns are sent after their think time,
+    /// and the engine steps on if it has work. Returns whether an engine's
+    /// backlog fell (a central queue may place).
+    fn end_step(&mut self, e: usize, t: f64) -> bool {
+        let Some((_, out)) = self.nodes[e].step.take() else {
+            return false;
+        };
+        for (sink, msg) in out.tokens {
+            let _ = sink.send(msg);
+        }
+        let mut fell = false;
+        let active = std::mem::take(&mut self.nodes[e].active);
+        let mut still = Vec::with_capacity(active.len());
+        for r in active {
+            let mut finished = false;
+            while let Some(msg) = self.reqs[r].rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                if msg.index == 0 {
+                    self.first_token(e, r, t, u64::from(msg.cached_tokens));
+                    fell = true;
+                }
+                self.reqs[r].output.push(msg.token_id);
+                finished |= msg.finished.is_some();
+            }
+            if finished {
+                self.next_turn(r, t);
+            } else {
+                still.push(r);
+            }
+        }
+        let node = &mut self.nodes[e];
+        node.active = still;
+        if node.engine.has_work() {
+            let out = node.engine.step();
+            node.step = Some((t + out.duration.as_secs_f64(), out));
+        }
+        fell
+    }
+
+    fn first_token(&mut self, e: usize, r: usize, t: f64, cached: u64) {
+        let req = &self.reqs[r];
+        self.out.ttft_ms.push((t - req.sent) * 1e3);
+        self.out.prompt_tokens += req.tokens.len() as u64;
+        self.out.cached_tokens += cached;
+        let node = &mut self.nodes[e];
+        node.pending.retain(|p| p.0 != r);
+        if node.pending.is_empty() {
+            node.free_since = t;
+        }
+    }
+
+    /// `r` finished at `t`: its conversation's next turn, if any, is sent
+    /// after its think time.
+    fn next_turn(&mut self, r: usize, t: f64) {
+        let (conv, turn) = (self.reqs[r].conv, self.reqs[r].turn + 1);
+        let Some(next) = self.convs[conv].turns.get(turn) else {
+            self.reqs[r].tokens = Vec::new();
+            return;
+        };
+        let sent = t + next.think_s;
+        let mut before = std::mem::take(&mut self.reqs[r].tokens);
+        before.extend(std::mem::take(&mut self.reqs[r].output));
+        self.reqs[r].hashes = Vec::new();
+        let n = self.new_turn(conv, turn, before, sent);
+        self.arrivals.push(Reverse((At(sent), n)));
+    }
+
+    /// The central queue at `t`: each free engine, free longest first,
+    /// takes a waiting request it may take, until none can.
+    fn dispatch(&mut self, t: f64, quickest: bool, move_penalty: f64, free_tokens: u64) {
+        loop {
+            if self.waiting.is_empty() {
+                return;
+            }
+            let mut free: Vec<usize> = (0..self.nodes.len())
+                .filter(|&e| self.nodes[e].backlog_tokens() <= free_tokens)
+                .collect();
+            free.sort_by(|&a, &b| {
+                let (na, nb) = (&self.nodes[a], &self.nodes[b]);
+                na.free_since.total_cmp(&nb.free_since).then(a.cmp(&b))
+            });
+            let costs: Vec<Costs> = self.waiting.iter().map(|&r| self.costs(r)).collect();
+            let mut placed = false;
+            for e in free {
+                let here = self.nodes[e].backlog_ms();
+                let may = |c: &Costs| {
+                    let h = c.best_holder;
+                    c.cached[e] == c.cached[h]
+                        || self.nodes[h].backlog_ms() + c.alone[h]
+                            > here + c.alone[e] + move_penalty * (c.alone[e] - c.alone[h])
+                };
+                let key = |w: usize| {
+                    let first = if quickest { costs[w].alone[e] } else { 0.0 };
+                    (first, self.reqs[self.waiting[w]].sent)
+                };
+                let pick = (0..self.waiting.len())
+                    .filter(|&w| may(&costs[w]))
+                    .min_by(|&a, &b| {
+                        let (ka, kb) = (key(a), key(b));
+                        ka.0.total_cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+                    });
+                if let Some(w) = pick {
+                    let r = self.waiting.remove(w);
+                    self.place(r, e, t);
+                    placed = true;
+                    // Costs are by position in `waiting`: recompute.
+                    break;
+                }
+            }
+            if !placed {
+                return;
+            }
+        }
+    }
+}
+
+/// A request's prefill on each engine.
+struct Costs {
+    /// Prompt tokens each engine holds.
+    cached: Vec<usize>,
+    /// Its prefill alone on each engine, ms.
+    alone: Vec<f64>,
+    /// The engine holding most of it (least backlog among equals).
+    best_holder: usize,
+}
+
+#[cfg(test)]
+#[path = "replay_tests.rs"]
+mod tests;

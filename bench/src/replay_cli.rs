@@ -1,0 +1,180 @@
+//! `kvasir-bench replay`: a chat run's conversations through the
+//! simulator's engines in virtual time, placed as the run placed them and
+//! by oracle routers ([`kvasir_bench::replay`]), as a markdown table.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+
+use kvasir_bench::cluster::Policy;
+use kvasir_bench::replay::{self, Placement, Setup};
+use kvasir_bench::stats::Dist;
+use kvasir_bench::{compare, floor, results};
+use vllm_sim::engine::{EngineConfig, SchedulingPolicy};
+use vllm_sim::hashing::HashSeed;
+
+use super::EngineArgs;
+
+#[derive(Args)]
+pub(crate) struct ReplayArgs {
+    /// A results folder holding a chat run.
+    #[arg(long)]
+    dir: PathBuf,
+    /// The run's mode (its files are `chat-<load>-<mode>.*`).
+    #[arg(long, default_value = "kvasir")]
+    mode: String,
+    /// The run's load.
+    #[arg(long, default_value_t = 1.0)]
+    load: f64,
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// KV blocks per engine; default: the folder's deployment record
+    /// (`summary.json`).
+    #[arg(long)]
+    num_gpu_blocks: Option<usize>,
+    /// Most sequences in one engine's batch.
+    #[arg(long, default_value_t = 256)]
+    max_num_seqs: usize,
+    /// Longest prompt plus completion.
+    #[arg(long, default_value_t = 32768)]
+    max_model_len: usize,
+    /// Placements, `;`-separated: `own` (the run's), `kvasir` (the
+    /// ranking with the indexer's default weights) or
+    /// `kvasir:key=value[,key=value]` (other weights, the pool's `scoring`
+    /// keys), `at-arrival:PENALTY`,
+    /// `central:oldest|quickest:PENALTY[:FREE_TOKENS]` (see the module
+    /// docs of `replay`).
+    #[arg(
+        long,
+        default_value = "own;kvasir:queuedPrefill=0.15;kvasir;at-arrival:0.5;central:quickest:0.5:2048",
+        value_delimiter = ';'
+    )]
+    placements: Vec<String>,
+}
+
+pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
+    let placements = a
+        .placements
+        .iter()
+        .map(|p| placement(p))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let model = a
+        .engine
+        .model()?
+        .context("--profile none: the replay needs a latency profile")?;
+    let runs = results::read_runs(&a.dir)?;
+    let (meta, records) = runs
+        .iter()
+        .find(|(m, _)| m.workload == "chat" && m.mode == a.mode && (m.load - a.load).abs() < 1e-9)
+        .with_context(|| {
+            format!(
+                "{}: no chat run of mode {} at load {}",
+                a.dir.display(),
+                a.mode,
+                a.load
+            )
+        })?;
+    let num_gpu_blocks = match a.num_gpu_blocks {
+        Some(n) => n,
+        None => deployed_blocks(&a.dir).with_context(|| {
+            format!(
+                "{}: no deployment record with the chat's KV blocks; give --num-gpu-blocks",
+                a.dir.display()
+            )
+        })?,
+    };
+    anyhow::ensure!(num_gpu_blocks > 0, "--num-gpu-blocks must be at least 1");
+    let same: Vec<&[kvasir_bench::record::Record]> = runs
+        .iter()
+        .filter(|(m, _)| m.workload == "chat" && (m.load - a.load).abs() < 1e-9)
+        .map(|(_, r)| r.as_slice())
+        .collect();
+    let system = floor::system_prompts(records, &same);
+    let (convs, endpoints) = replay::conversations(records, &system);
+    let engines = meta.engines.engines.max(endpoints.len()).max(1);
+    let setup = Setup {
+        engines,
+        engine: EngineConfig {
+            block_size: a.engine.engine_block,
+            num_gpu_blocks,
+            max_num_seqs: a.max_num_seqs,
+            max_num_batched_tokens: model.max_num_batched_tokens,
+            max_model_len: a.max_model_len,
+            enable_prefix_caching: true,
+            profile: model.profile.clone(),
+            hash_seed: HashSeed(0),
+            policy: SchedulingPolicy::Fcfs,
+        },
+        model,
+    };
+    println!(
+        "chat {} at load {}: {} conversations on {engines} engines of {num_gpu_blocks} blocks",
+        a.mode,
+        a.load,
+        convs.len()
+    );
+    println!(
+        "| placement | TTFT mean | p50 | p90 | p99 | hit rate | turns per engine | preempted |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |");
+    let answered: Vec<_> = records
+        .iter()
+        .filter(|r| r.outcome == kvasir_bench::record::Outcome::Ok)
+        .collect();
+    let (p, c) = answered.iter().fold((0u64, 0u64), |(p, c), r| {
+        (p + r.prompt_tokens, c + r.cached_tokens)
+    });
+    row(
+        "measured (the run)",
+        &Dist::of(answered.iter().map(|r| r.ttft_ms).collect()),
+        c as f64 / p.max(1) as f64,
+        "",
+        "",
+    );
+    for (name, pl) in a.placements.iter().zip(placements) {
+        let out = replay::replay(&convs, &setup, &pl);
+        let per: Vec<String> = out.per_engine.iter().map(|n| n.to_string()).collect();
+        row(
+            name,
+            &Dist::of(out.ttft_ms.clone()),
+            out.hit_rate(),
+            &per.join(" "),
+            &out.preemptions.to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// A `--placements` entry.
+fn placement(spec: &str) -> anyhow::Result<Placement> {
+    match spec {
+        "kvasir" => Ok(Placement::Scored(Box::default())),
+        s if s.starts_with("kvasir:") => match super::parse_variant(s)? {
+            (_, Policy::Scored(w)) => Ok(Placement::Scored(w)),
+            _ => unreachable!("parse_variant gives scored policies"),
+        },
+        s => Placement::parse(s).map_err(|e| anyhow::anyhow!("--placements: {e}")),
+    }
+}
+
+fn row(name: &str, d: &Dist, hit: f64, per: &str, preempted: &str) {
+    println!(
+        "| {name} | {} | {} | {} | {} | {:.1}% | {per} | {preempted} |",
+        compare::ms(d.mean),
+        compare::ms(d.p50),
+        compare::ms(d.p90),
+        compare::ms(d.p99),
+        hit * 100.0
+    );
+}
+
+/// The chat's KV blocks per engine from the folder's deployment record.
+fn deployed_blocks(dir: &std::path::Path) -> Option<usize> {
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).ok()?).ok()?;
+    let n = s
+        .pointer("/deployment/workloads/chat/num_gpu_blocks")?
+        .as_u64()?;
+    usize::try_from(n).ok()
+}
