@@ -137,6 +137,11 @@ pub fn conversations(
 pub enum Placement {
     /// On the engine the run placed them on.
     Own,
+    /// Conversations dealt over the engines in turn as they start, each
+    /// staying on its engine: every engine gets an even share of the
+    /// conversations and soon holds every system prompt, with no router
+    /// knowledge at all.
+    Dealt,
     /// At arrival, by the cache-indexer's ranking with these weights
     /// ([`kvasir_scoring::rank`]), over what an indexer would know if its
     /// scrapes and shared load were never stale: each engine's cache
@@ -170,7 +175,7 @@ pub enum Placement {
 }
 
 impl Placement {
-    /// Parses `own`, `at-arrival:PENALTY` or
+    /// Parses `own`, `dealt`, `at-arrival:PENALTY` or
     /// `central:oldest|quickest:PENALTY[:FREE_TOKENS]`.
     pub fn parse(s: &str) -> Result<Placement, String> {
         let parts: Vec<&str> = s.split(':').collect();
@@ -182,6 +187,7 @@ impl Placement {
         };
         match parts.as_slice() {
             ["own"] => Ok(Placement::Own),
+            ["dealt"] => Ok(Placement::Dealt),
             ["at-arrival", p] => Ok(Placement::AtArrival {
                 move_penalty: num(p)?,
             }),
@@ -204,7 +210,7 @@ impl Placement {
                 })
             }
             _ => Err(format!(
-                "{s:?}: expected own, at-arrival:PENALTY or central:oldest|quickest:PENALTY[:FREE_TOKENS]"
+                "{s:?}: expected own, dealt, at-arrival:PENALTY or central:oldest|quickest:PENALTY[:FREE_TOKENS]"
             )),
         }
     }
@@ -296,6 +302,8 @@ struct Cluster<'a> {
     waiting: Vec<usize>,
     /// Conversations started per engine, for [`Placement::Scored`].
     placements: Placements<usize>,
+    /// Each conversation's engine, for [`Placement::Dealt`].
+    dealt: HashMap<usize, usize>,
     out: Replayed,
 }
 
@@ -325,6 +333,7 @@ pub fn replay(convs: &[Conversation], setup: &Setup, placement: &Placement) -> R
             },
             DEFAULT_MAX_ENDS,
         ),
+        dealt: HashMap::new(),
         out: Replayed {
             ttft_ms: Vec::new(),
             prompt_tokens: 0,
@@ -416,6 +425,18 @@ impl Cluster<'_> {
             Placement::Own => {
                 let turn = &self.convs[self.reqs[r].conv].turns[self.reqs[r].turn];
                 let e = turn.endpoint % self.nodes.len();
+                self.place(r, e, t);
+            }
+            Placement::Dealt => {
+                let conv = self.reqs[r].conv;
+                let e = match self.dealt.get(&conv) {
+                    Some(&e) => e,
+                    None => {
+                        let e = self.dealt.len() % self.nodes.len();
+                        self.dealt.insert(conv, e);
+                        e
+                    }
+                };
                 self.place(r, e, t);
             }
             Placement::AtArrival { move_penalty } => {

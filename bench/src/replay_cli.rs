@@ -39,7 +39,8 @@ pub(crate) struct ReplayArgs {
     /// Longest prompt plus completion.
     #[arg(long, default_value_t = 32768)]
     max_model_len: usize,
-    /// Placements, `;`-separated: `own` (the run's), `kvasir` (the
+    /// Placements, `;`-separated: `own` (the run's), `dealt`
+    /// (conversations dealt over the engines in turn), `kvasir` (the
     /// ranking with the indexer's default weights) or
     /// `kvasir:key=value[,key=value]` (other weights, the pool's `scoring`
     /// keys), `at-arrival:PENALTY`,

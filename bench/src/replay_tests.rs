@@ -244,3 +244,19 @@ fn the_indexers_ranking_keeps_a_conversation_home_and_spreads_new_ones() {
     // The second turn found its first turn's prompt and answer.
     assert_eq!(out.cached_tokens, 2016);
 }
+
+#[test]
+fn dealt_conversations_go_round_the_engines_and_stay() {
+    let convs: Vec<Conversation> = (0..3)
+        .map(|i| {
+            conv(
+                0,
+                1600,
+                vec![turn(i as f64, 0.0, 400, 1), turn(0.0, 1.0, 480, 1)],
+            )
+        })
+        .collect();
+    let out = replay(&convs, &setup(2), &Placement::Dealt);
+    assert_eq!(out.per_engine, vec![4, 2]);
+    assert_eq!(Placement::parse("dealt"), Ok(Placement::Dealt));
+}
