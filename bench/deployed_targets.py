@@ -26,6 +26,7 @@ import importlib.util
 import json
 import math
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,6 +34,10 @@ P90_BELOW, P50_BELOW, HIT_SHARE, BALANCE = 0.20, 0.10, 0.95, 1.3
 TARGET_LOADS = (1.0, 1.5)
 START, END = "<!-- targets-deployed:start -->", "<!-- targets-deployed:end -->"
 KVASIR = "kvasir"
+BENCH = Path(__file__).resolve().parent.parent / "target" / "release" / "kvasir-bench"
+# The queue model's best oracle rule as the replay names it (a central
+# queue, quickest first, an engine free below 2048 uncached tokens).
+CENTRAL = "central:quickest:0.5:2048"
 
 
 def _hit_gap():
@@ -190,6 +195,46 @@ def sticky_why(sticky: float | None, balanced: float, best: float | None = None,
     return out
 
 
+def replayed(d: Path, load: float, mode: str) -> dict[str, float] | None:
+    """Mean TTFT of a chat run replayed on vllm-sim's own engines
+    (`kvasir-bench replay`): its own placements (`own`), kvasir's ranking
+    with state never stale, at the run's scoring (`fresh`), and the queue
+    model's best oracle rule (`central`). None when the replay cannot run
+    (no binary, no cache size in the folder's deployment record, no
+    conversations)."""
+    if not BENCH.exists():
+        return None
+    try:
+        summary = json.loads((d / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    scoring = (summary.get("deployment") or {}).get("late_binding_scoring") or {}
+    fresh = "kvasir" + (":" + ",".join(f"{k}={v}" for k, v in scoring.items()) if scoring else "")
+    try:
+        r = subprocess.run([str(BENCH), "replay", "--dir", str(d), "--mode", mode, "--load", str(load),
+                            "--placements", f"own;{fresh};{CENTRAL}", "--json"],
+                           capture_output=True, text=True, timeout=600)
+        rows = {x["placement"]: x["mean"] for x in json.loads(r.stdout)} if r.returncode == 0 else {}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    out = {"own": rows.get("own"), "fresh": rows.get(fresh), "central": rows.get(CENTRAL)}
+    return out if all(v is not None for v in out.values()) else None
+
+
+def replay_why(rep: dict[str, float] | None, balanced: float) -> str:
+    """What the replay on the simulator's own engines says of a chat miss."""
+    if rep is None or not balanced:
+        return ""
+    fresh, central = rep["fresh"], rep["central"]
+    out = (f"; replayed on vllm-sim's own engines (`kvasir-bench replay`: batching, decode steps, eviction), this "
+           f"run's placements give {ms(rep['own'])}, kvasir's ranking with state never stale {ms(fresh)} "
+           f"({fresh / balanced:.2f}x perfect balance), a central queue releasing quickest first to engines with "
+           f"under 2048 uncached tokens in prefill {ms(central)} ({central / balanced:.2f}x)")
+    best = min(fresh, central)
+    return out + (", so no router found there meets the target" if best / balanced > BALANCE
+                  else ", so one router found there meets the target")
+
+
 def balance_rows(r: Run, kvasir: str = KVASIR) -> list[dict]:
     out = []
     for (w, load, mode) in sorted(r.runs):
@@ -216,6 +261,8 @@ def balance_rows(r: Run, kvasir: str = KVASIR) -> list[dict]:
                               r.model(w, load, mode, "dispatched", "mean"), unq.get("dispatched_how"),
                               (arrival, unq["at_arrival_how"]) if arrival is not None and unq.get("at_arrival_how")
                               else None)
+            if w == "chat":
+                why += replay_why(replayed(r.d, load, mode), b)
         out.append({"target": target, "measured": f"{ms(m)} vs {ms(b)}: {x:.2f}x", "met": met, "why": why})
     return out
 

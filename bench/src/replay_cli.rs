@@ -52,6 +52,10 @@ pub(crate) struct ReplayArgs {
         value_delimiter = ';'
     )]
     placements: Vec<String>,
+    /// Print the rows as JSON (`placement`, `mean`, `p50`, `p90`, `p99`
+    /// in ms, `hit_rate`; the run's own as `measured`) instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
@@ -109,6 +113,35 @@ pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         },
         model,
     };
+    let answered: Vec<_> = records
+        .iter()
+        .filter(|r| r.outcome == kvasir_bench::record::Outcome::Ok)
+        .collect();
+    let (p, c) = answered.iter().fold((0u64, 0u64), |(p, c), r| {
+        (p + r.prompt_tokens, c + r.cached_tokens)
+    });
+    let mut rows = vec![Row {
+        placement: "measured".into(),
+        ttft: Dist::of(answered.iter().map(|r| r.ttft_ms).collect()),
+        hit_rate: c as f64 / p.max(1) as f64,
+        per_engine: Vec::new(),
+        preemptions: 0,
+    }];
+    for (name, pl) in a.placements.iter().zip(placements) {
+        let out = replay::replay(&convs, &setup, &pl);
+        rows.push(Row {
+            placement: name.clone(),
+            ttft: Dist::of(out.ttft_ms.clone()),
+            hit_rate: out.hit_rate(),
+            per_engine: out.per_engine,
+            preemptions: out.preemptions,
+        });
+    }
+    if a.json {
+        let v: Vec<serde_json::Value> = rows.iter().map(Row::json).collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
     println!(
         "chat {} at load {}: {} conversations on {engines} engines of {num_gpu_blocks} blocks",
         a.mode,
@@ -119,30 +152,8 @@ pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         "| placement | TTFT mean | p50 | p90 | p99 | hit rate | turns per engine | preempted |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |");
-    let answered: Vec<_> = records
-        .iter()
-        .filter(|r| r.outcome == kvasir_bench::record::Outcome::Ok)
-        .collect();
-    let (p, c) = answered.iter().fold((0u64, 0u64), |(p, c), r| {
-        (p + r.prompt_tokens, c + r.cached_tokens)
-    });
-    row(
-        "measured (the run)",
-        &Dist::of(answered.iter().map(|r| r.ttft_ms).collect()),
-        c as f64 / p.max(1) as f64,
-        "",
-        "",
-    );
-    for (name, pl) in a.placements.iter().zip(placements) {
-        let out = replay::replay(&convs, &setup, &pl);
-        let per: Vec<String> = out.per_engine.iter().map(|n| n.to_string()).collect();
-        row(
-            name,
-            &Dist::of(out.ttft_ms.clone()),
-            out.hit_rate(),
-            &per.join(" "),
-            &out.preemptions.to_string(),
-        );
+    for r in &rows {
+        r.print();
     }
     Ok(())
 }
@@ -159,15 +170,53 @@ fn placement(spec: &str) -> anyhow::Result<Placement> {
     }
 }
 
-fn row(name: &str, d: &Dist, hit: f64, per: &str, preempted: &str) {
-    println!(
-        "| {name} | {} | {} | {} | {} | {:.1}% | {per} | {preempted} |",
-        compare::ms(d.mean),
-        compare::ms(d.p50),
-        compare::ms(d.p90),
-        compare::ms(d.p99),
-        hit * 100.0
-    );
+/// One placement's figures.
+struct Row {
+    placement: String,
+    ttft: Dist,
+    hit_rate: f64,
+    per_engine: Vec<usize>,
+    preemptions: u64,
+}
+
+impl Row {
+    fn print(&self) {
+        let d = &self.ttft;
+        let measured = self.placement == "measured";
+        let per: Vec<String> = self.per_engine.iter().map(|n| n.to_string()).collect();
+        println!(
+            "| {} | {} | {} | {} | {} | {:.1}% | {} | {} |",
+            if measured {
+                "measured (the run)"
+            } else {
+                &self.placement
+            },
+            compare::ms(d.mean),
+            compare::ms(d.p50),
+            compare::ms(d.p90),
+            compare::ms(d.p99),
+            self.hit_rate * 100.0,
+            per.join(" "),
+            if measured {
+                String::new()
+            } else {
+                self.preemptions.to_string()
+            },
+        );
+    }
+
+    /// Non-finite figures (no turn answered) are null.
+    fn json(&self) -> serde_json::Value {
+        let f = |v: f64| v.is_finite().then_some(v);
+        serde_json::json!({
+            "placement": self.placement,
+            "mean": f(self.ttft.mean),
+            "p50": f(self.ttft.p50),
+            "p90": f(self.ttft.p90),
+            "p99": f(self.ttft.p99),
+            "hit_rate": f(self.hit_rate),
+        })
+    }
 }
 
 /// The chat's KV blocks per engine from the folder's deployment record.

@@ -210,3 +210,38 @@ def test_a_chat_miss_names_the_best_router_that_places_at_arrival_when_the_best_
     # When the best of all places at arrival itself, it is not named twice.
     chat = chat_row(d, dispatched_how=arrival)
     assert "holding nothing back" not in chat["why"], chat["why"]
+
+
+def test_a_chat_miss_says_what_the_replay_on_the_simulators_engines_gets(tmp_path):
+    """With a replayable chat run (conversations, its run description, the
+    deployment's cache size) the why adds `kvasir-bench replay`'s figures;
+    without one (the folders above) it says nothing of it."""
+    if not dt.BENCH.exists():
+        import pytest
+        pytest.skip("kvasir-bench not built")
+    d = folder(tmp_path, kvasir_hit=0.12)
+    assert "replayed on vllm-sim" not in rows_by_target(d)[CHAT_BALANCE]["why"]
+    with (d / "chat-1.00-kvasir.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        for i, (conv, turn, sent, prompt, cached) in enumerate([(0, 0, 0.0, 3000, 0), (1, 0, 0.5, 3000, 0),
+                                                                 (0, 1, 3.0, 3600, 3088)]):
+            w.writerow({"id": i, "tenant": f"t{conv}", "conversation": conv, "turn": turn, "sent_s": sent,
+                        "ttft_ms": 200, "itl_ms": 8, "e2e_ms": 900, "prompt_tokens": prompt,
+                        "cached_tokens": cached, "completion_tokens": 100, "endpoint": f"e{conv}",
+                        "status": 200, "outcome": "ok"})
+    stats = dist(0, 0)
+    meta = {"workload": "chat", "mode": "kvasir", "load": 1.0, "rate": 1.0, "time_scale": 1.0, "wall_s": 1.0,
+            "engines": {"engines": 2, "prefill_utilisation": 0.0, "busy_utilisation": 0.0, "preemptions": 0.0},
+            "summary": {"requests": 3, "ok": 3, "failed": 0, "timeouts": 0, "ttft": stats, "itl": stats,
+                        "e2e": stats, "duration_s": 4.0, "throughput_rps": 1.0, "output_tokens_per_s": 1.0,
+                        "cache_hit_rate": 0.3, "goodput_rps": 1.0, "goodput_share": 1.0, "per_endpoint": []},
+            "ttft_growth": 1.0}
+    (d / "chat-1.00-kvasir.json").write_text(json.dumps(meta))
+    s = json.loads((d / "summary.json").read_text())
+    s["deployment"]["workloads"]["chat"] = {"num_gpu_blocks": 2048}
+    s["deployment"]["late_binding_scoring"] = {"queuedPrefill": 0.15}
+    (d / "summary.json").write_text(json.dumps(s))
+    why = rows_by_target(d)[CHAT_BALANCE]["why"]
+    assert "replayed on vllm-sim's own engines (`kvasir-bench replay`" in why, why
+    assert "kvasir's ranking with state never stale" in why and "meets the target" in why, why
