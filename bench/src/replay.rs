@@ -1,4 +1,4 @@
-//! A chat run's conversations replayed in virtual time through the
+//! A run's conversations replayed in virtual time through the
 //! simulator's own engines ([`vllm_sim::engine::Engine`]: vLLM's
 //! scheduler with chunked prefill and batching, its block pool evicting
 //! under pressure, the latency model), placed by the run's own choices or
@@ -11,6 +11,10 @@
 //! checks the replay against the measurement; the oracles then ask
 //! whether a router that holds requests in one queue until an engine frees
 //! beats one that places each at arrival, on these engines.
+//!
+//! A trace run replays too ([`trace_requests`]): each answered request as
+//! a one-turn conversation with its trace request's prompt, sent when the
+//! run sent it.
 //!
 //! The conversations ([`conversations`]): each answered turn of the run,
 //! in order. A first turn is its tenant's system prompt (the most any
@@ -41,6 +45,7 @@ use kvasir_scoring::{Candidate, Request, Weights};
 use crate::bound::EngineModel;
 use crate::queue::At;
 use crate::record::{Outcome, Record};
+use crate::trace::{self, TraceRequest};
 
 /// One turn of a replayed conversation.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,6 +72,10 @@ pub struct Conversation {
     pub system_tokens: usize,
     /// Its answered turns, in order.
     pub turns: Vec<Turn>,
+    /// A trace request's prompt (its hash ids' tokens, [`trace::prompt_tokens`]
+    /// with this many tokens per id) in place of a system prompt and new
+    /// tokens: a trace is replayed as one-turn conversations.
+    pub trace: Option<(TraceRequest, usize)>,
 }
 
 /// A run's answered chat records as conversations, with the run's
@@ -127,9 +136,59 @@ pub fn conversations(
             tenant,
             system_tokens,
             turns,
+            trace: None,
         });
     }
     (out, endpoints)
+}
+
+/// A trace run's answered records as one-turn conversations sent at the
+/// run's send times, each with its trace request's prompt (a record's id
+/// is its request's place in `trace`; `block_tokens` per hash id), with
+/// the run's endpoints as [`conversations`] gives them. Errors when a
+/// record does not match its trace request (another trace, or window).
+pub fn trace_requests(
+    records: &[Record],
+    trace: &[TraceRequest],
+    block_tokens: usize,
+) -> Result<(Vec<Conversation>, Vec<String>), String> {
+    let mut endpoints: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    for r in records.iter().filter(|r| r.outcome == Outcome::Ok) {
+        let t = trace.get(r.id).ok_or_else(|| {
+            format!(
+                "record {} is past the trace's {} requests",
+                r.id,
+                trace.len()
+            )
+        })?;
+        if t.input_length as u64 != r.prompt_tokens {
+            return Err(format!(
+                "record {} has {} prompt tokens, the trace's request {} has {}: not the trace (or window) the run replayed",
+                r.id, r.prompt_tokens, r.id, t.input_length
+            ));
+        }
+        let endpoint = match endpoints.iter().position(|e| *e == r.endpoint) {
+            Some(i) => i,
+            None => {
+                endpoints.push(r.endpoint.clone());
+                endpoints.len() - 1
+            }
+        };
+        out.push(Conversation {
+            tenant: 0,
+            system_tokens: 0,
+            turns: vec![Turn {
+                sent_s: r.sent_s,
+                think_s: 0.0,
+                new_tokens: 0,
+                completion_tokens: r.completion_tokens.max(1) as u32,
+                endpoint,
+            }],
+            trace: Some((t.clone(), block_tokens)),
+        });
+    }
+    Ok((out, endpoints))
 }
 
 /// How requests are placed.
@@ -390,14 +449,17 @@ impl Cluster<'_> {
         let c = &self.convs[conv];
         let t = &c.turns[turn];
         let mut tokens = before;
-        if turn == 0 {
+        if let Some((request, block_tokens)) = &c.trace {
+            tokens = trace::prompt_tokens(request, *block_tokens, conv as u64);
+        } else if turn == 0 {
             // The tenant's system prompt: the same tokens for all its
             // conversations, none another tenant's.
             let base = 1_000_000 + 100_000 * c.tenant as u32;
             tokens.extend((0..c.system_tokens as u32).map(|i| base + i % 90_000));
         }
         // New tokens no other conversation has after the same prefix (the
-        // chain hash of a block covers everything before it).
+        // chain hash of a block covers everything before it); none for a
+        // trace request, whose prompt is whole.
         let salt = 5_000_000 + (conv as u32).wrapping_mul(7919);
         tokens.extend((0..t.new_tokens as u32).map(|i| salt.wrapping_add(i) % 4_000_000_000));
         let mut hashes = Vec::new();

@@ -1,4 +1,4 @@
-//! `kvasir-bench replay`: a chat run's conversations through the
+//! `kvasir-bench replay`: a chat or trace run's requests through the
 //! simulator's engines in virtual time, placed as the run placed them and
 //! by oracle routers ([`kvasir_bench::replay`]), as a markdown table.
 
@@ -8,9 +8,10 @@ use anyhow::Context;
 use clap::Args;
 
 use kvasir_bench::cluster::Policy;
+use kvasir_bench::record::{Outcome, Record};
 use kvasir_bench::replay::{self, Placement, Setup};
 use kvasir_bench::stats::Dist;
-use kvasir_bench::{compare, floor, results};
+use kvasir_bench::{compare, floor, results, trace};
 use vllm_sim::engine::{EngineConfig, SchedulingPolicy};
 use vllm_sim::hashing::HashSeed;
 
@@ -21,7 +22,17 @@ pub(crate) struct ReplayArgs {
     /// A results folder holding a chat run.
     #[arg(long)]
     dir: PathBuf,
-    /// The run's mode (its files are `chat-<load>-<mode>.*`).
+    /// The run's workload: `chat`, or `trace` (with `--trace`).
+    #[arg(long, default_value = "chat")]
+    workload: String,
+    /// The trace file the run replayed (a trace run's records name their
+    /// requests by their place in it).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Tokens per trace hash id.
+    #[arg(long, default_value_t = kvasir_bench::trace::MOONCAKE_BLOCK_TOKENS)]
+    trace_block_tokens: usize,
+    /// The run's mode (its files are `<workload>-<load>-<mode>.*`).
     #[arg(long, default_value = "kvasir")]
     mode: String,
     /// The run's load.
@@ -37,7 +48,7 @@ pub(crate) struct ReplayArgs {
     #[arg(long, default_value_t = 256)]
     max_num_seqs: usize,
     /// Longest prompt plus completion.
-    #[arg(long, default_value_t = 32768)]
+    #[arg(long, default_value_t = 196_608)]
     max_model_len: usize,
     /// Placements, `;`-separated: `own` (the run's), `dealt`
     /// (conversations dealt over the engines in turn), `kvasir` (the
@@ -68,35 +79,38 @@ pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         .engine
         .model()?
         .context("--profile none: the replay needs a latency profile")?;
+    anyhow::ensure!(
+        a.workload == "chat" || a.workload == "trace",
+        "--workload {:?}: chat or trace",
+        a.workload
+    );
     let runs = results::read_runs(&a.dir)?;
     let (meta, records) = runs
         .iter()
-        .find(|(m, _)| m.workload == "chat" && m.mode == a.mode && (m.load - a.load).abs() < 1e-9)
+        .find(|(m, _)| {
+            m.workload == a.workload && m.mode == a.mode && (m.load - a.load).abs() < 1e-9
+        })
         .with_context(|| {
             format!(
-                "{}: no chat run of mode {} at load {}",
+                "{}: no {} run of mode {} at load {}",
                 a.dir.display(),
+                a.workload,
                 a.mode,
                 a.load
             )
         })?;
     let num_gpu_blocks = match a.num_gpu_blocks {
         Some(n) => n,
-        None => deployed_blocks(&a.dir).with_context(|| {
+        None => deployed_blocks(&a.dir, &a.workload).with_context(|| {
             format!(
-                "{}: no deployment record with the chat's KV blocks; give --num-gpu-blocks",
-                a.dir.display()
+                "{}: no deployment record with the {}'s KV blocks; give --num-gpu-blocks",
+                a.dir.display(),
+                a.workload
             )
         })?,
     };
     anyhow::ensure!(num_gpu_blocks > 0, "--num-gpu-blocks must be at least 1");
-    let same: Vec<&[kvasir_bench::record::Record]> = runs
-        .iter()
-        .filter(|(m, _)| m.workload == "chat" && (m.load - a.load).abs() < 1e-9)
-        .map(|(_, r)| r.as_slice())
-        .collect();
-    let system = floor::system_prompts(records, &same);
-    let (convs, endpoints) = replay::conversations(records, &system);
+    let (convs, endpoints) = conversations_of(a, &runs, records)?;
     let engines = meta.engines.engines.max(endpoints.len()).max(1);
     let setup = Setup {
         engines,
@@ -115,7 +129,7 @@ pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
     };
     let answered: Vec<_> = records
         .iter()
-        .filter(|r| r.outcome == kvasir_bench::record::Outcome::Ok)
+        .filter(|r| r.outcome == Outcome::Ok)
         .collect();
     let (p, c) = answered.iter().fold((0u64, 0u64), |(p, c), r| {
         (p + r.prompt_tokens, c + r.cached_tokens)
@@ -143,7 +157,8 @@ pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "chat {} at load {}: {} conversations on {engines} engines of {num_gpu_blocks} blocks",
+        "{} {} at load {}: {} conversations on {engines} engines of {num_gpu_blocks} blocks",
+        a.workload,
         a.mode,
         a.load,
         convs.len()
@@ -219,12 +234,44 @@ impl Row {
     }
 }
 
-/// The chat's KV blocks per engine from the folder's deployment record.
-fn deployed_blocks(dir: &std::path::Path) -> Option<usize> {
+/// The run's requests as conversations to replay, with its endpoints: a
+/// chat's conversations, or a trace run's requests with their prompts
+/// from `--trace`.
+fn conversations_of(
+    a: &ReplayArgs,
+    runs: &[(kvasir_bench::RunMeta, Vec<Record>)],
+    records: &[Record],
+) -> anyhow::Result<(Vec<replay::Conversation>, Vec<String>)> {
+    if a.workload == "trace" {
+        let path = a
+            .trace
+            .as_ref()
+            .context("--workload trace needs --trace (the trace file the run replayed)")?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let t = trace::parse(&text).with_context(|| format!("parsing {}", path.display()))?;
+        anyhow::ensure!(
+            a.trace_block_tokens > 0,
+            "--trace-block-tokens must be at least 1"
+        );
+        return replay::trace_requests(records, &t, a.trace_block_tokens)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()));
+    }
+    let same: Vec<&[Record]> = runs
+        .iter()
+        .filter(|(m, _)| m.workload == "chat" && (m.load - a.load).abs() < 1e-9)
+        .map(|(_, r)| r.as_slice())
+        .collect();
+    let system = floor::system_prompts(records, &same);
+    Ok(replay::conversations(records, &system))
+}
+
+/// A workload's KV blocks per engine from the folder's deployment record.
+fn deployed_blocks(dir: &std::path::Path, workload: &str) -> Option<usize> {
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).ok()?).ok()?;
     let n = s
-        .pointer("/deployment/workloads/chat/num_gpu_blocks")?
+        .pointer(&format!("/deployment/workloads/{workload}/num_gpu_blocks"))?
         .as_u64()?;
     usize::try_from(n).ok()
 }

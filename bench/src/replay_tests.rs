@@ -43,6 +43,7 @@ fn conv(tenant: usize, system_tokens: usize, turns: Vec<Turn>) -> Conversation {
         tenant,
         system_tokens,
         turns,
+        trace: None,
     }
 }
 
@@ -259,4 +260,36 @@ fn dealt_conversations_go_round_the_engines_and_stay() {
     let out = replay(&convs, &setup(2), &Placement::Dealt);
     assert_eq!(out.per_engine, vec![4, 2]);
     assert_eq!(Placement::parse("dealt"), Ok(Placement::Dealt));
+}
+
+#[test]
+fn a_trace_run_replays_its_requests_with_their_prompts_and_refuses_another_trace() {
+    let req = |ids: Vec<u64>, n: usize| TraceRequest {
+        timestamp: 0.0,
+        input_length: n,
+        output_length: 4,
+        hash_ids: ids,
+    };
+    let trace = vec![req(vec![1, 2], 40), req(vec![1, 3], 40)];
+    let mut a = rec("trace", 0, 0, 0.0, 100.0, 40, 4);
+    a.conversation = None;
+    let mut b = a.clone();
+    b.id = 1;
+    b.sent_s = 1.0;
+    let (convs, endpoints) = trace_requests(&[a.clone(), b], &trace, 16).unwrap();
+    assert_eq!((convs.len(), endpoints.len()), (2, 1));
+    // The second shares the first's first 16-token hash id: one block cached.
+    let out = replay(&convs, &setup(1), &Placement::Own);
+    assert_eq!((out.prompt_tokens, out.cached_tokens), (80, 16));
+    a.prompt_tokens = 41;
+    let e = trace_requests(&[a], &trace, 16).unwrap_err();
+    assert!(
+        e.contains("record 0 has 41 prompt tokens, the trace's request 0 has 40"),
+        "{e}"
+    );
+    let mut far = rec("trace", 0, 0, 0.0, 100.0, 40, 4);
+    far.id = 2;
+    assert!(trace_requests(&[far], &trace, 16)
+        .unwrap_err()
+        .contains("past the trace's 2 requests"));
 }

@@ -92,3 +92,38 @@ def test_a_folder_without_a_deployment_record_needs_the_cache_size(tmp_path):
     assert "give --num-gpu-blocks" in r.stderr, r.stderr
     r = replay("--dir", str(tmp_path), "--num-gpu-blocks", "2048", "--placements", "own")
     assert r.returncode == 0, r.stderr
+
+
+def trace_run(folder, trace_file):
+    """Two trace requests sharing their first hash id, on one engine."""
+    trace = [{"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [7, 8]},
+             {"timestamp": 1000, "input_length": 1024, "output_length": 4, "hash_ids": [7, 9]}]
+    trace_file.write_text("\n".join(json.dumps(t) for t in trace) + "\n")
+    rows = [(i, "trace", "", 0, float(i), 100.0, 8.0, 200.0, 1024, 512 * i, 4, "A") for i in range(2)]
+    lines = [HEADER] + [",".join(map(str, r)) + ",200,ok," for r in rows]
+    (folder / "trace-1.00-kvasir.csv").write_text("\n".join(lines) + "\n")
+    chat_run(folder)
+    meta = json.loads((folder / "chat-1.00-kvasir.json").read_text())
+    meta["workload"] = "trace"
+    (folder / "trace-1.00-kvasir.json").write_text(json.dumps(meta))
+
+
+def test_a_trace_run_replays_with_the_trace_it_replayed(tmp_path):
+    trace_file = tmp_path / "t.jsonl"
+    d = tmp_path / "run"
+    d.mkdir()
+    trace_run(d, trace_file)
+    r = replay("--dir", str(d), "--workload", "trace", "--num-gpu-blocks", "1024", "--placements", "own")
+    assert r.returncode != 0 and "--workload trace needs --trace" in r.stderr, r.stderr
+    r = replay("--dir", str(d), "--workload", "trace", "--trace", str(trace_file), "--num-gpu-blocks", "1024",
+               "--placements", "own;kvasir")
+    assert r.returncode == 0, r.stderr
+    rows = table(r.stdout)
+    # The second request finds the first's 512-token block.
+    assert rows["own"][5] == "25.0%" and rows["measured (the run)"][5] == "25.0%", r.stdout
+    assert "kvasir" in rows, r.stdout
+    trace_file.write_text(json.dumps({"timestamp": 0, "input_length": 10, "output_length": 4,
+                                      "hash_ids": [1]}) + "\n")
+    r = replay("--dir", str(d), "--workload", "trace", "--trace", str(trace_file), "--num-gpu-blocks", "1024")
+    assert r.returncode != 0
+    assert "record 0 has 1024 prompt tokens, the trace's request 0 has 10" in r.stderr, r.stderr
