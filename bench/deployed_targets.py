@@ -35,6 +35,8 @@ TARGET_LOADS = (1.0, 1.5)
 START, END = "<!-- targets-deployed:start -->", "<!-- targets-deployed:end -->"
 KVASIR = "kvasir"
 BENCH = Path(__file__).resolve().parent.parent / "target" / "release" / "kvasir-bench"
+# The trace routing.py replays (`TRACE` there).
+TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 # The queue model's best oracle rule as the replay names it (a central
 # queue, quickest first, an engine free below 2048 uncached tokens).
 CENTRAL = "central:quickest:0.5:2048"
@@ -111,6 +113,9 @@ def below_why(r: Run, load: float, q: str, goal_ms: float, k: str = KVASIR) -> s
         parts.append(f"on the engines each mode chose the model gives {k} {ms(ok)} and approx-prefix {ms(oa)} "
                      f"(measured {ms(r.ttft('trace', load, k, q))} and {ms(r.ttft('trace', load, a, q))}): what is "
                      "left is placement, balance given up for hits")
+    replay = replay_below_why(r.d, load, q, k)
+    if replay:
+        parts.append(replay)
     return "; ".join(parts)
 
 
@@ -195,30 +200,64 @@ def sticky_why(sticky: float | None, balanced: float, best: float | None = None,
     return out
 
 
-def replayed(d: Path, load: float, mode: str) -> dict[str, float] | None:
-    """Mean TTFT of a chat run replayed on vllm-sim's own engines
-    (`kvasir-bench replay`): its own placements (`own`), kvasir's ranking
-    with state never stale, at the run's scoring (`fresh`), and the queue
-    model's best oracle rule (`central`). None when the replay cannot run
-    (no binary, no cache size in the folder's deployment record, no
-    conversations)."""
-    if not BENCH.exists():
-        return None
+def run_scoring(d: Path) -> str:
+    """The replay's placement for kvasir's ranking at the run's scoring
+    weights (the deployment record's `late_binding_scoring`)."""
     try:
         summary = json.loads((d / "summary.json").read_text())
     except (OSError, ValueError):
-        return None
+        summary = {}
     scoring = (summary.get("deployment") or {}).get("late_binding_scoring") or {}
-    fresh = "kvasir" + (":" + ",".join(f"{k}={v}" for k, v in scoring.items()) if scoring else "")
-    try:
-        r = subprocess.run([str(BENCH), "replay", "--dir", str(d), "--mode", mode, "--load", str(load),
-                            "--placements", f"own;{fresh};{CENTRAL}", "--json"],
-                           capture_output=True, text=True, timeout=600)
-        rows = {x["placement"]: x["mean"] for x in json.loads(r.stdout)} if r.returncode == 0 else {}
-    except (OSError, ValueError, subprocess.TimeoutExpired):
+    return "kvasir" + (":" + ",".join(f"{k}={v}" for k, v in scoring.items()) if scoring else "")
+
+
+def replay_stats(d: Path, workload: str, load: float, mode: str, placements: list[str],
+                 q: str = "mean") -> dict[str, float] | None:
+    """Statistic `q` (mean, p50, p90, p99) of a run replayed on vllm-sim's
+    own engines (`kvasir-bench replay`) under each of `placements`. None
+    when the replay cannot run (no binary, no trace file, no cache size in
+    the folder's deployment record, no requests)."""
+    if not BENCH.exists() or (workload == "trace" and not TRACE.exists()):
         return None
-    out = {"own": rows.get("own"), "fresh": rows.get(fresh), "central": rows.get(CENTRAL)}
+    args = [str(BENCH), "replay", "--dir", str(d), "--workload", workload, "--mode", mode, "--load", str(load),
+            "--placements", ";".join(placements), "--json"]
+    if workload == "trace":
+        args += ["--trace", str(TRACE)]
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+        rows = {x["placement"]: x[q] for x in json.loads(r.stdout)} if r.returncode == 0 else {}
+    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
+        return None
+    out = {p: rows.get(p) for p in placements}
     return out if all(v is not None for v in out.values()) else None
+
+
+def replayed(d: Path, load: float, mode: str) -> dict[str, float] | None:
+    """Mean TTFT of a chat run replayed on vllm-sim's own engines: its own
+    placements (`own`), kvasir's ranking with state never stale, at the
+    run's scoring (`fresh`), and the queue model's best oracle rule
+    (`central`); None when the replay cannot run."""
+    fresh = run_scoring(d)
+    rows = replay_stats(d, "chat", load, mode, ["own", fresh, CENTRAL])
+    return None if rows is None else {"own": rows["own"], "fresh": rows[fresh], "central": rows[CENTRAL]}
+
+
+def replay_below_why(d: Path, load: float, q: str, k: str) -> str:
+    """What the replay on the simulator's own engines says of a trace
+    statistic not far enough below approx-prefix's: the two modes'
+    placements replayed, and the lowest `q` of the routers tried there."""
+    fresh = run_scoring(d)
+    tried = [fresh, "kvasir:queuedPrefill=1", CENTRAL]
+    mine = replay_stats(d, "trace", load, k, ["own", *tried], q)
+    theirs = replay_stats(d, "trace", load, "approx-prefix", ["own"], q)
+    if mine is None or theirs is None or not theirs["own"]:
+        return ""
+    lowest = min(mine[p] for p in tried)
+    return (f"replayed on vllm-sim's own engines (`kvasir-bench replay`: batching, decode steps, eviction), the two "
+            f"modes' placements give {ms(mine['own'])} and {ms(theirs['own'])}, and the lowest {q} of the routers "
+            f"tried there (kvasir's ranking with state never stale at this run's weights or at `queuedPrefill` 1, a "
+            f"central queue releasing quickest first) is {ms(lowest)}, {100 * (1 - lowest / theirs['own']):.1f}% below "
+            "approx-prefix's replayed placements")
 
 
 def replay_why(rep: dict[str, float] | None, balanced: float) -> str:

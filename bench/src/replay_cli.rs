@@ -29,6 +29,14 @@ pub(crate) struct ReplayArgs {
     /// requests by their place in it).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Start of the trace window the run replayed, seconds of trace time
+    /// (default: the folder's deployment record, else 0).
+    #[arg(long)]
+    from_s: Option<f64>,
+    /// Length of that window, seconds (default: the deployment record's,
+    /// else to the end).
+    #[arg(long)]
+    window_s: Option<f64>,
     /// Tokens per trace hash id.
     #[arg(long, default_value_t = kvasir_bench::trace::MOONCAKE_BLOCK_TOKENS)]
     trace_block_tokens: usize,
@@ -249,7 +257,24 @@ fn conversations_of(
             .context("--workload trace needs --trace (the trace file the run replayed)")?;
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let t = trace::parse(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let all = trace::parse(&text).with_context(|| format!("parsing {}", path.display()))?;
+        // A record's id is its request's place in the window the run replayed.
+        let record = deployment(&a.dir);
+        let field = |k: &str| {
+            record
+                .as_ref()?
+                .pointer(&format!("/workloads/trace/{k}"))?
+                .as_f64()
+        };
+        let from = a.from_s.or_else(|| field("from_s")).unwrap_or(0.0) * 1e3;
+        let to = a
+            .window_s
+            .or_else(|| field("window_s"))
+            .map_or(f64::INFINITY, |w| from + w * 1e3);
+        let t: Vec<_> = all
+            .into_iter()
+            .filter(|r| r.timestamp >= from && r.timestamp < to)
+            .collect();
         anyhow::ensure!(
             a.trace_block_tokens > 0,
             "--trace-block-tokens must be at least 1"
@@ -266,12 +291,17 @@ fn conversations_of(
     Ok(replay::conversations(records, &system))
 }
 
+/// The folder's deployment record (`summary.json`'s `deployment`).
+fn deployment(dir: &std::path::Path) -> Option<serde_json::Value> {
+    let mut s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).ok()?).ok()?;
+    Some(s.get_mut("deployment")?.take())
+}
+
 /// A workload's KV blocks per engine from the folder's deployment record.
 fn deployed_blocks(dir: &std::path::Path, workload: &str) -> Option<usize> {
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).ok()?).ok()?;
-    let n = s
-        .pointer(&format!("/deployment/workloads/{workload}/num_gpu_blocks"))?
+    let n = deployment(dir)?
+        .pointer(&format!("/workloads/{workload}/num_gpu_blocks"))?
         .as_u64()?;
     usize::try_from(n).ok()
 }

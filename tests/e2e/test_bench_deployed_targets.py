@@ -124,6 +124,53 @@ def test_a_p90_target_below_perfect_balance_at_the_pooled_reuse_is_out_of_any_ro
     assert "below even perfect balance at the pooled cache's reuse: no router meets it" in p90["why"], p90["why"]
 
 
+def run_meta(workload: str, mode: str) -> dict:
+    """A run's description (`<workload>-<load>-<mode>.json`) on 2 engines."""
+    stats = dist(0, 0)
+    return {"workload": workload, "mode": mode, "load": 1.0, "rate": 1.0, "time_scale": 1.0, "wall_s": 1.0,
+            "engines": {"engines": 2, "prefill_utilisation": 0.0, "busy_utilisation": 0.0, "preemptions": 0.0},
+            "summary": {"requests": 3, "ok": 3, "failed": 0, "timeouts": 0, "ttft": stats, "itl": stats,
+                        "e2e": stats, "duration_s": 4.0, "throughput_rps": 1.0, "output_tokens_per_s": 1.0,
+                        "cache_hit_rate": 0.3, "goodput_rps": 1.0, "goodput_share": 1.0, "per_endpoint": []},
+            "ttft_growth": 1.0}
+
+
+def test_a_p90_miss_says_what_the_replay_on_the_simulators_engines_gets(tmp_path, monkeypatch):
+    """With both modes' trace runs replayable (the trace, their run
+    descriptions, the deployment's cache size) the p90 why adds the two
+    placements replayed and the lowest p90 of the routers tried there."""
+    if not dt.BENCH.exists():
+        import pytest
+        pytest.skip("kvasir-bench not built")
+    d = folder(tmp_path, kvasir_hit=0.15)
+    s = json.loads((d / "summary.json").read_text())
+    s["runs"][0]["summary"]["ttft"] = dist(950, 2900)
+    (d / "summary.json").write_text(json.dumps(s))
+    why = rows_by_target(d)["trace @1.0: kvasir TTFT p90 >= 20% below approx-prefix's"]["why"]
+    assert "replayed on vllm-sim" not in why, why
+    # The fixture's 5 trace requests of 40000 tokens, two sharing 40 blocks.
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(json.dumps({"timestamp": 100 * i, "input_length": 40_000, "output_length": 4,
+                                            "hash_ids": [*range(40), *range(1000 * i, 1000 * i + 39)]})
+                               for i in range(5)) + "\n")
+    monkeypatch.setattr(dt, "TRACE", trace)
+    for mode in ("kvasir", "approx-prefix"):
+        with (d / f"trace-1.00-{mode}.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, FIELDS)
+            w.writeheader()
+            for i in range(5):
+                w.writerow({"id": i, "tenant": "trace", "conversation": "", "turn": 0, "sent_s": 0.1 * i,
+                            "ttft_ms": 500, "itl_ms": 8, "e2e_ms": 600, "prompt_tokens": 40_000,
+                            "cached_tokens": 0, "completion_tokens": 4, "endpoint": f"e{i % 2}", "status": 200,
+                            "outcome": "ok"})
+        (d / f"trace-1.00-{mode}.json").write_text(json.dumps(run_meta("trace", mode)))
+    s["deployment"]["workloads"]["trace"]["num_gpu_blocks"] = 8192
+    (d / "summary.json").write_text(json.dumps(s))
+    why = rows_by_target(d)["trace @1.0: kvasir TTFT p90 >= 20% below approx-prefix's"]["why"]
+    assert "replayed on vllm-sim's own engines (`kvasir-bench replay`" in why, why
+    assert "the lowest p90 of the routers tried there" in why and "below approx-prefix's replayed" in why, why
+
+
 def test_a_rerun_replaces_the_reports_section(tmp_path):
     d = folder(tmp_path, kvasir_hit=0.12)
     dt.main([str(d)])
