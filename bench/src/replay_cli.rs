@@ -71,6 +71,11 @@ pub(crate) struct ReplayArgs {
         value_delimiter = ';'
     )]
     placements: Vec<String>,
+    /// Engines at vLLM's `--scheduling-policy priority`, each request's
+    /// `priority` its uncached prompt tokens (in 256-token steps): shortest
+    /// prefill first in the engines' waiting queues.
+    #[arg(long)]
+    shortest_first: bool,
     /// Print the rows as JSON (`placement`, `mean`, `p50`, `p90`, `p99`
     /// in ms, `hit_rate`; the run's own as `measured`) instead of a table.
     #[arg(long)]
@@ -131,9 +136,14 @@ pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
             enable_prefix_caching: true,
             profile: model.profile.clone(),
             hash_seed: HashSeed(0),
-            policy: SchedulingPolicy::Fcfs,
+            policy: if a.shortest_first {
+                SchedulingPolicy::Priority
+            } else {
+                SchedulingPolicy::Fcfs
+            },
         },
         model,
+        shortest_first: a.shortest_first,
     };
     let answered: Vec<_> = records
         .iter()

@@ -193,6 +193,10 @@ pub fn trace_requests(
     Ok((out, endpoints))
 }
 
+/// Uncached prompt tokens per step of vLLM `priority` under
+/// [`Setup::shortest_first`].
+const PRIORITY_STEP_TOKENS: u64 = 256;
+
 /// The replayed cluster.
 #[derive(Debug, Clone)]
 pub struct Setup {
@@ -202,6 +206,11 @@ pub struct Setup {
     pub engine: EngineConfig,
     /// The oracle's prefill pricing.
     pub model: EngineModel,
+    /// Each request sent with vLLM's `priority` set to its uncached prompt
+    /// tokens on its engine (in 256-token steps), for engines at
+    /// `--scheduling-policy priority`: shortest prefill first in their
+    /// waiting queues.
+    pub shortest_first: bool,
 }
 
 /// What a replay gave.
@@ -396,11 +405,8 @@ impl Cluster<'_> {
         req.rx = Some(rx);
         let len = req.tokens.len() as u64;
         let node = &mut self.nodes[e];
-        node.pending.push((
-            r,
-            costs.alone[e],
-            len.saturating_sub(costs.cached[e] as u64),
-        ));
+        let uncached = len.saturating_sub(costs.cached[e] as u64);
+        node.pending.push((r, costs.alone[e], uncached));
         node.active.push(r);
         node.engine.add_request(NewRequest {
             id: r as u64,
@@ -409,7 +415,11 @@ impl Cluster<'_> {
             finish_reason: FinishReason::Length,
             cache_salt: None,
             arrival: t,
-            priority: 0,
+            priority: if self.setup.shortest_first {
+                i64::try_from(uncached / PRIORITY_STEP_TOKENS).unwrap_or(i64::MAX)
+            } else {
+                0
+            },
             sink: tx,
         });
         self.out.per_engine[e] += 1;

@@ -25,6 +25,7 @@ fn setup(engines: usize) -> Setup {
             policy: SchedulingPolicy::Fcfs,
         },
         model: model(),
+        shortest_first: false,
     }
 }
 
@@ -292,4 +293,37 @@ fn a_trace_run_replays_its_requests_with_their_prompts_and_refuses_another_trace
     assert!(trace_requests(&[far], &trace, 16)
         .unwrap_err()
         .contains("past the trace's 2 requests"));
+}
+
+#[test]
+fn shortest_first_lets_a_short_prompt_past_a_long_one_in_the_waiting_queue() {
+    // A long prefill runs; a long and then a short prompt wait behind it.
+    // In the step where the first one's last chunk leaves budget over, the
+    // waiting queue's front gets it: the long one first come first served,
+    // the short one under shortest first.
+    let convs = [
+        conv(0, 0, vec![turn(0.0, 0.0, 20_000, 0)]),
+        conv(1, 0, vec![turn(0.001, 0.0, 16_000, 0)]),
+        conv(2, 0, vec![turn(0.002, 0.0, 100, 0)]),
+    ];
+    let short_ttft = |shortest_first: bool| {
+        let s = Setup {
+            shortest_first,
+            engine: EngineConfig {
+                policy: if shortest_first {
+                    SchedulingPolicy::Priority
+                } else {
+                    SchedulingPolicy::Fcfs
+                },
+                ..setup(1).engine
+            },
+            ..setup(1)
+        };
+        // First tokens come in time order: the short one's is the one
+        // closest to its own prefill alone.
+        let out = replay(&convs, &s, &Placement::Own);
+        out.ttft_ms.iter().copied().fold(f64::INFINITY, f64::min)
+    };
+    let (fcfs, sjf) = (short_ttft(false), short_ttft(true));
+    assert!(sjf < fcfs, "shortest first {sjf} ms against {fcfs} ms");
 }
