@@ -137,7 +137,7 @@ def flow_config(scenario: str, time_scale: float, flow: dict | None = None) -> d
 
 # flowControl settings the indexer's pools file has and the policy does
 # not carry yet (flowcontrol/README.md).
-POOLS_FILE_ONLY = ("enginePriority", "reserveCountsWaiting", "overShareSlack")
+POOLS_FILE_ONLY = ("enginePriority", "enginePriorityBy", "reserveCountsWaiting", "overShareSlack")
 
 
 class Cluster(CL.Cluster):

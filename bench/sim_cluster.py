@@ -113,7 +113,10 @@ class Cluster:
     def sim_args(self) -> list[str]:
         """The engines' extra vllm-sim arguments (a subclass adds its mode's)."""
         sh = self.shape
-        return ["--num-gpu-blocks", str(sh.num_gpu_blocks), "--max-model-len", str(sh.max_model_len)]
+        args = ["--num-gpu-blocks", str(sh.num_gpu_blocks), "--max-model-len", str(sh.max_model_len)]
+        # A variant's `sim.schedulingPolicy` (bench/variants.py).
+        policy = ((VAR.overrides(self.mode) or {}).get("sim") or {}).get("schedulingPolicy")
+        return args + (["--scheduling-policy", policy] if policy else [])
 
     def _start(self) -> None:
         sh = self.shape
@@ -175,9 +178,10 @@ class Cluster:
         if not flow:
             return POLICY
         pol = copy.deepcopy(POLICY)
-        # enginePriority is the indexer's pools file's alone (the filter
+        # enginePriority(By) is the indexer's pools file's alone (the filter
         # writes whatever priority the pick answers).
-        pol["pools"][0]["flowControl"] = {k: v for k, v in flow.items() if k != "enginePriority"}
+        pol["pools"][0]["flowControl"] = {k: v for k, v in flow.items()
+                                          if k not in ("enginePriority", "enginePriorityBy")}
         return pol
 
     def indexer_config(self, i: int, redis: h.Redis | None, overrides: dict | None) -> dict:
@@ -188,6 +192,7 @@ class Cluster:
         # (e.g. `noplace:sharedLoad.placements=false`), the rest to the pool.
         overrides = dict(overrides or {})
         shared = overrides.pop("sharedLoad", {})
+        overrides.pop("sim", None)  # the engines' (sim_args)
         if overrides.pop("flow", None) and self.flow():
             overrides["flowControl"] = self.flow()
         if overrides:

@@ -98,7 +98,9 @@ def configure(late: bool, spec: str) -> list[str]:
 
 
 def parse_variants(spec: str) -> dict[str, dict]:
-    """`name:key=v,sec.key=v;name2:...` -> {"kvasir-name": {"scoring": {key: v}, "sec": {key: v}}}."""
+    """`name:key=v,sec.key=v;name2:...` -> {"kvasir-name": {"scoring": {key: v}, "sec": {key: v}}}.
+    The `sim` section is the engines' (`sim.schedulingPolicy=priority`:
+    vLLM's `--scheduling-policy`), not the indexer's."""
     out = {}
     for part in filter(None, (x.strip() for x in spec.split(";"))):
         name, _, kvs = part.partition(":")
@@ -114,10 +116,19 @@ def parse_variants(spec: str) -> dict[str, dict]:
             elif v == "null":
                 val = None
             else:
-                f = float(v)
-                # Integral values as JSON integers: counts (`saturation.waiting`) are u32.
-                val = int(f) if f.is_integer() else f
+                try:
+                    f = float(v)
+                except ValueError:
+                    # A word (`flow.enginePriorityBy=prefill`, `sim.schedulingPolicy=priority`).
+                    val = v
+                else:
+                    # Integral values as JSON integers: counts (`saturation.waiting`) are u32.
+                    val = int(f) if f.is_integer() else f
             w.setdefault(section or "scoring", {})[key] = val
+        sim = w.get("sim", {})
+        if set(sim) - {"schedulingPolicy"} or sim.get("schedulingPolicy", "fcfs") not in ("fcfs", "priority"):
+            raise SystemExit(f"--variants {name}: the engines take sim.schedulingPolicy=fcfs|priority only, "
+                             f"got {sim}")
         if "flow" in w:
             if "maxWaitMs" in w["flow"]:
                 raise SystemExit(f"--variants {name}: give flow.maxWaitSimMs (simulated ms), not flow.maxWaitMs")

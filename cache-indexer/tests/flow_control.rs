@@ -549,10 +549,41 @@ async fn answers_carry_the_engine_priority_only_when_the_pool_asks_for_it() {
     }
 }
 
+#[tokio::test]
+async fn by_prefill_answers_put_the_shortest_uncached_prompt_first() {
+    let by_prefill = FlowControlConfig {
+        engine_priority: true,
+        engine_priority_by: kvasir_flowcontrol::EnginePriorityBy::Prefill,
+        ..flow_on(64, 64, 10_000)
+    };
+    let pool = pool(by_prefill, 2);
+    scrape_all(&pool, 0, 0, 0.1);
+    // Nothing cached: the whole prompt is prefill, in 256-token steps.
+    let long = pick(&pool, req("long", "a", ids(0, 1000))).await;
+    let short = pick(&pool, req("short", "a", ids(5000, 100))).await;
+    let batch = pick(&pool, with_priority(req("b", "b", ids(9000, 100)), 1)).await;
+    let got = [&long, &short, &batch].map(|a| a.engine_priority);
+    assert_eq!(got, [Some(3), Some(0), Some(64)], "{long:?}");
+}
+
 #[test]
 fn engine_priority_is_a_pools_file_setting() {
     let yaml = "pools:\n  - name: a\n    tokenizer: approx\n    endpoints:\n      - { address: \"127.0.0.1:8001\", events: \"tcp://127.0.0.1:5557\" }\n    flowControl: { enabled: true, enginePriority: true }\n";
     let cfg = config::parse(yaml, Path::new("t.yaml")).unwrap();
     cfg.validate().unwrap();
     assert!(cfg.pools[0].flow_control.engine_priority);
+    let by_prefill = yaml.replace(
+        "enginePriority: true",
+        "enginePriority: true, enginePriorityBy: prefill",
+    );
+    let cfg = config::parse(&by_prefill, Path::new("t.yaml")).unwrap();
+    assert_eq!(
+        cfg.pools[0].flow_control.engine_priority_by,
+        kvasir_flowcontrol::EnginePriorityBy::Prefill
+    );
+    let wrong = yaml.replace("enginePriority: true", "enginePriorityBy: fastest");
+    let e = config::parse(&wrong, Path::new("t.yaml"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fastest"), "{e}");
 }

@@ -62,6 +62,23 @@ pub struct FlowControlConfig {
     /// default (`fcfs`) the priority is accepted and ignored (vLLM 0.34),
     /// so it would change nothing.
     pub engine_priority: bool,
+    /// What orders requests within a band in the engines' queues, with
+    /// `enginePriority` on: `share` (the default) puts the tenants over
+    /// their share last ([`engine_priority`]); `prefill` puts the shortest
+    /// uncached prompt on the chosen engine first ([`prefill_priority`]).
+    pub engine_priority_by: EnginePriorityBy,
+}
+
+/// What orders the engines' waiting queues within a band
+/// ([`FlowControlConfig::engine_priority_by`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum EnginePriorityBy {
+    /// Tenants at or under their weighted share first.
+    #[default]
+    Share,
+    /// Requests with less prefill left to do on their engine first.
+    Prefill,
 }
 
 impl Default for FlowControlConfig {
@@ -82,6 +99,7 @@ impl Default for FlowControlConfig {
             over_share_slack: DEFAULT_OVER_SHARE_SLACK,
             reserve_counts_waiting: DEFAULT_RESERVE_COUNTS_WAITING,
             engine_priority: false,
+            engine_priority_by: EnginePriorityBy::Share,
         }
     }
 }
@@ -230,6 +248,29 @@ pub fn engine_priority(band: i32, over_share: bool) -> i32 {
     band.saturating_mul(2).saturating_add(i32::from(over_share))
 }
 
+/// Uncached prompt tokens per step of [`prefill_priority`].
+pub const PREFILL_PRIORITY_STEP_TOKENS: u64 = 256;
+
+/// Steps of [`prefill_priority`] within a band; longer prompts share the
+/// last.
+pub const PREFILL_PRIORITY_STEPS: i32 = 64;
+
+/// The vLLM `priority` (lower is served first) of a pick of priority band
+/// `band` placed where `uncached_tokens` of its prompt are not cached:
+/// bands keep their order, and within a band the request with the least
+/// prefill left goes first, in steps of [`PREFILL_PRIORITY_STEP_TOKENS`]
+/// (the last step holds everything from 16,128 tokens on). An engine whose
+/// waiting queue never empties then serves a long prompt only after every
+/// shorter one (vLLM's priority policy has no aging): the mean and the
+/// median fall, the longest prompts' tail grows (measured with
+/// `kvasir-bench replay --shortest-first`, bench/results/replay.md).
+pub fn prefill_priority(band: i32, uncached_tokens: u64) -> i32 {
+    let step = (uncached_tokens / PREFILL_PRIORITY_STEP_TOKENS)
+        .min(PREFILL_PRIORITY_STEPS as u64 - 1) as i32;
+    band.saturating_mul(PREFILL_PRIORITY_STEPS)
+        .saturating_add(step)
+}
+
 /// An engine's saturation from its queued prefill work: `tokens` queued
 /// over `saturated` (0: the term is off, 0.0).
 pub fn work_saturation(tokens: u64, saturated: u64) -> f64 {
@@ -327,6 +368,29 @@ mod tests {
         assert!(engine_priority(-1, true) < engine_priority(0, false));
         assert_eq!(engine_priority(i32::MAX, true), i32::MAX, "saturates");
         assert_eq!(engine_priority(i32::MIN, false), i32::MIN);
+    }
+
+    #[test]
+    fn prefill_priority_keeps_bands_then_puts_the_shortest_prefill_first() {
+        let c: FlowControlConfig =
+            serde_json::from_str(r#"{"enginePriority": true, "enginePriorityBy": "prefill"}"#)
+                .unwrap();
+        assert_eq!(c.engine_priority_by, EnginePriorityBy::Prefill);
+        assert_eq!(
+            FlowControlConfig::default().engine_priority_by,
+            EnginePriorityBy::Share
+        );
+        let e = serde_json::from_str::<FlowControlConfig>(r#"{"enginePriorityBy": "size"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("unknown variant `size`"), "{e}");
+        assert_eq!(prefill_priority(0, 0), 0);
+        assert_eq!(prefill_priority(0, 255), 0);
+        assert_eq!(prefill_priority(0, 256), 1);
+        assert_eq!(prefill_priority(0, 1 << 40), 63, "the last step");
+        // The longest prompt in band 0 still comes before anyone in band 1.
+        assert!(prefill_priority(0, 1 << 40) < prefill_priority(1, 0));
+        assert!(prefill_priority(-1, 1 << 40) < prefill_priority(0, 0));
+        assert_eq!(prefill_priority(i32::MAX, 1 << 20), i32::MAX, "saturates");
     }
 
     #[test]

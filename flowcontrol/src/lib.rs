@@ -81,9 +81,10 @@ mod queue;
 mod shares;
 
 pub use config::{
-    engine_priority, has_room, room_bound, should_queue, work_saturation, ConfigError,
-    FlowControlConfig, Limits, DEFAULT_OVER_SHARE_SLACK, DEFAULT_RESERVE,
-    DEFAULT_RESERVE_COUNTS_WAITING, DEFAULT_SATURATED_PREFILL_TOKENS,
+    engine_priority, has_room, prefill_priority, room_bound, should_queue, work_saturation,
+    ConfigError, EnginePriorityBy, FlowControlConfig, Limits, DEFAULT_OVER_SHARE_SLACK,
+    DEFAULT_RESERVE, DEFAULT_RESERVE_COUNTS_WAITING, DEFAULT_SATURATED_PREFILL_TOKENS,
+    PREFILL_PRIORITY_STEPS, PREFILL_PRIORITY_STEP_TOKENS,
 };
 pub use queue::{FlowQueue, Refusal, Refused, Released, Ticket, Waiting};
 pub use shares::Shares;

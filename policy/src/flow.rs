@@ -148,6 +148,7 @@ pub fn resolve(fc: &FlowControl) -> FlowControlConfig {
         over_share_slack: d.over_share_slack,
         reserve_counts_waiting: d.reserve_counts_waiting,
         engine_priority: d.engine_priority,
+        engine_priority_by: d.engine_priority_by,
     }
 }
 

@@ -7,6 +7,8 @@ in every replica and in the filter's policy. No processes are started."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -112,3 +114,26 @@ def test_engine_priority_goes_to_the_indexers_only():
         assert "enginePriority" not in CL.Cluster(mode, Path("/nonexistent"), 0.25).policy()["pools"][0]["flowControl"]
     finally:
         VAR.VARIANTS.pop(mode)
+
+
+def test_shortest_prefill_first_goes_to_the_indexers_and_the_engines_policy_to_the_sims():
+    spec = "sjf:flow.enginePriority=true,flow.enginePriorityBy=prefill,sim.schedulingPolicy=priority"
+    (mode, overrides), = VAR.parse_variants(spec).items()
+    assert overrides["sim"] == {"schedulingPolicy": "priority"}
+    VAR.VARIANTS.update({mode: overrides})
+    try:
+        pool = _config(spec)["pools"][0]
+        assert pool["flowControl"]["enginePriorityBy"] == "prefill", pool
+        assert "sim" not in pool and "schedulingPolicy" not in json.dumps(_config(spec)), pool
+        cluster = CL.Cluster(mode, Path("/nonexistent"), 0.25)
+        assert "enginePriorityBy" not in cluster.policy()["pools"][0]["flowControl"]
+        assert cluster.sim_args()[-2:] == ["--scheduling-policy", "priority"]
+    finally:
+        VAR.VARIANTS.pop(mode)
+    assert "--scheduling-policy" not in CL.Cluster("kvasir", Path("/nonexistent"), 0.25).sim_args()
+
+
+@pytest.mark.parametrize("spec", ["x:sim.schedulingPolicy=sjf", "x:sim.maxNumSeqs=8"])
+def test_the_engines_take_only_a_known_scheduling_policy(spec):
+    with pytest.raises(SystemExit, match=re.escape("sim.schedulingPolicy=fcfs|priority only")):
+        VAR.parse_variants(spec)

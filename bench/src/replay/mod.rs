@@ -29,7 +29,12 @@
 //! without its delay) and, per engine, the requests it placed there that
 //! have no first token yet, each priced as if alone
 //! ([`EngineModel::unqueued_ttft_ms`]): their sum is the engine's backlog.
-//! Left out: the run's engine restart, and requests that failed in the run.
+//! Left out: the run's engine restart, requests that failed in the run,
+//! and flow control holding picks at the gateway: every request reaches
+//! its engine when it was sent, so where late binding held many picks the
+//! queue the run had at the gateway sits in the engines here, and
+//! `--shortest-first` reorders it where the real engines had little to
+//! reorder (bench/results/engine-priority-prefill/).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};

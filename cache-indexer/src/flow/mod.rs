@@ -58,7 +58,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvasir_flowcontrol::{
-    engine_priority, has_room, room_bound, FlowControlConfig, FlowQueue, Refusal, Shares, Ticket,
+    engine_priority, has_room, prefill_priority, room_bound, EnginePriorityBy, FlowControlConfig,
+    FlowQueue, Refusal, Shares, Ticket,
 };
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
@@ -140,8 +141,17 @@ pub struct Passage {
     charge: Option<Charge>,
     /// Its work in its tenant's share, ended on drop unless placed.
     share: Option<ShareGuard>,
-    /// The vLLM `priority` for its engine, with `enginePriority` on.
-    engine_priority: Option<i32>,
+    /// How its vLLM `priority` is set, with `enginePriority` on.
+    engine_rank: Option<EngineRank>,
+}
+
+/// How a pass's vLLM `priority` is set (`enginePriorityBy`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum EngineRank {
+    /// Fixed when it was bound (by its tenant's share).
+    Fixed(i32),
+    /// Its band, refined by the prefill left on the engine it is placed on.
+    ByPrefill(i32),
 }
 
 /// Picks in transit and their tokens.
@@ -192,7 +202,7 @@ impl Passage {
             queued: Duration::ZERO,
             charge: None,
             share: None,
-            engine_priority: None,
+            engine_rank: None,
         }
     }
 
@@ -202,9 +212,15 @@ impl Passage {
     }
 
     /// The vLLM `priority` its engine is to serve it at (the pool's
-    /// `enginePriority`; `None` when off): fixed when the pick was bound.
-    pub fn engine_priority(&self) -> Option<i32> {
-        self.engine_priority
+    /// `enginePriority`; `None` when off), placed where `uncached_tokens`
+    /// of its prompt are not cached: by its tenant's share as it was when
+    /// the pick was bound, or (`enginePriorityBy: prefill`) by its band and
+    /// that prefill ([`kvasir_flowcontrol::prefill_priority`]).
+    pub fn engine_priority(&self, uncached_tokens: u64) -> Option<i32> {
+        self.engine_rank.map(|r| match r {
+            EngineRank::Fixed(p) => p,
+            EngineRank::ByPrefill(band) => prefill_priority(band, uncached_tokens),
+        })
     }
 }
 
@@ -334,14 +350,18 @@ impl PoolFlow {
         let t = &self.in_transit;
         t.picks.fetch_add(1, Ordering::AcqRel);
         t.tokens.fetch_add(charge.tokens, Ordering::AcqRel);
-        let engine_priority = {
+        let engine_rank = {
             let mut shares = self.shares.lock();
-            let p = self
-                .config
-                .engine_priority
-                .then(|| self.engine_priority_in(&shares, &charge.tenant, charge.priority));
+            let band = charge.priority;
+            let r = match (self.config.engine_priority, self.config.engine_priority_by) {
+                (false, _) => None,
+                (true, EnginePriorityBy::Share) => Some(EngineRank::Fixed(
+                    self.engine_priority_in(&shares, &charge.tenant, band),
+                )),
+                (true, EnginePriorityBy::Prefill) => Some(EngineRank::ByPrefill(band)),
+            };
             shares.start(&charge.tenant, charge.weight, charge.tokens);
-            p
+            r
         };
         Passage {
             in_transit: Some(Arc::clone(t)),
@@ -354,7 +374,7 @@ impl PoolFlow {
                 armed: true,
             }),
             charge: Some(charge),
-            engine_priority,
+            engine_rank,
         }
     }
 

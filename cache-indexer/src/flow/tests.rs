@@ -531,7 +531,7 @@ fn engine_priority_of(f: &PoolFlow, loads: &[(EndpointId, LoadView)], ask: Ask) 
     let Arrival::Go(p) = f.arrive(loads, &th(), ask, Instant::now()) else {
         panic!("room: it goes")
     };
-    let priority = p.engine_priority();
+    let priority = p.engine_priority(0);
     f.placed(p, Some(EndpointId(1)));
     priority
 }
@@ -591,5 +591,29 @@ fn a_released_pick_gets_its_engine_priority_when_it_leaves_the_queue() {
         panic!("released")
     };
     assert!(rxs[1].try_recv().is_err(), "one slot, one release");
-    assert_eq!(p.engine_priority(), Some(1));
+    assert_eq!(p.engine_priority(0), Some(1));
+}
+
+#[test]
+fn by_prefill_the_engine_priority_is_the_band_then_the_prefill_left_where_it_goes() {
+    let f = PoolFlow::new(FlowControlConfig {
+        engine_priority: true,
+        engine_priority_by: kvasir_flowcontrol::EnginePriorityBy::Prefill,
+        ..cfg(64, 64)
+    });
+    let idle = [ep(1, 0, 0)];
+    let Arrival::Go(p) = f.arrive(&idle, &th(), ask("a", 1000), Instant::now()) else {
+        panic!("room: it goes")
+    };
+    // Not its tenant's share (a is alone): the prefill on its engine.
+    assert_eq!(p.engine_priority(0), Some(0));
+    assert_eq!(p.engine_priority(1000), Some(3));
+    let batch = Ask {
+        priority: 1,
+        ..ask("b", 1001)
+    };
+    let Arrival::Go(q) = f.arrive(&idle, &th(), batch, Instant::now()) else {
+        panic!("room: it goes")
+    };
+    assert_eq!(q.engine_priority(0), Some(64), "after every band-0 prefill");
 }

@@ -155,12 +155,10 @@ impl Pool {
         answer: &mut pb::PickResponse,
     ) {
         answer.queued_ms = millis(pass.queued());
-        answer.engine_priority = pass.engine_priority();
-        let first = ranked
-            .ranking
-            .order
-            .first()
-            .map(|r| ranked.endpoints[r.candidate].id);
+        let first = ranked.ranking.order.first();
+        answer.engine_priority =
+            pass.engine_priority(first.map_or(0, |r| u64::from(r.cost.uncached_tokens)));
+        let first = first.map(|r| ranked.endpoints[r.candidate].id);
         self.flow.placed(pass, first);
     }
 
