@@ -72,8 +72,9 @@ pub(crate) struct ReplayArgs {
     )]
     placements: Vec<String>,
     /// Engines at vLLM's `--scheduling-policy priority`, each request's
-    /// `priority` its uncached prompt tokens (in 256-token steps): shortest
-    /// prefill first in the engines' waiting queues.
+    /// `priority` as the pool's `enginePriorityBy: prefill` sets it (its
+    /// uncached prompt tokens in 256-token steps): shortest prefill first
+    /// in the engines' waiting queues.
     #[arg(long)]
     shortest_first: bool,
     /// Print the rows as JSON (`placement`, `mean`, `p50`, `p90`, `p99`

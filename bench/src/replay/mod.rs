@@ -116,13 +116,7 @@ pub fn conversations(
         let mut turns = Vec::with_capacity(rs.len());
         let mut before: Option<&Record> = None;
         for r in rs {
-            let endpoint = match endpoints.iter().position(|e| *e == r.endpoint) {
-                Some(i) => i,
-                None => {
-                    endpoints.push(r.endpoint.clone());
-                    endpoints.len() - 1
-                }
-            };
+            let endpoint = endpoint_index(&mut endpoints, &r.endpoint);
             let (think_s, had) = match before {
                 Some(b) => (
                     (r.sent_s - b.sent_s - b.e2e_ms / 1e3).max(0.0),
@@ -149,6 +143,17 @@ pub fn conversations(
     (out, endpoints)
 }
 
+/// `address`'s place in `endpoints`, added at the end when new.
+fn endpoint_index(endpoints: &mut Vec<String>, address: &str) -> usize {
+    match endpoints.iter().position(|e| e == address) {
+        Some(i) => i,
+        None => {
+            endpoints.push(address.to_string());
+            endpoints.len() - 1
+        }
+    }
+}
+
 /// A trace run's answered records as one-turn conversations sent at the
 /// run's send times, each with its trace request's prompt (a record's id
 /// is its request's place in `trace`; `block_tokens` per hash id), with
@@ -169,19 +174,19 @@ pub fn trace_requests(
                 trace.len()
             )
         })?;
+        if t.input_length == 0 {
+            return Err(format!(
+                "record {}'s trace request has no prompt tokens",
+                r.id
+            ));
+        }
         if t.input_length as u64 != r.prompt_tokens {
             return Err(format!(
                 "record {} has {} prompt tokens, the trace's request {} has {}: not the trace (or window) the run replayed",
                 r.id, r.prompt_tokens, r.id, t.input_length
             ));
         }
-        let endpoint = match endpoints.iter().position(|e| *e == r.endpoint) {
-            Some(i) => i,
-            None => {
-                endpoints.push(r.endpoint.clone());
-                endpoints.len() - 1
-            }
-        };
+        let endpoint = endpoint_index(&mut endpoints, &r.endpoint);
         out.push(Conversation {
             tenant: 0,
             system_tokens: 0,
@@ -198,10 +203,6 @@ pub fn trace_requests(
     Ok((out, endpoints))
 }
 
-/// Uncached prompt tokens per step of vLLM `priority` under
-/// [`Setup::shortest_first`].
-const PRIORITY_STEP_TOKENS: u64 = 256;
-
 /// The replayed cluster.
 #[derive(Debug, Clone)]
 pub struct Setup {
@@ -211,8 +212,9 @@ pub struct Setup {
     pub engine: EngineConfig,
     /// The oracle's prefill pricing.
     pub model: EngineModel,
-    /// Each request sent with vLLM's `priority` set to its uncached prompt
-    /// tokens on its engine (in 256-token steps), for engines at
+    /// Each request sent with the `priority` the pool's
+    /// `enginePriorityBy: prefill` gives it on its engine
+    /// ([`kvasir_flowcontrol::prefill_priority`], band 0), for engines at
     /// `--scheduling-policy priority`: shortest prefill first in their
     /// waiting queues.
     pub shortest_first: bool,
@@ -261,7 +263,8 @@ struct Node {
     pending: Vec<(usize, f64, u64)>,
     /// Requests placed here not finished.
     active: Vec<usize>,
-    /// Since when its backlog has been at most the free mark.
+    /// When its last request without a first token got one (of the free
+    /// engines, the one free longest chooses first).
     free_since: f64,
 }
 
@@ -421,7 +424,7 @@ impl Cluster<'_> {
             cache_salt: None,
             arrival: t,
             priority: if self.setup.shortest_first {
-                i64::try_from(uncached / PRIORITY_STEP_TOKENS).unwrap_or(i64::MAX)
+                i64::from(kvasir_flowcontrol::prefill_priority(0, uncached))
             } else {
                 0
             },

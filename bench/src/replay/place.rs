@@ -199,7 +199,7 @@ impl Cluster<'_> {
         let req = &self.reqs[r];
         let bs = self.setup.engine.block_size;
         // vLLM reuses full blocks within the first len-1 tokens only.
-        let limit = ((req.tokens.len() - 1) / bs).min(req.hashes.len());
+        let limit = (req.tokens.len().saturating_sub(1) / bs).min(req.hashes.len());
         let cached: Vec<usize> = self
             .nodes
             .iter()

@@ -288,6 +288,12 @@ fn a_trace_run_replays_its_requests_with_their_prompts_and_refuses_another_trace
         e.contains("record 0 has 41 prompt tokens, the trace's request 0 has 40"),
         "{e}"
     );
+    let empty = vec![req(vec![1], 0)];
+    let mut none = rec("trace", 0, 0, 0.0, 100.0, 0, 4);
+    none.conversation = None;
+    assert!(trace_requests(&[none], &empty, 16)
+        .unwrap_err()
+        .contains("has no prompt tokens"));
     let mut far = rec("trace", 0, 0, 0.0, 100.0, 40, 4);
     far.id = 2;
     assert!(trace_requests(&[far], &trace, 16)

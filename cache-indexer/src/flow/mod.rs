@@ -49,17 +49,18 @@
 mod estimate;
 pub mod metrics;
 mod moves;
+mod passage;
 pub mod recheck;
 mod release;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvasir_flowcontrol::{
-    engine_priority, has_room, prefill_priority, room_bound, EnginePriorityBy, FlowControlConfig,
-    FlowQueue, Refusal, Shares, Ticket,
+    engine_priority, has_room, room_bound, EnginePriorityBy, FlowControlConfig, FlowQueue, Refusal,
+    Shares, Ticket,
 };
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
@@ -69,6 +70,8 @@ use crate::types::EndpointId;
 use estimate::Since;
 pub use metrics::{FlowMetrics, ShedCause};
 use moves::{since_scrape, PeerMoves};
+pub use passage::Passage;
+use passage::{Charge, EngineRank, ShareGuard, Transit};
 
 /// Placements remembered per endpoint between two scrapes; past it the
 /// oldest are forgotten (the endpoint looks less loaded until the scrape).
@@ -126,111 +129,6 @@ pub enum Arrival {
     },
     /// Shed it.
     Shed(ShedCause),
-}
-
-/// A pick let through or released and not placed yet: it counts as load
-/// (in transit) until [`PoolFlow::placed`] or its drop (the caller went
-/// away after its release).
-#[derive(Debug)]
-pub struct Passage {
-    in_transit: Option<Arc<Transit>>,
-    /// Its tokens, counted in `in_transit`.
-    tokens: u64,
-    queued: Duration,
-    /// Its fair-share charge, to settle later.
-    charge: Option<Charge>,
-    /// Its work in its tenant's share, ended on drop unless placed.
-    share: Option<ShareGuard>,
-    /// How its vLLM `priority` is set, with `enginePriority` on.
-    engine_rank: Option<EngineRank>,
-}
-
-/// How a pass's vLLM `priority` is set (`enginePriorityBy`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum EngineRank {
-    /// Fixed when it was bound (by its tenant's share).
-    Fixed(i32),
-    /// Its band, refined by the prefill left on the engine it is placed on.
-    ByPrefill(i32),
-}
-
-/// Picks in transit and their tokens.
-#[derive(Debug, Default)]
-struct Transit {
-    picks: AtomicUsize,
-    tokens: AtomicU64,
-}
-
-/// A pick's fair-share charge, kept from its placement to its report.
-#[derive(Debug, Clone, PartialEq)]
-struct Charge {
-    request_id: String,
-    tenant: String,
-    priority: i32,
-    weight: u32,
-    tokens: u64,
-    /// Whether it waited (only then the queue's tags are settled).
-    queued: bool,
-    /// When it was placed.
-    at: Instant,
-}
-
-/// A pass's work in its tenant's share: ended when the pass is dropped
-/// unplaced; a placed pick's moves to its charge.
-#[derive(Debug)]
-struct ShareGuard {
-    shares: Arc<Mutex<Shares>>,
-    tenant: String,
-    tokens: u64,
-    armed: bool,
-}
-
-impl Drop for ShareGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            self.shares.lock().end(&self.tenant, self.tokens);
-        }
-    }
-}
-
-impl Passage {
-    /// A pass that counts nothing (flow control off).
-    pub fn free() -> Self {
-        Passage {
-            in_transit: None,
-            tokens: 0,
-            queued: Duration::ZERO,
-            charge: None,
-            share: None,
-            engine_rank: None,
-        }
-    }
-
-    /// How long the pick waited in the queue.
-    pub fn queued(&self) -> Duration {
-        self.queued
-    }
-
-    /// The vLLM `priority` its engine is to serve it at (the pool's
-    /// `enginePriority`; `None` when off), placed where `uncached_tokens`
-    /// of its prompt are not cached: by its tenant's share as it was when
-    /// the pick was bound, or (`enginePriorityBy: prefill`) by its band and
-    /// that prefill ([`kvasir_flowcontrol::prefill_priority`]).
-    pub fn engine_priority(&self, uncached_tokens: u64) -> Option<i32> {
-        self.engine_rank.map(|r| match r {
-            EngineRank::Fixed(p) => p,
-            EngineRank::ByPrefill(band) => prefill_priority(band, uncached_tokens),
-        })
-    }
-}
-
-impl Drop for Passage {
-    fn drop(&mut self) {
-        if let Some(n) = self.in_transit.take() {
-            n.picks.fetch_sub(1, Ordering::AcqRel);
-            n.tokens.fetch_sub(self.tokens, Ordering::AcqRel);
-        }
-    }
 }
 
 /// A waiting pick's state in the queue: where to send its wake.
