@@ -22,6 +22,7 @@ Usage: `python3 bench/deployed_targets.py RESULTS_DIR`.
 from __future__ import annotations
 
 import csv
+import functools
 import importlib.util
 import json
 import math
@@ -217,6 +218,16 @@ def replay_stats(d: Path, workload: str, load: float, mode: str, placements: lis
     own engines (`kvasir-bench replay`) under each of `placements`. None
     when the replay cannot run (no binary, no trace file, no cache size in
     the folder's deployment record, no requests)."""
+    rows = _replayed_rows(d, workload, load, mode, tuple(placements))
+    out = {p: (rows or {}).get(p, {}).get(q) for p in placements}
+    return out if all(v is not None for v in out.values()) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _replayed_rows(d: Path, workload: str, load: float, mode: str,
+                   placements: tuple[str, ...]) -> dict[str, dict] | None:
+    """The replay's rows by placement (one run of the binary, whichever of
+    their statistics the caller reads: a p50 and a p90 miss share it)."""
     if not BENCH.exists() or (workload == "trace" and not TRACE.exists()):
         return None
     args = [str(BENCH), "replay", "--dir", str(d), "--workload", workload, "--mode", mode, "--load", str(load),
@@ -225,11 +236,9 @@ def replay_stats(d: Path, workload: str, load: float, mode: str, placements: lis
         args += ["--trace", str(TRACE)]
     try:
         r = subprocess.run(args, capture_output=True, text=True, timeout=600)
-        rows = {x["placement"]: x[q] for x in json.loads(r.stdout)} if r.returncode == 0 else {}
-    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
+        return {x["placement"]: x for x in json.loads(r.stdout)} if r.returncode == 0 else None
+    except (OSError, ValueError, KeyError, TypeError, subprocess.TimeoutExpired):
         return None
-    out = {p: rows.get(p) for p in placements}
-    return out if all(v is not None for v in out.values()) else None
 
 
 def replayed(d: Path, load: float, mode: str) -> dict[str, float] | None:
@@ -329,6 +338,9 @@ def kvasir_modes(r: Run) -> list[str]:
 def rows_of(d: Path) -> list[dict]:
     """Every target's row for a results folder: kvasir's, then each
     variant's (their targets name the variant)."""
+    # Replays are shared within one reading of the folder, not across them
+    # (the folder may have changed since).
+    _replayed_rows.cache_clear()
     r = Run(d)
     return [row for k in kvasir_modes(r) for row in below_rows(r, k) + [hit_row(r, k)] + balance_rows(r, k)]
 

@@ -7,11 +7,12 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
+use kvasir_bench::bound::EngineModel;
 use kvasir_bench::cluster::Policy;
 use kvasir_bench::record::{Outcome, Record};
 use kvasir_bench::replay::{self, Placement, Setup};
 use kvasir_bench::stats::Dist;
-use kvasir_bench::{compare, floor, results, trace};
+use kvasir_bench::{compare, floor, results, stats, trace};
 use vllm_sim::engine::{EngineConfig, SchedulingPolicy};
 use vllm_sim::hashing::HashSeed;
 
@@ -113,6 +114,46 @@ pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
                 a.load
             )
         })?;
+    let (convs, endpoints) = conversations_of(a, &runs, records)?;
+    let engines = meta.engines.engines.max(endpoints.len()).max(1);
+    let setup = setup_of(a, engines, model)?;
+    let mut rows = vec![measured(records)];
+    for (name, pl) in a.placements.iter().zip(placements) {
+        let out = replay::replay(&convs, &setup, &pl);
+        rows.push(Row {
+            placement: name.clone(),
+            hit_rate: out.hit_rate(),
+            ttft: Dist::of(out.ttft_ms),
+            per_engine: out.per_engine,
+            preemptions: out.preemptions,
+        });
+    }
+    if a.json {
+        let v: Vec<serde_json::Value> = rows.iter().map(Row::json).collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "{} {} at load {}: {} conversations on {engines} engines of {} blocks",
+        a.workload,
+        a.mode,
+        a.load,
+        convs.len(),
+        setup.engine.num_gpu_blocks
+    );
+    println!(
+        "| placement | TTFT mean | p50 | p90 | p99 | hit rate | turns per engine | preempted |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |");
+    for r in &rows {
+        r.print();
+    }
+    Ok(())
+}
+
+/// The replayed cluster: `engines` engines as the flags and the folder's
+/// deployment record describe them.
+fn setup_of(a: &ReplayArgs, engines: usize, model: EngineModel) -> anyhow::Result<Setup> {
     let num_gpu_blocks = match a.num_gpu_blocks {
         Some(n) => n,
         None => deployed_blocks(&a.dir, &a.workload).with_context(|| {
@@ -124,9 +165,7 @@ pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         })?,
     };
     anyhow::ensure!(num_gpu_blocks > 0, "--num-gpu-blocks must be at least 1");
-    let (convs, endpoints) = conversations_of(a, &runs, records)?;
-    let engines = meta.engines.engines.max(endpoints.len()).max(1);
-    let setup = Setup {
+    Ok(Setup {
         engines,
         engine: EngineConfig {
             block_size: a.engine.engine_block,
@@ -145,51 +184,23 @@ pub(crate) fn replay_cmd(a: &ReplayArgs) -> anyhow::Result<()> {
         },
         model,
         shortest_first: a.shortest_first,
-    };
-    let answered: Vec<_> = records
+    })
+}
+
+/// The run as measured: its answered requests' TTFT and its hit rate.
+fn measured(records: &[Record]) -> Row {
+    let answered = records
         .iter()
         .filter(|r| r.outcome == Outcome::Ok)
+        .map(|r| r.ttft_ms)
         .collect();
-    let (p, c) = answered.iter().fold((0u64, 0u64), |(p, c), r| {
-        (p + r.prompt_tokens, c + r.cached_tokens)
-    });
-    let mut rows = vec![Row {
+    Row {
         placement: "measured".into(),
-        ttft: Dist::of(answered.iter().map(|r| r.ttft_ms).collect()),
-        hit_rate: c as f64 / p.max(1) as f64,
+        ttft: Dist::of(answered),
+        hit_rate: stats::summarize(records).cache_hit_rate,
         per_engine: Vec::new(),
         preemptions: 0,
-    }];
-    for (name, pl) in a.placements.iter().zip(placements) {
-        let out = replay::replay(&convs, &setup, &pl);
-        rows.push(Row {
-            placement: name.clone(),
-            ttft: Dist::of(out.ttft_ms.clone()),
-            hit_rate: out.hit_rate(),
-            per_engine: out.per_engine,
-            preemptions: out.preemptions,
-        });
     }
-    if a.json {
-        let v: Vec<serde_json::Value> = rows.iter().map(Row::json).collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(());
-    }
-    println!(
-        "{} {} at load {}: {} conversations on {engines} engines of {num_gpu_blocks} blocks",
-        a.workload,
-        a.mode,
-        a.load,
-        convs.len()
-    );
-    println!(
-        "| placement | TTFT mean | p50 | p90 | p99 | hit rate | turns per engine | preempted |"
-    );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |");
-    for r in &rows {
-        r.print();
-    }
-    Ok(())
 }
 
 /// A `--placements` entry.

@@ -404,9 +404,9 @@ impl Cluster<'_> {
         self.reqs.len() - 1
     }
 
-    /// Hands `r` to engine `e` at `t`; an idle engine starts a step.
-    fn place(&mut self, r: usize, e: usize, t: f64) {
-        let costs = self.costs(r);
+    /// Hands `r` to engine `e` at `t`, its prefill priced by `costs`; an
+    /// idle engine starts a step.
+    fn place(&mut self, r: usize, e: usize, t: f64, costs: &place::Costs) {
         let req = &mut self.reqs[r];
         let turn = &self.convs[req.conv].turns[req.turn];
         let (tx, rx) = unbounded_channel();

@@ -98,36 +98,37 @@ const SATURATION_WAITING: u32 = 5;
 const KV_FULL: f64 = 0.9;
 
 impl Cluster<'_> {
-    /// Request `r` reaches the router at `t`.
+    /// Request `r` reaches the router at `t`: it waits in the central
+    /// queue, or goes where the placement says.
     pub(super) fn arrive(&mut self, r: usize, t: f64, placement: &Placement) {
+        if let Placement::Central { .. } = placement {
+            self.waiting.push(r);
+            return;
+        }
+        let costs = self.costs(r);
+        let e = self.at_arrival(r, t, placement, &costs);
+        self.place(r, e, t, &costs);
+    }
+
+    /// The engine `placement` sends `r` to at `t`, given its `costs`; a
+    /// central queue places nothing at arrival (its engine holding most of
+    /// the prompt is answered, never used: [`Self::arrive`] queues it).
+    fn at_arrival(&mut self, r: usize, t: f64, placement: &Placement, costs: &Costs) -> usize {
         match placement {
-            Placement::Scored(w) => {
-                let e = self.scored(r, t, w);
-                self.place(r, e, t);
-            }
+            Placement::Scored(w) => self.scored(r, t, w, costs),
             Placement::Own => {
                 let turn = &self.convs[self.reqs[r].conv].turns[self.reqs[r].turn];
-                let e = turn.endpoint % self.nodes.len();
-                self.place(r, e, t);
+                turn.endpoint % self.nodes.len()
             }
             Placement::Dealt => {
                 let conv = self.reqs[r].conv;
-                let e = match self.dealt.get(&conv) {
-                    Some(&e) => e,
-                    None => {
-                        let e = self.dealt.len() % self.nodes.len();
-                        self.dealt.insert(conv, e);
-                        e
-                    }
-                };
-                self.place(r, e, t);
+                let next = self.dealt.len() % self.nodes.len();
+                *self.dealt.entry(conv).or_insert(next)
             }
             Placement::AtArrival { move_penalty } => {
-                let costs = self.costs(r);
                 let home = costs.best_holder;
                 let priced = |e: usize| {
-                    let n = &self.nodes[e];
-                    n.backlog_ms()
+                    self.nodes[e].backlog_ms()
                         + costs.alone[e]
                         + move_penalty * (costs.alone[e] - costs.alone[home])
                 };
@@ -137,16 +138,15 @@ impl Cluster<'_> {
                         best = e;
                     }
                 }
-                self.place(r, best, t);
+                best
             }
-            Placement::Central { .. } => self.waiting.push(r),
+            Placement::Central { .. } => costs.best_holder,
         }
     }
 
     /// The ranking's first endpoint for `r` at `t` ([`Placement::Scored`]),
     /// recorded as a placement as the indexer records its picks.
-    fn scored(&mut self, r: usize, t: f64, w: &Weights) -> usize {
-        let costs = self.costs(r);
+    fn scored(&mut self, r: usize, t: f64, w: &Weights, costs: &Costs) -> usize {
         let bs = self.setup.engine.block_size;
         let req = &self.reqs[r];
         let chain: Vec<u64> = req.hashes.iter().map(|h| h.0).collect();
@@ -261,7 +261,7 @@ impl Cluster<'_> {
                     });
                 if let Some(w) = pick {
                     let r = self.waiting.remove(w);
-                    self.place(r, e, t);
+                    self.place(r, e, t, &costs[w]);
                     placed = true;
                     // Costs are by position in `waiting`: recompute.
                     break;
