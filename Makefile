@@ -45,7 +45,7 @@ fmt:
 crds:
 	$(CARGO) run --release -q -p kvasirctl -- crds --dir crds
 
-## bench: the benchmarks (not tests); numbers go to bench/results/ and the README
+## bench: the benchmarks (not tests); numbers go to bench/results/ and docs/benchmarks.md
 bench: build
 	bash scripts/bench.sh
 

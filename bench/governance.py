@@ -28,8 +28,9 @@ Load 1.0 of the trace is the routing benchmark's (read from its results,
 else calibrated the same way). Flow-control waits are wall time in the
 indexer; they are set here in simulated ms and scaled by the time scale.
 Results go to bench/results/governance[-short]/ (`kvasir-bench
-governance-report` writes report.md there), and the README's table between
-`<!-- bench:governance[-short]:start -->` and its end marker is rewritten.
+governance-report` writes report.md there), and docs/benchmarks.md's table
+between `<!-- bench:governance[-short]:start -->` and its end marker is
+rewritten.
 
     .tools/venv/bin/python bench/governance.py --preset short   # make bench
     .tools/venv/bin/python bench/governance.py --preset full    # make bench-full
@@ -396,17 +397,19 @@ def trace_runs(p: dict, rate: float, scenarios: list[str], out: Path, logroot: P
 
 
 def update_readme(out: Path) -> None:
-    """The README's table for this results directory, between its markers."""
+    """docs/benchmarks.md's table for this results directory, between its
+    markers (`readme.md` in the results directory, its links made relative
+    to docs/)."""
     name = out.name
-    readme = REPO / "README.md"
+    page = REPO / "docs" / "benchmarks.md"
     start, end = f"<!-- bench:{name}:start -->", f"<!-- bench:{name}:end -->"
-    text = readme.read_text()
+    text = page.read_text()
     if start not in text or end not in text:
-        log(f"README.md has no {start} ... {end}: table not updated")
+        log(f"docs/benchmarks.md has no {start} ... {end}: table not updated")
         return
-    table = (out / "readme.md").read_text()
+    table = (out / "readme.md").read_text().replace("](bench/", "](../bench/")
     pat = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    readme.write_text(pat.sub(lambda _: f"{start}\n{table}{end}", text, count=1))
+    page.write_text(pat.sub(lambda _: f"{start}\n{table}{end}", text, count=1))
 
 
 def main(argv: list[str]) -> int:
@@ -418,7 +421,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--trace-rate", type=float, help="trace speed-up at load 1.0 (default: the routing benchmark's)")
     ap.add_argument("--flow", action="append", default=[], metavar="SCENARIO:KEY=VALUE",
                     help="override a scenario's flow-control setting, e.g. below:threshold=0.3 (repeatable)")
-    ap.add_argument("--no-readme", action="store_true", help="leave README.md alone")
+    ap.add_argument("--no-readme", action="store_true", help="leave docs/benchmarks.md alone")
     ap.add_argument("--engine-priority", action="store_true",
                     help="noisy: also run flow control with the pool's enginePriority and the engines at "
                          f"--scheduling-policy priority ({PRIO_MODE}), in the same invocation")

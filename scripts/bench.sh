@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench`: every benchmark, numbers to bench/results/ and the README.
+# `make bench`: every benchmark, numbers to bench/results/ and docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p bench/results
@@ -31,4 +31,4 @@ echo "== governance: a noisy neighbour, budgets over 2 Envoys x 2 replicas, satu
 .tools/venv/bin/python bench/governance.py --preset "${GOVERNANCE_PRESET:-short}"
 
 python3 scripts/bench_report.py
-echo "== results: bench/results/ (summary in README.md)"
+echo "== results: bench/results/ (summary in docs/benchmarks.md)"

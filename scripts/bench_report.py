@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Turns bench/results/*.json into markdown tables and puts them in README.md
-between `<!-- bench:NAME:start -->` and `<!-- bench:NAME:end -->`."""
+"""Turns bench/results/*.json into markdown tables and puts them in
+docs/benchmarks.md between `<!-- bench:NAME:start -->` and
+`<!-- bench:NAME:end -->`."""
 import importlib.util
 import json
 import pathlib
@@ -8,6 +9,10 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+# The page the tables go to, and the way from it to the repository root
+# (the tables link to the results' reports).
+PAGE = ROOT / "docs" / "benchmarks.md"
+TO_ROOT = "../"
 
 
 def _met_word():
@@ -167,43 +172,43 @@ def routing_table(r, subdir="routing"):
             why = t.get("why", "") if t["met"] is False else ""
             rows.append(f"| {t['target']} | {t['measured']} | {met_word(t['met'])} | {why} |")
     rows += ["", f"Produced by `{r['command']}`; the full report with ITL, throughput, per-run facts and plots is "
-             f"[bench/results/{subdir}/report.md](bench/results/{subdir}/report.md)."]
+             f"[bench/results/{subdir}/report.md]({TO_ROOT}bench/results/{subdir}/report.md)."]
     return "\n".join(rows)
 
 
-def put(readme, name, body):
+def put(page, name, body):
     pat = re.compile(rf"(<!-- bench:{name}:start -->\n).*?(<!-- bench:{name}:end -->)", re.S)
-    if not pat.search(readme):
-        return readme
-    return pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), readme)
+    if not pat.search(page):
+        return page
+    return pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), page)
 
 
 def main():
-    readme_path = ROOT / "README.md"
-    readme = readme_path.read_text()
+    page_path = PAGE
+    page = page_path.read_text()
     sim = RESULTS / "sim.json"
     if sim.exists():
         table = sim_table(json.loads(sim.read_text()))
         (RESULTS / "sim.md").write_text(table + "\n")
-        readme = put(readme, "sim", table)
+        page = put(page, "sim", table)
     ing, pk = RESULTS / "indexer_ingest.json", RESULTS / "indexer_pick.json"
     if ing.exists() and pk.exists():
         table = indexer_table(json.loads(ing.read_text()), json.loads(pk.read_text()))
         (RESULTS / "indexer.md").write_text(table + "\n")
-        readme = put(readme, "indexer", table)
+        page = put(page, "indexer", table)
     flt = RESULTS / "filter.json"
     if flt.exists():
         table = filter_table(json.loads(flt.read_text()))
         (RESULTS / "filter.md").write_text(table + "\n")
-        readme = put(readme, "filter", table)
+        page = put(page, "filter", table)
     # The single-proxy runs and the deployed-like ones (issue 22), each
-    # preset; a README without a run's markers is left as it is. The report
+    # preset; a page without a run's markers is left as it is. The report
     # writes Infinity for requests that never answered.
     for run in ("routing", "routing-short", "routing-deployed", "routing-deployed-short"):
         summary = RESULTS / run / "summary.json"
         if summary.exists():
-            readme = put(readme, run, routing_table(json.loads(summary.read_text()), run))
-    readme_path.write_text(readme)
+            page = put(page, run, routing_table(json.loads(summary.read_text()), run))
+    page_path.write_text(page)
 
 
 if __name__ == "__main__":
