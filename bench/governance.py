@@ -461,7 +461,7 @@ def main(argv: list[str]) -> int:
         f"{CL.ENGINES} vllm-sims (latency profile {CL.PROFILE}, {CL.NUM_GPU_BLOCKS} KV blocks of {CL.BLOCK} tokens, token "
         f"budget {CL.BUDGET}), Envoy 1.40 (2 workers) with the Kvasir filter and the cache-indexer (round-robin: "
         "Envoy's own, no filter); a fresh cluster per run; everything shares this machine's 2 cores.",
-        "Modes: kvasir = the filter + the indexer fed by KV events, flow control off (as before issue 23); "
+        "Modes: kvasir = the filter + the indexer fed by KV events, flow control off; "
         "kvasir-fc / kvasir-lb = the same with the pool's flow control on; kvasir-budgets = with tenants' "
         "token budgets.",
     ]

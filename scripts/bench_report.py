@@ -92,7 +92,7 @@ def indexer_table(ingest, pick):
         for case in worst[cols[0][0]]:
             cells = [f"{worst[k][case]['p50_ms']:.1f} / {worst[k][case]['max_ms']:.1f} ms" for k, _ in cols]
             rows.append(f"| {case} | " + " | ".join(cells) + " |")
-    rows += ["", "Targets (issue 3): ingestion >= 1 M blocks/s on one core; Pick p50 <= 0.5 ms at 4k tokens, "
+    rows += ["", "Targets: ingestion >= 1 M blocks/s on one core; Pick p50 <= 0.5 ms at 4k tokens, "
              "<= 2 ms for a 32k-token chat whose earlier turns were seen."]
     return "\n".join(rows)
 
@@ -164,10 +164,10 @@ def routing_table(r, subdir="routing"):
     for t in r["targets"]:
         why = t.get("why", "") if t["met"] is False else ""
         rows.append(f"| {t['target']} | {t['measured']} | {met_word(t['met'])} | {why} |")
-    # Issue 22's targets of a deployed run (bench/deployed_targets.py).
+    # The deployed targets of a deployed-like run (bench/deployed_targets.py).
     deployed = RESULTS / subdir / "targets-deployed.json"
     if deployed.exists():
-        rows += ["", "| target (issue 22, one run) | measured | met | why (for a miss) |", "| --- | --- | --- | --- |"]
+        rows += ["", "| deployed target (one run) | measured | met | why (for a miss) |", "| --- | --- | --- | --- |"]
         for t in json.loads(deployed.read_text()):
             why = t.get("why", "") if t["met"] is False else ""
             rows.append(f"| {t['target']} | {t['measured']} | {met_word(t['met'])} | {why} |")
@@ -201,7 +201,7 @@ def main():
         table = filter_table(json.loads(flt.read_text()))
         (RESULTS / "filter.md").write_text(table + "\n")
         page = put(page, "filter", table)
-    # The single-proxy runs and the deployed-like ones (issue 22), each
+    # The single-proxy runs and the deployed-like ones, each
     # preset; a page without a run's markers is left as it is. The report
     # writes Infinity for requests that never answered.
     for run in ("routing", "routing-short", "routing-deployed", "routing-deployed-short"):

@@ -30,7 +30,7 @@ Not proven here (no Envoy Gateway, no cluster, no controller run): that
 Envoy Gateway accepts these resources beyond their schemas, the xDS names
 the EnvoyPatchPolicy patches, header-matched re-routing by HTTPRoute rules,
 RBAC against a real API server, and the controller's behaviour; see
-gateway-api/README.md.
+docs/deploy.md, "Not proven here".
 """
 
 from __future__ import annotations
