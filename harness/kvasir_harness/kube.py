@@ -1,0 +1,611 @@
+"""Real control planes, off-cluster: etcd and kube-apiserver on 127.0.0.1
+with a kubeconfig `kubectl` uses, Envoy Gateway in standalone mode (File
+provider, Host infrastructure) running the project's own Envoy, and
+`egctl x translate` (Gateway API YAML in, xDS out, no control plane).
+
+The binaries are built from Go modules by `scripts/go-tools.sh` into
+`.tools/bin/` (tools/README.md); each path can be overridden by its
+environment variable (`ETCD_BIN`, `KUBE_APISERVER_BIN`, `ENVOY_GATEWAY_BIN`,
+`EGCTL_BIN`, `KUBECTL`). Keys and certificates are made with the `openssl`
+command line.
+
+Envoy Gateway standalone binds fixed ports on every interface (xDS 18000,
+its wasm module server 18002, the File provider's health probe 8081, and
+its Envoy's readiness listener 19003; its admin port, 19000, is moved to a
+free one and its metrics server, 19001, switched off here): only one can
+run on a machine at a time. `start_envoy_gateway` holds a machine-wide lock
+for its lifetime and refuses to start when one of those ports is taken.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from http.client import HTTPSConnection
+from pathlib import Path
+from typing import Iterable
+
+from .paths import ENVOY_BIN, REPO
+from .procs import START_TIMEOUT_S, Exited, Proc, free_port, request, wait_until
+
+TOOLS_BIN = REPO / ".tools" / "bin"
+ETCD_BIN = Path(os.environ.get("ETCD_BIN", TOOLS_BIN / "etcd"))
+KUBE_APISERVER_BIN = Path(os.environ.get("KUBE_APISERVER_BIN", TOOLS_BIN / "kube-apiserver"))
+ENVOY_GATEWAY_BIN = Path(os.environ.get("ENVOY_GATEWAY_BIN", TOOLS_BIN / "envoy-gateway"))
+EGCTL_BIN = Path(os.environ.get("EGCTL_BIN", TOOLS_BIN / "egctl"))
+KUBECTL = os.environ.get("KUBECTL") or shutil.which("kubectl") or "kubectl"
+
+# Envoy Gateway's ports that no configuration moves (v1.9.1), each on every
+# interface: the xDS server (internal/xds/runner, 18000), the wasm module
+# server (internal/wasm/httpserver.go, 18002, started in host mode too) and
+# the File provider's health probe (internal/provider/file/file.go, 8081,
+# /readyz and /healthz); and the readiness listener of the Envoy it launches
+# (internal/xds/bootstrap/bootstrap.go EnvoyReadinessPort, 19003).
+EG_FIXED_PORTS = (18000, 18002, 8081, 19003)
+EG_HEALTH_PORT = 8081
+EG_CONTROLLER = "gateway.envoyproxy.io/gatewayclass-controller"
+EG_LOCK = Path(os.environ.get("KVASIR_EG_LOCK", "/tmp/kvasir-envoy-gateway.lock"))
+
+# kube-apiserver is ready 3-4 s after start here (2 cores); the deadline
+# leaves room for a loaded machine.
+APISERVER_START_TIMEOUT_S = 90.0
+
+
+def missing(*bins: Path | str) -> list[str]:
+    """The given executables that are not there (for a clear skip or
+    failure message: `bash scripts/go-tools.sh` builds them)."""
+    out = []
+    for b in bins:
+        p = Path(b)
+        if not (p.is_file() and os.access(p, os.X_OK)) and shutil.which(str(b)) is None:
+            out.append(str(b))
+    return out
+
+
+def _run(argv: list[str], timeout: float = 30.0, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, argv))} failed ({r.returncode}): {r.stderr.strip()[-2000:]}")
+    return r
+
+
+# Keys and certificates
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Pki:
+    """A throwaway CA, a serving certificate for 127.0.0.1/localhost signed
+    by it, and a service-account signing key, all under `dir`."""
+
+    dir: Path
+    ca: Path
+    ca_key: Path
+    cert: Path
+    key: Path
+    sa_key: Path
+    sa_pub: Path
+
+
+def make_pki(dir: Path, cn: str = "kube-apiserver") -> Pki:
+    """ECDSA P-256 keys (fast to make) with the `openssl` command line;
+    valid one day."""
+    dir.mkdir(parents=True, exist_ok=True)
+    ssl_ = shutil.which("openssl")
+    if ssl_ is None:
+        raise FileNotFoundError("openssl not installed")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    ca, ca_key = dir / "ca.crt", dir / "ca.key"
+    _run([ssl_, "req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "1",
+          "-subj", "/CN=kvasir-test-ca", "-addext", "basicConstraints=critical,CA:TRUE",
+          "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+    cert, key, csr = dir / "tls.crt", dir / "tls.key", dir / "tls.csr"
+    _run([ssl_, "req", "-new", *ec, "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={cn}"])
+    ext = dir / "tls.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+                   "basicConstraints=critical,CA:FALSE\n"
+                   "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                   "extendedKeyUsage=serverAuth\n")
+    _run([ssl_, "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+          "-out", str(cert), "-days", "1", "-extfile", str(ext)])
+    sa_key, sa_pub = dir / "sa.key", dir / "sa.pub"
+    _run([ssl_, "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", str(sa_key)])
+    _run([ssl_, "pkey", "-in", str(sa_key), "-pubout", "-out", str(sa_pub)])
+    return Pki(dir, ca, ca_key, cert, key, sa_key, sa_pub)
+
+
+# etcd
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Etcd:
+    proc: Proc
+    client_port: int
+    peer_port: int
+    data_dir: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def healthy(self) -> bool:
+        status, _, body = request("GET", self.client_port, "/health", timeout=2)
+        return status == 200 and json.loads(body).get("health") == "true"
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def start_etcd(dir: Path, name: str = "etcd", timeout: float = START_TIMEOUT_S) -> Etcd:
+    """A one-member etcd with its data in `dir/<name>-data`, client and peer
+    URLs on free 127.0.0.1 ports, no fsync (a test's data is throwaway);
+    returns once `/health` says true (bounded). Its log is `dir/<name>.log`."""
+    if m := missing(ETCD_BIN):
+        raise FileNotFoundError(f"{m[0]} missing: run `bash scripts/go-tools.sh`")
+    dir.mkdir(parents=True, exist_ok=True)
+    data = dir / f"{name}-data"
+    client, peer = free_port(), free_port()
+    argv = [str(ETCD_BIN), "--name", name, "--data-dir", str(data),
+            "--listen-client-urls", f"http://127.0.0.1:{client}",
+            "--advertise-client-urls", f"http://127.0.0.1:{client}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"{name}=http://127.0.0.1:{peer}",
+            "--initial-cluster-state", "new",
+            "--unsafe-no-fsync", "--log-level", "warn"]
+    e = Etcd(Proc(name, argv, dir), client, peer, data)
+
+    def up() -> bool:
+        if not e.proc.alive():
+            raise Exited(f"{name} exited: {e.proc.log()[-3000:]}")
+        return e.healthy()
+
+    try:
+        wait_until(f"{name} /health", up, timeout)
+    except BaseException:
+        e.stop()
+        raise
+    return e
+
+
+# kube-apiserver
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class ApiServer:
+    proc: Proc
+    port: int
+    token: str
+    pki: Pki
+    kubeconfig: Path
+    dir: Path
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+        """GET `path` as the admin (token), verifying the serving
+        certificate against the test CA."""
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca))
+        c = HTTPSConnection("127.0.0.1", self.port, context=ctx, timeout=timeout)
+        try:
+            c.request("GET", path, headers={"authorization": f"Bearer {self.token}"})
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def kubectl(self, *args: str, input: str | None = None, timeout: float = 60.0,
+                check: bool = True) -> subprocess.CompletedProcess:
+        """`kubectl --kubeconfig <ours> args...`; raises on failure when
+        `check` (with kubectl's stderr), else returns the result."""
+        argv = [KUBECTL, "--kubeconfig", str(self.kubeconfig), *args]
+        r = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()[-3000:]}")
+        return r
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, token: str, name: str = "kvasir-test") -> Path:
+    """A kubeconfig (JSON, which is YAML) for one cluster and a token user."""
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": "admin", "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": "admin", "namespace": "default"}}],
+        "current-context": name,
+    }
+    path.write_text(json.dumps(cfg, indent=2))
+    path.chmod(0o600)
+    return path
+
+
+def start_apiserver(dir: Path, etcd: Etcd | str, name: str = "kube-apiserver", authorization: str = "RBAC",
+                    extra_args: Iterable[str] = (), timeout: float = APISERVER_START_TIMEOUT_S) -> ApiServer:
+    """kube-apiserver on a free 127.0.0.1 port against `etcd` (an Etcd or a
+    client URL): a fresh CA and serving certificate, a service-account key,
+    a static token for `admin` in `system:masters` (allowed everything under
+    RBAC; `authorization="AlwaysAllow"` switches authorization off), client
+    certificates signed by the CA also accepted. Returns once `/readyz` is
+    200 (bounded); `kubeconfig` is ready for `kubectl`.
+
+    No controller-manager or scheduler runs: objects are stored and
+    validated (schemas, CEL, admission), nothing reconciles them."""
+    if m := missing(KUBE_APISERVER_BIN):
+        raise FileNotFoundError(f"{m[0]} missing: run `bash scripts/go-tools.sh`")
+    dir.mkdir(parents=True, exist_ok=True)
+    pki = make_pki(dir / f"{name}-pki")
+    token = secrets.token_hex(16)
+    tokens = dir / f"{name}-tokens.csv"
+    tokens.write_text(f'{token},admin,admin-uid,"system:masters"\n')
+    tokens.chmod(0o600)
+    port = free_port()
+    etcd_url = etcd.url if isinstance(etcd, Etcd) else etcd
+    argv = [str(KUBE_APISERVER_BIN),
+            "--etcd-servers", etcd_url,
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(port),
+            "--tls-cert-file", str(pki.cert), "--tls-private-key-file", str(pki.key),
+            "--client-ca-file", str(pki.ca),
+            "--token-auth-file", str(tokens),
+            "--authorization-mode", authorization,
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file", str(pki.sa_pub),
+            "--service-account-signing-key-file", str(pki.sa_key),
+            "--service-cluster-ip-range", "10.0.0.0/24",
+            "--allow-privileged=true",
+            # No controller-manager creates service-account tokens here.
+            "--disable-admission-plugins", "ServiceAccount",
+            # The `kubernetes` Service's endpoint would be 127.0.0.1, which
+            # Endpoints refuse (loopback): nothing in-cluster needs it here.
+            "--endpoint-reconciler-type", "none",
+            "--profiling=false",
+            *extra_args]
+    kubeconfig = write_kubeconfig(dir / f"{name}.kubeconfig", f"https://127.0.0.1:{port}", pki.ca, token)
+    a = ApiServer(Proc(name, argv, dir), port, token, pki, kubeconfig, dir)
+
+    def ready() -> bool:
+        if not a.proc.alive():
+            raise Exited(f"{name} exited: {a.proc.log()[-4000:]}")
+        status, _ = a.get("/readyz", timeout=2)
+        return status == 200
+
+    try:
+        wait_until(f"{name} /readyz", ready, timeout, interval=0.25)
+    except BaseException:
+        a.stop()
+        raise
+    return a
+
+
+def server_version(api: ApiServer) -> dict:
+    """The server's /version (gitVersion is the one go-tools.sh stamped)."""
+    status, body = api.get("/version")
+    if status != 200:
+        raise RuntimeError(f"/version answered {status}: {body[:500]!r}")
+    return json.loads(body)
+
+
+# Envoy Gateway, standalone
+# ---------------------------------------------------------------------------
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+def envoy_version(envoy: Path = ENVOY_BIN) -> str:
+    """X.Y.Z of an Envoy binary (`envoy --version`)."""
+    out = _run([str(envoy), "--version"]).stdout
+    m = re.search(r"/(\d+\.\d+\.\d+)/", out)
+    if not m:
+        raise RuntimeError(f"no version in `envoy --version`: {out!r}")
+    return m.group(1)
+
+
+def install_local_envoy(config_home: Path, data_home: Path, versions: Iterable[str],
+                        envoy: Path = ENVOY_BIN) -> None:
+    """Makes func-e (which Envoy Gateway's host infrastructure runs Envoy
+    through) find `envoy` already installed under each version name, so it
+    runs that binary and downloads nothing: func-e resolves a requested
+    version X.Y.Z to `<dataHome>/envoy-versions/X.Y.Z/bin/envoy` and only
+    downloads when that file is missing. The first version is also written
+    to `<configHome>/envoy-version`, func-e's choice when it is asked for no
+    version: Envoy Gateway v1.9.1 asks for none unless an EnvoyProxy sets
+    `provider.host.envoyVersion` (it cannot read one from its default image
+    reference, which ends in a digest), and func-e would then look the
+    latest release up online."""
+    versions = list(versions)
+    config_home.mkdir(parents=True, exist_ok=True)
+    (config_home / "envoy-version").write_text(versions[0] + "\n")
+    for v in versions:
+        d = data_home / "envoy-versions" / v / "bin"
+        d.mkdir(parents=True, exist_ok=True)
+        link = d / "envoy"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(Path(envoy).resolve())
+
+
+def write_resources(dir: Path, docs: str | Iterable[str], name: str = "resources.yaml") -> Path:
+    """Writes Gateway API YAML (one string, or documents joined with
+    `---`) where Envoy Gateway's File provider watches; rewriting the file
+    is an update."""
+    dir.mkdir(parents=True, exist_ok=True)
+    text = docs if isinstance(docs, str) else "\n---\n".join(d.strip() for d in docs) + "\n"
+    tmp = dir / f".{name}.tmp"
+    tmp.write_text(text)
+    tmp.replace(dir / name)
+    return dir / name
+
+
+@dataclass
+class EnvoyGateway:
+    """A standalone Envoy Gateway and the Envoy it launched (found through
+    func-e's run folders)."""
+
+    proc: Proc
+    dir: Path
+    resources: Path
+    admin_port: int
+    envoy_versions: list[str]
+    _lock: object = field(repr=False, default=None)
+
+    @property
+    def runtime_dir(self) -> Path:
+        return self.dir / "runtime"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.dir / "state"
+
+    def envoy_admin(self) -> str | None:
+        """host:port of the launched Envoy's admin (func-e writes
+        `<runtimeDir>/<runID>/admin-address.txt`), None before it is up."""
+        found = sorted(self.runtime_dir.glob("*/admin-address.txt"), key=lambda p: p.stat().st_mtime)
+        if not found:
+            return None
+        text = found[-1].read_text().strip()
+        return text or None
+
+    def envoy_admin_get(self, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+        addr = self.envoy_admin()
+        if addr is None:
+            raise RuntimeError("no Envoy launched yet")
+        port = int(addr.rsplit(":", 1)[1])
+        status, _, body = request("GET", port, path, timeout=timeout)
+        return status, body
+
+    def envoy_logs(self) -> str:
+        """stdout and stderr of every Envoy func-e ran for it."""
+        parts = []
+        for p in sorted(self.state_dir.rglob("std*.log")):
+            parts.append(f"== {p}\n{p.read_text(errors='replace')}")
+        return "\n".join(parts)
+
+    def wait_listener(self, port: int, timeout: float = START_TIMEOUT_S) -> None:
+        """Until the launched Envoy is LIVE (admin `/ready`; an Envoy whose
+        first cluster update was rejected lists its listeners but never gets
+        there, nor accepts connections) and has a listener on `port`."""
+
+        def up() -> bool:
+            if not self.proc.alive():
+                raise Exited(f"envoy-gateway exited: {self.proc.log()[-4000:]}")
+            if self.envoy_admin() is None:
+                return False
+            if self.envoy_admin_get("/ready")[0] != 200:
+                return False
+            status, body = self.envoy_admin_get("/listeners?format=json")
+            return status == 200 and f'"port_value": {port}' in json.dumps(json.loads(body))
+
+        wait_until(f"Envoy Gateway's Envoy listening on {port}", up, timeout, interval=0.2)
+
+    def stop(self) -> None:
+        """SIGTERM to Envoy Gateway's process group (it stops its Envoy),
+        then the lock is released."""
+        try:
+            self.proc.stop()
+        finally:
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
+
+
+def wasm_cluster_patch(dir: Path, gateway: str, namespace: str = "default",
+                       name: str = "kvasir-host-wasm-cluster") -> str:
+    """An EnvoyPatchPolicy (YAML) that lets a wasm EnvoyExtensionPolicy load
+    under Envoy Gateway standalone (`start_envoy_gateway(dir, ...,
+    extension_apis={"enableEnvoyPatchPolicy": True})`).
+
+    Envoy Gateway v1.9.1 fetches the module itself and serves it to Envoy
+    from its wasm server (port 18002) through a `wasm_cluster` built for a
+    pod: the address `envoy-gateway.envoy-gateway-system.svc.cluster.local`,
+    the CA file `/certs/ca.crt` (missing on a host, so Envoy rejects the
+    whole cluster update), and a client certificate from the in-memory
+    `envoy` Secret, which standalone mode signs with a fresh CA at every
+    start while the wasm server checks clients against the CA on disk. The
+    patch points the cluster at 127.0.0.1, at the CA and the client
+    certificate `certgen --local` wrote under `<dir>/config/certs/envoy/`."""
+    certs = dir / "config" / "certs" / "envoy"
+    base = "/transport_socket/typed_config/common_tls_context"
+    ops = [
+        {"op": "replace", "path": "/load_assignment/endpoints/0/lb_endpoints/0/endpoint/address/socket_address/address",
+         "value": "127.0.0.1"},
+        {"op": "replace", "path": f"{base}/validation_context/trusted_ca/filename", "value": str(certs / "ca.crt")},
+        {"op": "remove", "path": f"{base}/tls_certificate_sds_secret_configs"},
+        {"op": "add", "path": f"{base}/tls_certificates",
+         "value": [{"certificate_chain": {"filename": str(certs / "tls.crt")},
+                    "private_key": {"filename": str(certs / "tls.key")}}]},
+    ]
+    policy = {
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+        "kind": "EnvoyPatchPolicy",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "targetRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway},
+            "type": "JSONPatch",
+            "jsonPatches": [{"type": "type.googleapis.com/envoy.config.cluster.v3.Cluster", "name": "wasm_cluster",
+                             "operation": op} for op in ops],
+        },
+    }
+    return json.dumps(policy, indent=2)
+
+
+def _take_eg_lock(timeout: float):
+    EG_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    f = open(EG_LOCK, "a+")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                f.close()
+                raise TimeoutError(f"another Envoy Gateway holds {EG_LOCK} (its ports {EG_FIXED_PORTS} are fixed: "
+                                   "one at a time per machine)")
+            time.sleep(0.2)
+
+
+def start_envoy_gateway(dir: Path, resources: str | Iterable[str] | None = None, name: str = "envoy-gateway",
+                        envoy: Path = ENVOY_BIN, extra_versions: Iterable[str] = (), log_level: str = "info",
+                        extension_apis: dict | None = None, lock_timeout: float = 60.0,
+                        timeout: float = START_TIMEOUT_S) -> EnvoyGateway:
+    """Envoy Gateway in standalone mode: File provider watching
+    `dir/resources/` (`resources`, if given, is written there first; use
+    `write_resources` later to change it), Host infrastructure with all its
+    XDG folders, certificates and HOME under `dir`, the admin server on a
+    free 127.0.0.1 port, its Prometheus server switched off. Its Envoy is
+    the project's own (`envoy`, `.tools/bin/envoy`): linked where func-e
+    looks for installed versions under the binary's own version (and
+    `extra_versions`, for an EnvoyProxy whose `provider.host.envoyVersion`
+    names another) and made func-e's default, so nothing is downloaded.
+    `extension_apis` adds to the EnvoyGateway's `extensionApis` (e.g.
+    `{"enableEnvoyPatchPolicy": True}`; `enableBackend` is always on).
+
+    Returns once its admin answers and its File provider's `/readyz` (port
+    8081) is 200 (bounded); the Envoy starts
+    when a Gateway is accepted: wait for it with `wait_listener`. Only one
+    runs per machine (fixed ports 18000, 18002, 8081, 19003): a machine-wide lock is
+    held until `stop()`."""
+    if m := missing(ENVOY_GATEWAY_BIN, envoy):
+        raise FileNotFoundError(f"{', '.join(m)} missing: run `bash scripts/go-tools.sh` (and `make setup` for Envoy)")
+    lock = _take_eg_lock(lock_timeout)
+    try:
+        taken = [p for p in EG_FIXED_PORTS if _port_taken(p)]
+        if taken:
+            raise RuntimeError(f"Envoy Gateway's fixed port(s) {taken} are in use on this machine")
+        dir.mkdir(parents=True, exist_ok=True)
+        res = dir / "resources"
+        res.mkdir(exist_ok=True)
+        if resources is not None:
+            write_resources(res, resources)
+        home = dir / "home"
+        host = {k: str(dir / v) for k, v in
+                (("configHome", "config"), ("dataHome", "data"), ("stateHome", "state"), ("runtimeDir", "runtime"))}
+        versions = [envoy_version(envoy), *[v for v in extra_versions if v != envoy_version(envoy)]]
+        install_local_envoy(Path(host["configHome"]), Path(host["dataHome"]), versions, envoy)
+        # HOME: its wasm cache is ~/.eg/wasm. ENVOY_VERSION: func-e reads it
+        # before any envoy-version file (even one in the working directory).
+        env = {"HOME": str(home), "ENVOY_VERSION": versions[0]}
+        home.mkdir(exist_ok=True)
+        _run([str(ENVOY_GATEWAY_BIN), "certgen", "--local", "--config-home", host["configHome"]],
+             env={**os.environ, **env})
+        admin = free_port()
+        cfg = {
+            "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+            "kind": "EnvoyGateway",
+            "gateway": {"controllerName": EG_CONTROLLER},
+            "provider": {"type": "Custom", "custom": {
+                "resource": {"type": "File", "file": {"paths": [str(res)]}},
+                "infrastructure": {"type": "Host", "host": host},
+            }},
+            "admin": {"address": {"host": "127.0.0.1", "port": admin}},
+            "telemetry": {"metrics": {"prometheus": {"disable": True}}},
+            "logging": {"level": {"default": log_level}},
+            "extensionApis": {"enableBackend": True, **(extension_apis or {})},
+        }
+        cfg_path = dir / "envoy-gateway.yaml"
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+        proc = Proc(name, [str(ENVOY_GATEWAY_BIN), "server", "--config-path", str(cfg_path)], dir, env=env)
+    except BaseException:
+        lock.close()
+        raise
+    eg = EnvoyGateway(proc, dir, res, admin, versions, lock)
+
+    def up() -> bool:
+        if not eg.proc.alive():
+            raise Exited(f"{name} exited: {eg.proc.log()[-4000:]}")
+        status, _, _ = request("GET", admin, "/", timeout=2)
+        return status < 500 and request("GET", EG_HEALTH_PORT, "/readyz", timeout=2)[0] == 200
+
+    try:
+        wait_until(f"{name} admin on {admin}", up, timeout, interval=0.1)
+    except BaseException:
+        eg.stop()
+        raise
+    return eg
+
+
+# egctl x translate
+# ---------------------------------------------------------------------------
+
+
+def egctl_translate(docs: str | Iterable[str], to: str = "xds", resource_type: str = "all",
+                    add_missing: bool = True, namespace: str = "envoy-gateway-system",
+                    workdir: Path | None = None, timeout: float = 60.0) -> dict | list:
+    """`egctl x translate --from gateway-api --to <to> -t <resource_type> -o
+    json` over the given Gateway API YAML (a GatewayClass for Envoy
+    Gateway's controller included): the translated xDS (or, with
+    `to="gateway-api"`, the resources with their status), parsed. Runs no
+    control plane. Raises with egctl's stderr on failure."""
+    if m := missing(EGCTL_BIN):
+        raise FileNotFoundError(f"{m[0]} missing: run `bash scripts/go-tools.sh`")
+    text = docs if isinstance(docs, str) else "\n---\n".join(d.strip() for d in docs) + "\n"
+    with tempfile.TemporaryDirectory(dir=workdir) as d:
+        f = Path(d) / "in.yaml"
+        f.write_text(text)
+        argv = [str(EGCTL_BIN), "x", "translate", "--from", "gateway-api", "--to", to, "-t", resource_type,
+                "-o", "json", "-n", namespace, "-f", str(f)]
+        if add_missing:
+            argv.append("--add-missing-resources")
+        out = _run(argv, timeout=timeout, env={**os.environ, "HOME": d}).stdout
+    return _json_documents(out)
+
+
+def _json_documents(out: str) -> dict | list:
+    """egctl prints one JSON document per output type; one comes back as
+    itself, several as a list."""
+    dec = json.JSONDecoder()
+    docs, i = [], 0
+    while True:
+        while i < len(out) and out[i] in " \t\r\n":
+            i += 1
+        if i >= len(out):
+            break
+        obj, i = dec.raw_decode(out, i)
+        docs.append(obj)
+    return docs[0] if len(docs) == 1 else docs
