@@ -8,9 +8,13 @@
 //!    tenant), or the request is refused with 403 when `onTenantHeader:
 //!    reject`. A client can therefore never choose its tenant.
 //! 2. The identity is read: the trusted header's value, the API key
-//!    (`Authorization: Bearer <key>`, else `x-api-key: <key>`), or the JWT
+//!    (`Authorization: Bearer <key>` or `x-api-key: <key>`), or the JWT
 //!    claim (from the header `jwt_authn` wrote or from its metadata, which
-//!    the filter reads and passes in).
+//!    the filter reads and passes in). A request carrying both key headers
+//!    with different keys is refused with 401: charging either one would
+//!    be a guess (OpenAI's SDKs send the first, Anthropic's the second, and
+//!    a client that sets both by mistake must hear about it). Both with
+//!    the same key is one credential.
 //! 3. A presented identity must match a tenant: an API key's SHA-256 is
 //!    looked up in the sorted hash table, a header or claim value in the
 //!    sorted value table. No match is 401, whatever `unknownTenant` says.
@@ -74,6 +78,9 @@ pub enum TenantError {
     /// The API key matches no tenant.
     #[error("invalid API key")]
     UnknownApiKey,
+    /// `Authorization: Bearer` and `x-api-key` carry different keys.
+    #[error("conflicting credentials: `Authorization: Bearer` and `x-api-key` carry different keys; send one key")]
+    ConflictingCredentials,
     /// The header or claim value matches no tenant.
     #[error("unknown tenant")]
     UnknownTenant,
@@ -87,8 +94,8 @@ pub enum TenantError {
 }
 
 impl TenantError {
-    /// The HTTP status to answer with: 401 for missing or unknown
-    /// identities, 403 for a forbidden tenant header.
+    /// The HTTP status to answer with: 401 for missing, unknown or
+    /// conflicting identities, 403 for a forbidden tenant header.
     pub fn status(&self) -> u16 {
         match self {
             TenantError::TenantHeaderNotAllowed { .. } => 403,
@@ -97,19 +104,26 @@ impl TenantError {
     }
 }
 
-/// The key of `Authorization: Bearer <key>`, else of `x-api-key`.
-fn presented_key(h: &dyn Headers) -> Option<&str> {
+/// The key of `Authorization: Bearer <key>` or of `x-api-key` (an
+/// `Authorization` with another scheme is no key), or
+/// [`TenantError::ConflictingCredentials`] when both carry a key and the
+/// keys differ.
+fn presented_key(h: &dyn Headers) -> Result<Option<&str>, TenantError> {
     let bearer = h.header("authorization").and_then(|v| {
         let v = v.trim();
         let (scheme, rest) = v.split_once(|c: char| c.is_ascii_whitespace())?;
         let key = rest.trim();
         (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty()).then_some(key)
     });
-    bearer.or_else(|| {
-        h.header("x-api-key")
-            .map(str::trim)
-            .filter(|k| !k.is_empty())
-    })
+    let x_api_key = h
+        .header("x-api-key")
+        .map(str::trim)
+        .filter(|k| !k.is_empty());
+    match (bearer, x_api_key) {
+        // Both are the client's own; comparing them reveals nothing.
+        (Some(a), Some(b)) if a != b => Err(TenantError::ConflictingCredentials),
+        (a, b) => Ok(a.or(b)),
+    }
 }
 
 /// Resolves a request's tenant (see the module docs for the rules).
@@ -156,7 +170,7 @@ pub fn resolve_tenant<'c>(
             },
             TenantVia::JwtClaim,
         ),
-        TenantSourceKind::ApiKey => (presented_key(input.headers), TenantVia::ApiKey),
+        TenantSourceKind::ApiKey => (presented_key(input.headers)?, TenantVia::ApiKey),
     };
     match identity {
         Some(id) => {

@@ -44,16 +44,16 @@ fn api_keys_by_bearer_or_x_api_key() {
             .name,
         "globex"
     );
-    // Bearer wins over x-api-key.
+    // Both key headers with the same key: one credential.
     let t = resolve(
         &c,
         &[
-            ("x-api-key", "sk-globex-0001"),
+            ("x-api-key", " sk-initech-0001"),
             ("authorization", "Bearer sk-initech-0001"),
         ],
     )
     .unwrap();
-    assert_eq!(t.name, "initech");
+    assert_eq!((t.name, t.via), ("initech", TenantVia::ApiKey));
     // A non-bearer Authorization falls back to x-api-key.
     let t = resolve(
         &c,
@@ -254,4 +254,55 @@ fn key_hashes_match_what_kvasirctl_writes() {
         hash_api_key(""),
         "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
     );
+}
+
+#[test]
+fn two_different_keys_are_refused_whichever_is_valid() {
+    let c = load(MULTI);
+    for (bearer, x_api_key) in [
+        // Two tenants' keys: charging either would be a guess.
+        ("sk-initech-0001", "sk-globex-0001"),
+        // A valid key next to an unknown one.
+        ("sk-acme-0001", "sk-nobody"),
+        ("sk-nobody", "sk-acme-0001"),
+        // Two keys of the same tenant are still two different keys.
+        ("sk-acme-0001", "sk-acme-0002"),
+    ] {
+        let e = resolve(
+            &c,
+            &[
+                ("authorization", &format!("Bearer {bearer}")),
+                ("x-api-key", x_api_key),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            TenantError::ConflictingCredentials,
+            "{bearer} {x_api_key}"
+        );
+        assert_eq!(e.status(), 401);
+        // The message names the headers, never a key.
+        let msg = e.to_string();
+        assert!(msg.contains("x-api-key") && !msg.contains(bearer) && !msg.contains(x_api_key));
+    }
+    // Empty values are no key: the other one counts.
+    let t = resolve(
+        &c,
+        &[
+            ("authorization", "Bearer  "),
+            ("x-api-key", "sk-globex-0001"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(t.name, "globex");
+    let t = resolve(
+        &c,
+        &[
+            ("authorization", "Bearer sk-globex-0001"),
+            ("x-api-key", " "),
+        ],
+    )
+    .unwrap();
+    assert_eq!(t.name, "globex");
 }

@@ -13,7 +13,7 @@ use crate::apis::{plan_ceiling, random_uuid, sse_event, sse_stream, EventStream,
 use crate::engine::FinishReason;
 use crate::openai::ApiError;
 use crate::state::AppState;
-use crate::validation::{json_object, Ty, Validator};
+use crate::validation::{json_object, lax_int, Ty, Validator};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -165,7 +165,8 @@ fn validate(obj: &Map<String, Value>, generate: bool) -> Result<(), ApiError> {
     }
     if generate {
         if let Some(n) = v.field(obj, &["max_tokens"], Ty::Int, true) {
-            if n.as_f64().is_some_and(|n| n <= 0.0) {
+            // The validator sees the parsed int: `"0"` is refused too.
+            if lax_int(n).is_ok_and(|i| i.below(1)) {
                 v.error(
                     &["max_tokens"],
                     "value_error",
@@ -367,11 +368,9 @@ fn prepare(st: &AppState, headers: &HeaderMap, obj: &Map<String, Value>) -> Resu
         .tokenizer
         .encode_chat(&msgs, true)
         .map_err(|e| ApiError::bad_request(format!("chat template failed: {e}")))?;
-    let limit = obj
-        .get("max_tokens")
-        .and_then(Value::as_f64)
-        .map(|n| n.min(f64::from(u32::MAX)) as u32);
-    let plan = plan_ceiling(st, prompt.len(), limit, headers)?;
+    // `validate` has refused a value pydantic's lax `int` refuses.
+    let limit = obj.get("max_tokens").and_then(|n| lax_int(n).ok());
+    let plan = plan_ceiling(st, prompt.len(), limit.as_ref(), headers)?;
     let id = headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())

@@ -5,6 +5,7 @@
 use crate::engine::{FinishReason, TokenOutput};
 use crate::openai::ApiError;
 use crate::state::{AbortGuard, AppState};
+use crate::validation::Int;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -62,10 +63,13 @@ pub fn sse_event(out: &mut String, event: &str, data: &serde_json::Value) {
 pub fn plan_ceiling(
     st: &AppState,
     prompt_len: usize,
-    limit: Option<u32>,
+    limit: Option<&Int>,
     headers: &HeaderMap,
 ) -> Result<(u32, FinishReason), ApiError> {
     st.plan_output(prompt_len, limit, headers)?;
+    let limit = limit
+        .map(|m| st.output_limit(prompt_len, m, "max_tokens"))
+        .transpose()?;
     let (natural, _) = st.plan_output(prompt_len, None, headers)?;
     Ok(match limit {
         Some(m) if natural >= m => (m, FinishReason::Length),

@@ -21,7 +21,9 @@ pub struct Faults {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FaultSettings {
-    /// Fraction of requests answered with a 500, in [0, 1].
+    /// Fraction of requests answered with a 500, in [0, 1]: generation
+    /// requests on every API, and the reads and cancels of stored
+    /// responses.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fail_rate: Option<f64>,
     /// Fraction of KV-event batches not sent (their sequence numbers are

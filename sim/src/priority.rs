@@ -7,13 +7,10 @@
 //! priority on an fcfs engine is accepted and has no effect, as in vLLM.
 
 use crate::openai::ApiError;
-use crate::validation::Validator;
+use crate::validation::{int_str, Int, Validator};
 use axum::http::HeaderMap;
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
-
-/// 2^63: i64 holds the whole floats in [-2^63, 2^63).
-const I64_BOUND: f64 = 9_223_372_036_854_775_808.0;
 
 /// vLLM's header that overrides the body's `priority`.
 pub const PRIORITY_HEADER: &str = "x-vllm-priority";
@@ -35,61 +32,36 @@ pub fn body_priority(v: Option<&Value>) -> Result<i64, ApiError> {
 /// Reads the body's `priority` (absent: 0), recording pydantic's error in
 /// `val` when its lax `int` refuses the value (then 0).
 pub fn check(val: &mut Validator, v: Option<&Value>) -> i64 {
-    let Some(v) = v else { return 0 };
-    let loc = ["priority"];
-    let int_type = "Input should be a valid integer";
-    let parsing = "Input should be a valid integer, unable to parse string as an integer";
-    let bound = |val: &mut Validator, big: Big| match big {
-        Big::Above => val.error_ctx(
+    match v {
+        Some(v) => bounded_i64(val, "priority", v),
+        None => 0,
+    }
+}
+
+/// An `int` field bounded to [-2^63, 2^63 - 1] (`Field(ge=_INT64_MIN,
+/// le=_INT64_MAX)`: vLLM's `priority` and `seed`), recording pydantic's
+/// error in `val` when it is refused (then 0).
+pub fn bounded_i64(val: &mut Validator, name: &str, v: &Value) -> i64 {
+    let loc = [name];
+    match val.int_value(&loc, v, false) {
+        Some(Int::I64(i)) => return i,
+        Some(Int::Big {
+            negative: false, ..
+        }) => val.error_ctx(
             &loc,
             "less_than_equal",
             &format!("Input should be less than or equal to {}", i64::MAX),
             v,
             &format!("{{'le': {}}}", i64::MAX),
         ),
-        Big::Below => val.error_ctx(
+        Some(Int::Big { negative: true, .. }) => val.error_ctx(
             &loc,
             "greater_than_equal",
             &format!("Input should be greater than or equal to {}", i64::MIN),
             v,
             &format!("{{'ge': {}}}", i64::MIN),
         ),
-    };
-    match v {
-        Value::Bool(b) => return i64::from(*b),
-        Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                return i;
-            }
-            if n.as_u64().is_some() {
-                bound(val, Big::Above);
-            } else {
-                let f = n.as_f64().unwrap_or(f64::NAN);
-                if f.fract() != 0.0 {
-                    val.error(
-                        &loc,
-                        "int_from_float",
-                        "Input should be a valid integer, got a number with a fractional part",
-                        v,
-                    );
-                } else if (-I64_BOUND..I64_BOUND).contains(&f) {
-                    return f as i64;
-                } else {
-                    val.error(
-                        &loc,
-                        "int_parsing_size",
-                        "Unable to parse input string as an integer, exceeded maximum size",
-                        v,
-                    );
-                }
-            }
-        }
-        Value::String(s) => match parse_int_str(s.trim(), true) {
-            Some(Ok(i)) => return i,
-            Some(Err(big)) => bound(val, big),
-            None => val.error(&loc, "int_parsing", parsing, v),
-        },
-        _ => val.error(&loc, "int_type", int_type, v),
+        None => {}
     }
     0
 }
@@ -100,49 +72,9 @@ pub fn request_priority(headers: &HeaderMap, body: i64) -> i64 {
     headers
         .get(PRIORITY_HEADER)
         .and_then(|h| h.to_str().ok())
-        .and_then(|s| parse_int_str(s.trim(), false))
-        .and_then(Result::ok)
+        .and_then(|s| int_str(s, false))
+        .and_then(|i| i.as_i64())
         .unwrap_or(body)
-}
-
-/// Which bound an integer string passed.
-#[derive(Debug, PartialEq)]
-enum Big {
-    Above,
-    Below,
-}
-
-/// An integer as Python (and pydantic, with `fraction_zeros`) spells it:
-/// an optional sign, ASCII digits with single underscores between them, and
-/// for pydantic a `.000` tail. None if it is no integer; `Err` if it is one
-/// outside i64.
-fn parse_int_str(s: &str, fraction_zeros: bool) -> Option<Result<i64, Big>> {
-    let (neg, rest) = match s.as_bytes().first()? {
-        b'-' => (true, &s[1..]),
-        b'+' => (false, &s[1..]),
-        _ => (false, s),
-    };
-    let digits = match rest.split_once('.') {
-        Some((d, zeros)) if fraction_zeros && zeros.bytes().all(|c| c == b'0') => d,
-        Some(_) => return None,
-        None => rest,
-    };
-    let b = digits.as_bytes();
-    let well_formed = !b.is_empty()
-        && b[0].is_ascii_digit()
-        && b[b.len() - 1].is_ascii_digit()
-        && b.iter().all(|c| c.is_ascii_digit() || *c == b'_')
-        && !digits.contains("__");
-    if !well_formed {
-        return None;
-    }
-    let clean: String = digits.chars().filter(|c| *c != '_').collect();
-    let signed = if neg { format!("-{clean}") } else { clean };
-    Some(
-        signed
-            .parse::<i64>()
-            .map_err(|_| if neg { Big::Below } else { Big::Above }),
-    )
 }
 
 #[cfg(test)]

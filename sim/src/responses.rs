@@ -12,7 +12,7 @@ use crate::openai::ApiError;
 use crate::response_store::Cancel;
 use crate::responses_input::{chat_messages, continues_final_message, encode, Previous};
 use crate::state::{now_secs, AppState};
-use crate::validation::{json_object, Ty, Validator};
+use crate::validation::{json_object, lax_int, Ty, Validator};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -58,6 +58,7 @@ fn validate(obj: &Map<String, Value>) -> Result<(), ApiError> {
         ("cache_salt", Ty::Str),
         ("parallel_tool_calls", Ty::Bool),
         ("max_tool_calls", Ty::Int),
+        ("top_k", Ty::Int),
         ("include", Ty::List),
         ("chat_template_kwargs", Ty::Obj),
         ("presence_penalty", Ty::Num),
@@ -277,12 +278,13 @@ fn prepare(st: &AppState, headers: &HeaderMap, obj: &Map<String, Value>) -> Resu
     if p >= mml {
         return Err(invalid(format!("The engine prompt length {p} exceeds the max_model_len {mml}. Please reduce prompt."), "input"));
     }
-    let limit = obj
-        .get("max_output_tokens")
-        .and_then(Value::as_f64)
-        .map(|n| n.clamp(0.0, f64::from(u32::MAX)) as u32);
-    let plan = plan_ceiling(st, p, limit, headers)?;
-    let max_tokens = limit.map_or(mml - p, |m| (m as usize).min(mml - p));
+    // `validate` has refused a value pydantic's lax `int` refuses.
+    let limit = obj.get("max_output_tokens").and_then(|n| lax_int(n).ok());
+    let plan = plan_ceiling(st, p, limit.as_ref(), headers)?;
+    // `plan_ceiling` has refused a limit below 1 or past the room left.
+    let max_tokens = limit
+        .and_then(|m| m.as_i64())
+        .map_or(mml - p, |m| (m as usize).min(mml - p));
     let id = str_field(obj, "request_id").unwrap_or_else(|| format!("resp_{}", random_uuid()));
     Ok(Job {
         base: base_response(st, obj, &id, max_tokens),
@@ -526,6 +528,9 @@ fn stream(st: Arc<AppState>, run: Run, job: Job) -> Response {
 
 /// `GET /v1/responses/{id}`: a stored response, else vLLM's 404.
 pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if let Some(e) = st.injected_failure() {
+        return e.into_response();
+    }
     match st.apis.store.get(&id) {
         Some(r) => Json(r).into_response(),
         None => not_found(&id).into_response(),
@@ -535,6 +540,9 @@ pub async fn retrieve(State(st): State<Arc<AppState>>, Path(id): Path<String>) -
 /// `POST /v1/responses/{id}/cancel`: only queued or in-progress
 /// (background) responses can be; a finished one is a 400.
 pub async fn cancel(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if let Some(e) = st.injected_failure() {
+        return e.into_response();
+    }
     match st.apis.store.cancel(&id) {
         Cancel::Cancelled(r) => Json(r).into_response(),
         Cancel::NotFound => not_found(&id).into_response(),

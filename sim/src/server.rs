@@ -5,14 +5,15 @@ use crate::engine::{FinishReason, NewRequest, TokenOutput};
 use crate::exposition::{render, CONTENT_TYPE};
 use crate::faults::FaultSettings;
 use crate::openai::{
-    content_text, parse_prompt, type_name, ApiError, ChatRequest, CompletionRequest, Prompt,
-    StreamOptions,
+    content_text, parse_prompt, prompt_of, type_name, ApiError, ChatRequest, CompletionRequest,
+    Prompt, StreamOptions,
 };
-use crate::priority::{body_priority, request_priority};
+use crate::priority::request_priority;
 use crate::publisher::PublisherCmd;
 use crate::runner::Command;
 pub use crate::state::AppState;
 use crate::state::{now_secs, AbortGuard};
+use crate::validation::Int;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -142,12 +143,37 @@ impl AppState {
         Ok(())
     }
 
+    /// The request's output limit as the engine checks it: below 1 is
+    /// refused as vLLM's `SamplingParams` refuses it, and so is a limit that
+    /// does not fit the context after the prompt. `param` is the field.
+    pub(crate) fn output_limit(
+        &self,
+        prompt_len: usize,
+        m: &Int,
+        param: &str,
+    ) -> Result<u32, ApiError> {
+        if m.below(1) {
+            return Err(ApiError::bad_param(
+                param,
+                format!("max_tokens must be at least 1, got {m}."),
+            ));
+        }
+        let mml = self.max_model_len;
+        let room = mml.saturating_sub(prompt_len);
+        match m.as_i64().and_then(|m| usize::try_from(m).ok()) {
+            Some(n) if n <= room => Ok(n as u32),
+            _ => Err(ApiError::bad_param(param, format!(
+                "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context length is {mml} tokens and your request has {prompt_len} input tokens ({m} > {mml} - {prompt_len})."
+            ))),
+        }
+    }
+
     /// Decides the completion length and its finish reason, vLLM-style
     /// length checks included.
     pub(crate) fn plan_output(
         &self,
         prompt_len: usize,
-        max_tokens: Option<u32>,
+        max_tokens: Option<&Int>,
         headers: &HeaderMap,
     ) -> Result<(u32, FinishReason), ApiError> {
         let mml = self.max_model_len;
@@ -162,19 +188,9 @@ impl AppState {
                 "This model's maximum context length is {mml} tokens. However, your request has {prompt_len} input tokens. Please reduce the length of the input messages."
             )));
         }
-        if let Some(m) = max_tokens {
-            if m == 0 {
-                return Err(ApiError::bad_param(
-                    "max_tokens",
-                    "max_tokens must be at least 1, got 0.",
-                ));
-            }
-            if prompt_len + m as usize > mml {
-                return Err(ApiError::bad_param("max_tokens", format!(
-                    "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context length is {mml} tokens and your request has {prompt_len} input tokens ({m} > {mml} - {prompt_len})."
-                )));
-            }
-        }
+        let max_tokens = max_tokens
+            .map(|m| self.output_limit(prompt_len, m, "max_tokens"))
+            .transpose()?;
         let hint = match headers.get(OUTPUT_TOKENS_HEADER) {
             None => None,
             Some(v) => Some(
@@ -256,9 +272,9 @@ async fn chat_completions(
     }
 }
 
-fn check_n(n: Option<u32>) -> Result<(), ApiError> {
+fn check_n(n: Option<&Int>) -> Result<(), ApiError> {
     match n {
-        None | Some(1) => Ok(()),
+        None | Some(Int::I64(1)) => Ok(()),
         Some(n) => Err(ApiError::bad_param(
             "n",
             format!("vllm-sim generates one choice per request; n = {n} is not supported"),
@@ -271,15 +287,12 @@ fn chat_job(st: &AppState, headers: &HeaderMap, body: &Bytes) -> Result<Job, Api
         return Err(e);
     }
     let req: ChatRequest = parse_json(body)?;
-    let priority = request_priority(headers, body_priority(req.priority.as_ref())?);
+    let ints = req.ints()?;
+    let priority = request_priority(headers, ints.priority);
     st.check_model(&req.model)?;
-    check_n(req.n)?;
+    check_n(ints.n.as_ref())?;
     let prompt = st.chat_prompt(&req.messages, req.add_generation_prompt.unwrap_or(true))?;
-    let (max_tokens, finish) = st.plan_output(
-        prompt.len(),
-        req.max_completion_tokens.or(req.max_tokens),
-        headers,
-    )?;
+    let (max_tokens, finish) = st.plan_output(prompt.len(), ints.max_tokens.as_ref(), headers)?;
     Ok(Job {
         kind: Kind::Chat,
         prompt,
@@ -304,19 +317,19 @@ fn completion_job(st: &AppState, headers: &HeaderMap, body: &Bytes) -> Result<Jo
         return Err(e);
     }
     let req: CompletionRequest = parse_json(body)?;
-    let priority = request_priority(headers, body_priority(req.priority.as_ref())?);
+    let (prompt, ints) = req.check()?;
+    let priority = request_priority(headers, ints.priority);
     st.check_model(&req.model)?;
-    check_n(req.n)?;
-    let prompt = match parse_prompt(&req.prompt)? {
+    check_n(ints.n.as_ref())?;
+    let prompt = match prompt_of(prompt)? {
         Prompt::Text(t) => st.tokenizer.encode(&t),
         Prompt::Tokens(ids) => {
             st.check_tokens(&ids)?;
             ids
         }
     };
-    // OpenAI's completions default is 16 tokens.
-    let (max_tokens, finish) =
-        st.plan_output(prompt.len(), Some(req.max_tokens.unwrap_or(16)), headers)?;
+    // OpenAI's completions default of 16 tokens is in `ints`.
+    let (max_tokens, finish) = st.plan_output(prompt.len(), ints.max_tokens.as_ref(), headers)?;
     Ok(Job {
         kind: Kind::Completion,
         prompt,

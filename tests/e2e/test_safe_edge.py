@@ -1,8 +1,10 @@
-"""Issue 18, the Envoy edge through the real Envoy: only inference paths
-reach an engine (1), failing and dying engines are avoided and retried (3),
-Envoy's own answers are JSON in the API's shape and slow clients are cut
-off (8), and no credential is in the filter configuration or Envoy's
-/config_dump (9)."""
+"""The Envoy edge through the real Envoy: only the inference paths, matched
+exactly, reach an engine; failing and dying engines are avoided, and a
+request whose engine failed before the first response byte is retried once
+on another engine (every API, streamed or not), a stored response's
+requests never; Envoy's own answers are JSON in the API's shape and slow
+clients are cut off; no credential is in the filter configuration or
+Envoy's /config_dump."""
 
 from __future__ import annotations
 
@@ -12,12 +14,15 @@ import struct
 import threading
 import time
 import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from kvasir_harness import (KEYS, MODEL, POLICY, PROVIDER_KEY, SETTINGS, Processes, chat, compile_plugin, free_port,
-                            indexer_for, request, secrets_for, start_envoy, start_sim, wait_envoy, wait_sim, wait_until)
+                            indexer_for, request, secrets_for, sse_named_events, start_envoy, start_sim, wait_envoy,
+                            wait_sim, wait_until)
 from conftest import Stack
 
 ACME = {"authorization": f"Bearer {KEYS['acme']}"}
@@ -43,41 +48,89 @@ BLOCKED = [
     ("GET", "/v1/models/../metrics"),
     ("GET", "//metrics"),
     ("POST", "/v1/load_lora_adapter"),
+    # Inexact forms of the inference paths (vLLM's router matches paths
+    # exactly), and paths under /v1/responses/ vLLM 0.34 does not serve.
+    ("POST", "/v1/chat/completions/"),
+    ("POST", "/v1/chat/completions//"),
+    ("POST", "/v1/completions/"),
+    ("POST", "/v1/responses/"),
+    ("POST", "/v1/responses/resp_1"),
+    ("POST", "/v1/responses/resp_1/cancel/"),
+    ("GET", "/v1/responses/resp_1/"),
+    ("GET", "/v1/responses/resp_1/input_items"),
+    ("DELETE", "/v1/responses/resp_1"),
+    ("GET", "/v1/models/"),
+    ("GET", "/v1/models/Qwen"),
+]
+# The same under /v1/messages: Anthropic's shape.
+BLOCKED_ANTHROPIC = [
+    ("GET", "/v1/messages/batches"),
+    ("POST", "/v1/messages/"),
+    ("POST", "/v1/messages/count_tokens/"),
+    ("POST", "/v1/messages/render"),
 ]
 
 
-def _cached(stack: Stack, content: str) -> int:
-    status, _, b = stack.envoy.post("/v1/chat/completions", chat(content=content, system="s " * 200))
+def _cached_on(sim, content: str) -> int:
+    """Cached prompt tokens of a chat sent to `sim` directly (the gateway's
+    pick plays no part)."""
+    body = {**chat(content=content, system="s " * 200), "max_tokens": 1}
+    status, _, b = request("POST", sim.port, "/v1/chat/completions", json.dumps(body),
+                           {"content-type": "application/json"})
     assert status == 200, b
     return json.loads(b)["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
+def _valid_body(method: str, path: str) -> str | None:
+    """For a POST, a body the API under `path` accepts."""
+    if method != "POST":
+        return None
+    if path == "/sim/faults":
+        return json.dumps({"fail_rate": 1.0})
+    if path.startswith("/v1/chat/completions"):
+        return json.dumps(chat(content="exact paths"))
+    if path.startswith("/v1/completions"):
+        return json.dumps({"model": MODEL, "prompt": "exact paths", "max_tokens": 2})
+    if path.startswith("/v1/messages"):
+        return json.dumps({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "exact"}]})
+    if path.startswith("/v1/responses"):
+        return json.dumps({"model": MODEL, "input": "exact paths", "max_output_tokens": 2})
+    return None
+
+
 def test_only_inference_paths_reach_an_engine(stack: Stack):
     e = stack.envoy
-    # A prefix cached everywhere it was sent, to see that no reset reached
-    # an engine.
+    # A prefix cached on every engine, to see that no reset reached one.
     content = f"allowlist {uuid.uuid4().hex}"
-    _cached(stack, content)
+    for s in stack.sims:
+        _cached_on(s, content)
     served_before = {s.address: s.metric("vllm:request_success_total") for s in stack.sims}
+    upstream_before = e.stat("cluster.kvasir_pool.upstream_rq_total")
     for method, path in BLOCKED:
-        body = json.dumps({"fail_rate": 1.0}) if path == "/sim/faults" else None
+        # A body the path's API would accept where it has one, so only the
+        # path decides.
+        body = _valid_body(method, path)
         status, h, b = request(method, e.port, path, body, {**FREE, "content-type": "application/json"})
         assert status == 404, (method, path, status, b)
         assert h["content-type"] == "application/json"
         err = json.loads(b)["error"]
         assert (err["type"], err["code"]) == ("not_found_error", "not_found"), (path, b)
     # Anthropic's shape under /v1/messages.
-    status, _, b = request("GET", e.port, "/v1/messages/batches", None, FREE)
-    assert status == 404
-    assert json.loads(b) == {"type": "error", "error": {"type": "not_found_error",
-                                                         "message": "no such endpoint on this gateway"}}
+    for method, path in BLOCKED_ANTHROPIC:
+        status, h, b = request(method, e.port, path, _valid_body(method, path),
+                               {**FREE, "content-type": "application/json"})
+        assert status == 404, (method, path, status, b)
+        assert h["content-type"] == "application/json"
+        assert json.loads(b) == {"type": "error", "error": {"type": "not_found_error",
+                                                             "message": "no such endpoint on this gateway"}}, path
     # Encoded slashes are refused, in JSON too.
     status, _, b = request("GET", e.port, "/v1/models%2F..%2Fmetrics", None, FREE)
     assert status == 400 and json.loads(b)["error"]["code"] == "path_normalization_failed", b
-    # Nothing reached an engine: no request counted, no fault set, the
-    # prefix still cached.
+    # Nothing reached an engine: no upstream request, none counted, no
+    # fault set, the prefix still cached.
+    assert e.stat("cluster.kvasir_pool.upstream_rq_total") == upstream_before
     assert {s.address: s.metric("vllm:request_success_total") for s in stack.sims} == served_before
-    assert _cached(stack, content) > 0
+    assert all(_cached_on(s, content) > 0 for s in stack.sims)
     for s in stack.sims:
         status, _, b = request("GET", s.port, "/sim/faults")
         assert status == 200 and json.loads(b).get("fail_rate", 0) == 0, b
@@ -230,30 +283,213 @@ def _pool(ps: Processes, sub, n: int, **sim_options):
     return sims, e
 
 
-def test_an_engine_answering_500_is_avoided(artifacts, logdir):
+def _faults(sim, rate: float) -> None:
+    status, _, b = request("POST", sim.port, "/sim/faults", json.dumps({"fail_rate": rate}))
+    assert status == 200, b
+
+
+def _failed(sim) -> float:
+    """Requests the sim answered with an injected 500."""
+    return sim.metric("vllm_sim:requests_failed_total")
+
+
+def test_an_engine_answering_500_is_avoided_and_its_requests_retried(artifacts, logdir):
     sub = logdir / "failing"
     sub.mkdir()
     with Processes() as ps:
         sims, e = _pool(ps, sub, 3)
         bad = sims[0]
-        status, _, b = request("POST", bad.port, "/sim/faults", json.dumps({"fail_rate": 1.0}))
-        assert status == 200, b
+        _faults(bad, 1.0)
         codes, served = [], []
         for i in range(90):
             status, h, _ = e.post("/v1/chat/completions", chat(content=f"fail {i} {uuid.uuid4().hex}"))
             codes.append(status)
             served.append(h.get(SERVED))
-        # Before: the failing engine got 87.8% of the traffic. Now the
-        # indexer ranks it last once minRequests (10) of its reported
-        # outcomes are mostly errors; after that at most a cool-down probe.
-        # (A 500 is not retried: a request that crashes an engine must not
-        # be replayed on the next one.)
-        assert codes.count(500) <= 12, codes
-        assert served.count(bad.address) <= 12, served
-        # It takes ~40 requests on idle engines to collect those 10 (it gets
-        # about a third of the picks until then).
-        assert codes[60:].count(500) <= 1, codes
+        # Before: the failing engine's 500s reached the client (87.8% of
+        # the traffic once went there). Each is now retried once on the
+        # next engine of the pick's list: no client sees one.
+        assert codes == [200] * 90, codes
+        assert bad.address not in served, served
+        tried = _failed(bad)
+        assert tried >= 1, "the failing engine was never tried: the test proves nothing"
+        assert e.stat("cluster.kvasir_pool.upstream_rq_retry") >= tried
+        assert e.stat("cluster.kvasir_pool.upstream_rq_retry_overflow") == 0
+        # The indexer still ranks it last once minRequests (10) of its
+        # reported outcomes (a request served elsewhere than picked is the
+        # picked engine's failure) are mostly errors: after that at most a
+        # cool-down probe. It takes ~40 requests on idle engines to collect
+        # those 10 (it gets about a third of the picks until then).
+        assert tried <= 12, tried
         assert e.stat("cluster.kvasir_pool.outlier_detection.ejections_enforced_total") >= 1
+
+
+def test_a_request_failing_everywhere_is_tried_twice_at_most(artifacts, logdir):
+    """A request that makes every engine fail (a "poison" request, or a
+    pool-wide fault) is retried once, never more: it costs two engines one
+    failure each, and the client gets the engine's 500. A client cannot
+    ask for more attempts (Envoy's x-envoy-max-retries / x-envoy-retry-on
+    from a client are not obeyed)."""
+    sub = logdir / "poison"
+    sub.mkdir()
+    with Processes() as ps:
+        sims, e = _pool(ps, sub, 3)
+        for s in sims:
+            _faults(s, 1.0)
+        n = 12
+        retries = e.stat("cluster.kvasir_pool.upstream_rq_retry")
+        for i in range(n):
+            greedy = {"x-envoy-max-retries": "5", "x-envoy-retry-on": "5xx"} if i % 2 else {}
+            # The last one near the filter's body limit (1 MiB - 1): the
+            # router still holds all of it to replay.
+            filler = "w " * 499_900 if i == n - 1 else ""
+            status, _, b = e.post("/v1/chat/completions", chat(content=f"poison {i} {uuid.uuid4().hex} {filler}"),
+                                  headers=greedy)
+            assert status == 500, b
+            assert json.loads(b)["error"]["message"] == "injected failure (vllm-sim fault)", b
+        attempts = sum(_failed(s) for s in sims)
+        assert attempts == 2 * n, attempts
+        assert e.stat("cluster.kvasir_pool.upstream_rq_retry") - retries == n
+        assert e.stat("cluster.kvasir_pool.retry_or_shadow_abandoned") == 0
+
+
+def _api_request(api: str, stream: bool, tag: str) -> tuple[str, dict]:
+    """A small request of `api` (path, body), unique by `tag`."""
+    text = f"retry check {tag} {uuid.uuid4().hex}"
+    if api == "chat":
+        return "/v1/chat/completions", chat(content=text, stream=stream)
+    if api == "completions":
+        return "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": 4, "stream": stream}
+    if api == "messages":
+        return "/v1/messages", {"model": MODEL, "max_tokens": 4, "stream": stream,
+                                "messages": [{"role": "user", "content": text}]}
+    return "/v1/responses", {"model": MODEL, "input": text, "max_output_tokens": 4, "stream": stream}
+
+
+def _complete(api: str, stream: bool, status: int, body: bytes) -> str | None:
+    """Why the client would call this answer an error, or None when it is a
+    whole answer of `api`."""
+    if status != 200:
+        return f"HTTP {status}: {body[:200]!r}"
+    try:
+        if not stream:
+            kind = json.loads(body).get("object") or json.loads(body).get("type")
+            return None if kind in ("chat.completion", "text_completion", "message", "response") else f"{kind}"
+        text = body.decode()
+        if api in ("chat", "completions"):
+            return None if "data: [DONE]" in text else "stream without [DONE]"
+        names = [n for n, _ in sse_named_events(body)]
+        # A Responses stream cut by max_output_tokens ends `incomplete`.
+        last = ("message_stop",) if api == "messages" else ("response.completed", "response.incomplete")
+        return None if names and names[-1] in last else f"stream ends with {names[-1:]}"
+    except (ValueError, UnicodeDecodeError) as err:
+        return f"unreadable answer: {err}"
+
+
+APIS = [(api, stream) for api in ("chat", "completions", "messages", "responses") for stream in (False, True)]
+
+
+def test_every_api_is_retried_before_its_first_byte(artifacts, logdir):
+    """For each API, streamed and not, a request whose first engine answered
+    500 is served whole by the other one: the retry is decided at the
+    upstream's response headers, before anything reached the client."""
+    sub = logdir / "retry-apis"
+    sub.mkdir()
+    with Processes() as ps:
+        (bad, good), e = _pool(ps, sub, 2)
+        _faults(bad, 1.0)
+        for api, stream in APIS:
+            for attempt in range(20):
+                before = _failed(bad)
+                path, body = _api_request(api, stream, f"{api}-{stream}-{attempt}")
+                status, h, b = e.post(path, body)
+                assert _complete(api, stream, status, b) is None, (api, stream, _complete(api, stream, status, b))
+                assert h[SERVED] == good.address
+                if _failed(bad) > before:
+                    break  # this one was sent to the failing engine first
+            else:
+                pytest.fail(f"{api} stream={stream}: the failing engine was never tried first in 20 requests")
+
+
+def test_a_burst_with_one_failing_engine_reaches_almost_no_client(artifacts, logdir):
+    """Three engines, one failing every request; a few hundred requests of
+    every API, streamed and not, 24 at a time."""
+    sub = logdir / "burst"
+    sub.mkdir()
+    n, parallel = 320, 24
+    with Processes() as ps:
+        sims, e = _pool(ps, sub, 3)
+        bad = sims[0]
+        _faults(bad, 1.0)
+
+        def one(i: int) -> str | None:
+            api, stream = APIS[i % len(APIS)]
+            path, body = _api_request(api, stream, f"burst-{i}")
+            try:
+                status, _, b = e.post(path, body)
+            except OSError as err:
+                return f"{api} stream={stream}: {err}"
+            why = _complete(api, stream, status, b)
+            return None if why is None else f"{api} stream={stream}: {why}"
+
+        with ThreadPoolExecutor(parallel) as pool:
+            results = list(pool.map(one, range(n)))
+        errors = [r for r in results if r is not None]
+        tried = _failed(bad)
+        kinds = Counter(r.split(": b")[0] for r in errors)
+        print(f"burst: {n} requests, {parallel} in parallel: {len(errors)} client-visible errors {dict(kinds)}; "
+              f"failing engine tried {tried:.0f} times; retries "
+              f"{e.stat('cluster.kvasir_pool.upstream_rq_retry')}, overflow "
+              f"{e.stat('cluster.kvasir_pool.upstream_rq_retry_overflow')}")
+        assert tried >= 5, "the failing engine was hardly tried: the test proves nothing"
+        assert len(errors) < 20, errors
+        # In fact none: every failure happened before the first byte.
+        assert errors == [], errors
+
+
+def test_a_stored_response_is_never_retried_onto_another_engine(artifacts, logdir):
+    """Only the engine holding a stored response can answer for it: when it
+    fails, its failure is the answer (another engine would say the response
+    does not exist)."""
+    sub = logdir / "stored"
+    sub.mkdir()
+    with Processes() as ps:
+        sims, e = _pool(ps, sub, 3)
+        status, h, b = e.post("/v1/responses", {"model": MODEL, "input": "keep me", "max_output_tokens": 4})
+        assert status == 200, b
+        rid = json.loads(b)["id"]
+        holder = next(s for s in sims if s.address == h[SERVED])
+        _faults(holder, 1.0)
+        retries = e.stat("cluster.kvasir_pool.upstream_rq_retry")
+        auth = {"authorization": f"Bearer {KEYS['acme']}"}
+        status, _, b = request("GET", e.port, f"/v1/responses/{rid}", None, auth)
+        assert status == 500 and b"injected failure" in b, (status, b)
+        status, _, b = request("POST", e.port, f"/v1/responses/{rid}/cancel", "", auth)
+        assert status == 500 and b"injected failure" in b, (status, b)
+        assert e.stat("cluster.kvasir_pool.upstream_rq_retry") == retries
+        assert sum(_failed(s) for s in sims if s is not holder) == 0
+        _faults(holder, 0.0)
+        status, _, b = request("GET", e.port, f"/v1/responses/{rid}", None, auth)
+        assert status == 200 and json.loads(b)["id"] == rid, b
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a follow-up's pick lists its holder once, so its retry goes past the list to the fallback balancer, i.e. "
+    "to an engine that answers 404 for a response that exists; listing the holder twice (the pick's answer, or "
+    "the filter's header) would retry it on the holder"))
+def test_a_follow_up_is_retried_on_the_engine_holding_its_history_only(artifacts, logdir):
+    sub = logdir / "follow-up"
+    sub.mkdir()
+    with Processes() as ps:
+        sims, e = _pool(ps, sub, 3)
+        status, h, b = e.post("/v1/responses", {"model": MODEL, "input": "first turn", "max_output_tokens": 4})
+        assert status == 200, b
+        holder = next(s for s in sims if s.address == h[SERVED])
+        _faults(holder, 1.0)
+        status, _, b = e.post("/v1/responses", {"model": MODEL, "input": "next turn", "max_output_tokens": 4,
+                                                "previous_response_id": json.loads(b)["id"]})
+        # The holder's own failure, not another engine's "not found".
+        assert status == 500 and b"injected failure" in b, (status, b)
+        assert sum(_failed(s) for s in sims if s is not holder) == 0
 
 
 def test_a_stream_cut_by_a_dying_engine_is_counted(artifacts, logdir):

@@ -11,9 +11,10 @@
 //! `stream_options`) only an object is accepted: serde's derive would also
 //! take a list (`["user","hi"]`, `[false]`) and read it positionally. The
 //! whole body must be UTF-8, not just the strings read. Integers are read
-//! as vLLM's pydantic models read them: `1e2` and `100.0` are 100, `1.5` is
-//! a 400. The filter never decompresses: a `Content-Encoding` other than
-//! `identity` is refused ([`content_encoding_error`]).
+//! as vLLM's pydantic models read them ([`int`]): `1e2`, `100.0` and
+//! `"100"` are 100, `true` is 1, `1.5` and `"1e2"` are a 400. The filter
+//! never decompresses: a `Content-Encoding` other than `identity` is
+//! refused ([`content_encoding_error`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -23,7 +24,10 @@ use kvasir_policy::{ApiKind, PromptText, Unscannable};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
+use int::{LaxInt, NotInt};
+
 pub mod content;
+mod int;
 pub mod messages;
 pub mod openai;
 pub mod responses;
@@ -35,10 +39,13 @@ pub use responses::{stored_response_request, StoredOp};
 /// The API of a `POST` to `path` (query string ignored) that carries a
 /// body, or `None` for paths the filter does not parse (`/v1/models`,
 /// `/health`, ...; the requests on a stored response are
-/// [`stored_response_request`]'s).
+/// [`stored_response_request`]'s). The path must be the API's exactly, as
+/// vLLM's router matches it: `/v1/chat/completions/` is no API (vLLM
+/// answers it with a redirect, not a completion), so the filter passes it
+/// by and the gateway's routes answer it 404.
 pub fn api_for_path(path: &str) -> Option<ApiKind> {
     let path = path.split(['?', '#']).next().unwrap_or_default();
-    match path.trim_end_matches('/') {
+    match path {
         "/v1/chat/completions" => Some(ApiKind::Chat),
         "/v1/completions" => Some(ApiKind::Completions),
         "/v1/messages" => Some(ApiKind::AnthropicMessages),
@@ -136,56 +143,84 @@ impl<'de: 'a, 'a, T: Deserialize<'de> + ListOf> Deserialize<'de> for TextOrList<
     }
 }
 
-/// An integral number as pydantic's lax mode reads an `int`: an integer,
-/// or a float with no fractional part (`1e2`, `100.0`).
-fn integral<E: de::Error>(v: f64) -> Result<u64, E> {
-    // 2^64 as f64 is exact; every f64 below it converts without loss.
-    if v.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&v) {
-        Ok(v as u64)
-    } else {
-        Err(E::custom(format!(
-            "expected a non-negative integer, got {v}"
-        )))
+/// The error for a value that is no lax integer, or one the filter cannot
+/// use (see [`int`]).
+fn int_error<E: de::Error>(what: impl fmt::Display, why: Result<LaxInt, NotInt>) -> E {
+    E::custom(match why {
+        Ok(LaxInt::Negative) => format!("expected a non-negative integer, got {what}"),
+        Ok(LaxInt::TooLarge) | Err(NotInt::FloatTooLarge) => {
+            format!("integer out of range: {what}")
+        }
+        Err(NotInt::Fraction) => {
+            format!("expected an integer, got {what} (a number with a fractional part)")
+        }
+        Err(NotInt::BadString) | Ok(LaxInt::Value(_)) => {
+            format!("expected an integer, got {what}")
+        }
+    })
+}
+
+/// `v` as a non-negative integer, or the error for it.
+fn count_of<E: de::Error>(what: impl fmt::Display, v: Result<LaxInt, NotInt>) -> Result<u64, E> {
+    match v {
+        Ok(LaxInt::Value(n)) => Ok(n),
+        other => Err(int_error(what, other)),
     }
 }
 
-/// A non-negative integer (`max_tokens`), `1e2` included.
+/// A non-negative integer (`max_tokens`, a token id) as vLLM's lax `int`
+/// reads it: `1e2`, `100.0`, `true` and `" 100 "` included (see [`int`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Count(u64);
 
-impl<'de> Deserialize<'de> for Count {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Count;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a non-negative integer")
-            }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
-                Ok(Count(v))
-            }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
-                u64::try_from(v)
-                    .map(Count)
-                    .map_err(|_| E::custom(format!("expected a non-negative integer, got {v}")))
-            }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Count, E> {
-                integral(v).map(Count)
-            }
-        }
-        d.deserialize_any(V)
+/// [`Count`]'s visitor, also used where a value may be a count or
+/// something else ([`openai::Prompt`]'s elements).
+struct CountVisitor;
+
+impl Visitor<'_> for CountVisitor {
+    type Value = Count;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a non-negative integer")
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
+        Ok(Count(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
+        u64::try_from(v)
+            .map(Count)
+            .map_err(|_| int_error(v, Ok(LaxInt::Negative)))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Count, E> {
+        count_of(v, int::int_f64(v)).map(Count)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Count, E> {
+        Ok(Count(u64::from(v)))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Count, E> {
+        count_of(format_args!("the string {v:?}"), int::int_str(v)).map(Count)
     }
 }
 
-/// A token id (`1e2` included, as vLLM reads it).
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CountVisitor)
+    }
+}
+
+/// A token id (`1e2` and `"100"` included, as vLLM reads it).
 struct TokenId(u32);
+
+impl TokenId {
+    fn of<E: de::Error>(Count(n): Count) -> Result<TokenId, E> {
+        u32::try_from(n)
+            .map(TokenId)
+            .map_err(|_| E::custom(format!("token id out of range: {n}")))
+    }
+}
 
 impl<'de> Deserialize<'de> for TokenId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let Count(n) = Count::deserialize(d)?;
-        u32::try_from(n)
-            .map(TokenId)
-            .map_err(|_| de::Error::custom("token id out of range"))
+        TokenId::of(Count::deserialize(d)?)
     }
 }
 

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::content::{Message, StreamOptions};
 use super::{
-    integral, parse, require_model, BodyError, Count, Obj, ParsedRequest, RequestPrompt, Str,
+    parse, require_model, BodyError, Count, CountVisitor, Obj, ParsedRequest, RequestPrompt, Str,
     TokenId,
 };
 
@@ -24,9 +24,13 @@ pub enum Prompt<'a> {
     Batch(Vec<Cow<'a, str>>, Vec<Vec<u32>>),
 }
 
+/// An element of a `prompt` list, before the list's type is known.
 enum PromptElem<'a> {
+    /// A number or a boolean: a token id.
     Id(u32),
+    /// A string: a prompt, or a token id if the list holds ids.
     Text(Cow<'a, str>),
+    /// A list: one prompt's token ids.
     Ids(Vec<u32>),
 }
 
@@ -39,19 +43,16 @@ impl<'de: 'a, 'a> Deserialize<'de> for PromptElem<'a> {
                 f.write_str("a token id, a string, or a list of token ids")
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                u32::try_from(v)
-                    .map(PromptElem::Id)
-                    .map_err(|_| E::custom("token id out of range"))
+                TokenId::of(CountVisitor.visit_u64(v)?).map(|t| PromptElem::Id(t.0))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-                u32::try_from(v)
-                    .map(PromptElem::Id)
-                    .map_err(|_| E::custom("token id out of range"))
+                TokenId::of(CountVisitor.visit_i64(v)?).map(|t| PromptElem::Id(t.0))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-                u32::try_from(integral::<E>(v)?)
-                    .map(PromptElem::Id)
-                    .map_err(|_| E::custom("token id out of range"))
+                TokenId::of(CountVisitor.visit_f64(v)?).map(|t| PromptElem::Id(t.0))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                TokenId::of(CountVisitor.visit_bool(v)?).map(|t| PromptElem::Id(t.0))
             }
             fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
                 Ok(PromptElem::Text(Cow::Borrowed(v)))
@@ -71,6 +72,78 @@ impl<'de: 'a, 'a> Deserialize<'de> for PromptElem<'a> {
     }
 }
 
+/// A `prompt` list as vLLM's pydantic union reads it
+/// (`list[int] | list[list[int]] | str | list[str]`, in smart mode): a
+/// list of strings only is a list of prompts (the exact match wins);
+/// otherwise either every element is a token id (lax: numbers, booleans,
+/// and strings holding integers, so `[1, "2"]` is `[1, 2]`) or every
+/// element is a list of token ids. Anything else (`["a", 1]`, `[[1], 2]`)
+/// matches no member and vLLM refuses it.
+fn prompt_list<'a, E: de::Error>(elems: Vec<PromptElem<'a>>) -> Result<Prompt<'a>, E> {
+    let lists = elems
+        .iter()
+        .filter(|e| matches!(e, PromptElem::Ids(_)))
+        .count();
+    let texts = elems
+        .iter()
+        .filter(|e| matches!(e, PromptElem::Text(_)))
+        .count();
+    if lists > 0 && lists < elems.len() {
+        return Err(E::custom(
+            "prompt mixes lists of token ids with other values",
+        ));
+    }
+    if lists > 0 {
+        let mut lists: Vec<Vec<u32>> = elems
+            .into_iter()
+            .filter_map(|e| match e {
+                PromptElem::Ids(l) => Some(l),
+                _ => None,
+            })
+            .collect();
+        return Ok(if lists.len() == 1 {
+            Prompt::Ids(lists.remove(0))
+        } else {
+            Prompt::Batch(Vec::new(), lists)
+        });
+    }
+    if texts == elems.len() {
+        let mut texts: Vec<Cow<'a, str>> = elems
+            .into_iter()
+            .filter_map(|e| match e {
+                PromptElem::Text(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        return Ok(if texts.len() == 1 {
+            Prompt::Text(texts.remove(0))
+        } else {
+            Prompt::Batch(texts, Vec::new())
+        });
+    }
+    let mut ids = Vec::with_capacity(elems.len());
+    for e in elems {
+        match e {
+            PromptElem::Id(i) => ids.push(i),
+            PromptElem::Text(t) => {
+                let n = CountVisitor.visit_str::<E>(&t).map_err(|_| {
+                    E::custom(format!(
+                        "prompt mixes token ids and text: {t:?} is no token id"
+                    ))
+                })?;
+                ids.push(TokenId::of::<E>(n)?.0);
+            }
+            // Not reached: a list with a list in it was decided above.
+            PromptElem::Ids(_) => {
+                return Err(E::custom(
+                    "prompt mixes lists of token ids with other values",
+                ))
+            }
+        }
+    }
+    Ok(Prompt::Ids(ids))
+}
+
 impl<'de: 'a, 'a> Deserialize<'de> for Prompt<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<'a>(std::marker::PhantomData<&'a ()>);
@@ -86,31 +159,11 @@ impl<'de: 'a, 'a> Deserialize<'de> for Prompt<'a> {
                 Ok(Prompt::Text(Cow::Owned(v.to_owned())))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let (mut ids, mut texts, mut lists) = (Vec::new(), Vec::new(), Vec::new());
+                let mut elems = Vec::new();
                 while let Some(e) = seq.next_element::<PromptElem<'a>>()? {
-                    match e {
-                        PromptElem::Id(i) => ids.push(i),
-                        PromptElem::Text(t) => texts.push(t),
-                        PromptElem::Ids(l) => lists.push(l),
-                    }
+                    elems.push(e);
                 }
-                let kinds = usize::from(!ids.is_empty())
-                    + usize::from(!texts.is_empty())
-                    + usize::from(!lists.is_empty());
-                if kinds > 1 {
-                    return Err(de::Error::custom(
-                        "prompt mixes token ids, strings and lists",
-                    ));
-                }
-                Ok(if !ids.is_empty() {
-                    Prompt::Ids(ids)
-                } else if texts.len() == 1 {
-                    Prompt::Text(texts.remove(0))
-                } else if lists.len() == 1 {
-                    Prompt::Ids(lists.remove(0))
-                } else {
-                    Prompt::Batch(texts, lists)
-                })
+                prompt_list(elems)
             }
         }
         d.deserialize_any(V(std::marker::PhantomData))

@@ -228,14 +228,19 @@ fn percent_decoded(s: &str) -> Cow<'_, str> {
 }
 
 /// The stored response a `method` + `path` asks about, or `None` when the
-/// request is not one of those (query string ignored, as is one trailing
-/// `/`).
+/// request is not one of those (query string ignored). These are the only
+/// requests on a stored response vLLM 0.34 serves (its Responses router
+/// has no `DELETE /v1/responses/{id}` and no `GET
+/// /v1/responses/{id}/input_items`); the path must be exact, a trailing
+/// `/` included, as vLLM's router matches it. Anything else under
+/// `/v1/responses/` is not the filter's to route, and the gateway's routes
+/// answer it 404.
 pub fn stored_response_request<'p>(
     method: &str,
     path: &'p str,
 ) -> Option<(StoredOp, Cow<'p, str>)> {
     let path = path.split(['?', '#']).next().unwrap_or_default();
-    let rest = path.trim_end_matches('/').strip_prefix("/v1/responses/")?;
+    let rest = path.strip_prefix("/v1/responses/")?;
     let (op, id) = match (method, rest.strip_suffix("/cancel")) {
         ("POST", Some(id)) => (StoredOp::Cancel, id),
         ("GET", None) => (StoredOp::Retrieve, rest),

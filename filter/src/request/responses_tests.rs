@@ -153,7 +153,7 @@ fn stored_response_paths() {
         Some((StoredOp::Retrieve, "resp_1".into()))
     );
     assert_eq!(
-        id("GET", "/v1/responses/resp_1/?stream=true&starting_after=2"),
+        id("GET", "/v1/responses/resp_1?stream=true&starting_after=2"),
         Some((StoredOp::Retrieve, "resp_1".into()))
     );
     assert_eq!(
@@ -176,6 +176,13 @@ fn stored_response_paths() {
         ("GET", "/v1/responses/"),
         ("GET", "/v1/responses"),
         ("GET", "/v1/responses/a/b"),
+        // Exact paths only: vLLM's router does not serve these.
+        ("GET", "/v1/responses/resp_1/"),
+        ("GET", "/v1/responses/resp_1/?stream=true"),
+        ("POST", "/v1/responses/resp_1/cancel/"),
+        ("GET", "/v1/responses/resp_1/input_items"),
+        ("DELETE", "/v1/responses/resp_1/"),
+        ("GET", "/v1/responses//"),
         ("POST", "/v1/responses//cancel"),
         ("GET", "/v1/responsesx/a"),
     ] {

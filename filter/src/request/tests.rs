@@ -9,7 +9,22 @@ fn paths() {
         api_for_path("/v1/chat/completions?x=1"),
         Some(ApiKind::Chat)
     );
-    assert_eq!(api_for_path("/v1/completions/"), Some(ApiKind::Completions));
+    assert_eq!(api_for_path("/v1/completions"), Some(ApiKind::Completions));
+    // Exact paths only, as vLLM's router matches them.
+    for inexact in [
+        "/v1/completions/",
+        "/v1/chat/completions/",
+        "/v1/chat/completions//",
+        "/v1/messages/",
+        "/v1/messages/count_tokens/",
+        "/v1/responses/",
+        "/v1/responses/?x=1",
+        "/V1/chat/completions",
+        "/v1/chat/completionsx",
+        "v1/chat/completions",
+    ] {
+        assert_eq!(api_for_path(inexact), None, "{inexact}");
+    }
     assert_eq!(
         api_for_path("/v1/messages"),
         Some(ApiKind::AnthropicMessages)
@@ -18,7 +33,7 @@ fn paths() {
         api_for_path("/v1/messages/count_tokens"),
         Some(ApiKind::AnthropicCountTokens)
     );
-    assert_eq!(api_for_path("/v1/responses/"), Some(ApiKind::Responses));
+    assert_eq!(api_for_path("/v1/responses"), Some(ApiKind::Responses));
     assert_eq!(api_for_path("/v1/responses/resp_1"), None);
     assert_eq!(api_for_path("/v1/messages/render"), None);
     assert_eq!(api_for_path("/v1/models"), None);
@@ -102,6 +117,25 @@ fn completions_prompt_forms() {
         Ok(Prompt::Batch(..))
     ));
     assert_eq!(p(r#"{"model":"m","prompt":[1,"a"]}"#), Err("invalid_type"));
+    // vLLM's union: not all strings, so every element is a lax token id.
+    assert_eq!(
+        p(r#"{"model":"m","prompt":[1,"2",true," 3 "]}"#),
+        Ok(Prompt::Ids(vec![1, 2, 1, 3]))
+    );
+    assert_eq!(
+        p(r#"{"model":"m","prompt":[["1_0"],[false]]}"#),
+        Ok(Prompt::Batch(vec![], vec![vec![10], vec![0]]))
+    );
+    assert_eq!(
+        p(r#"{"model":"m","prompt":[[1],"2"]}"#),
+        Err("invalid_type")
+    );
+    assert_eq!(p(r#"{"model":"m","prompt":[1,[2]]}"#), Err("invalid_type"));
+    assert_eq!(p(r#"{"model":"m","prompt":[null]}"#), Err("invalid_type"));
+    assert_eq!(
+        p(r#"{"model":"m","prompt":["1","2"]}"#),
+        Ok(Prompt::Batch(vec!["1".into(), "2".into()], vec![]))
+    );
     assert_eq!(p(r#"{"model":"m","prompt":[-1]}"#), Err("invalid_type"));
     assert_eq!(p(r#"{"model":"m","prompt":[]}"#), Err("missing_prompt"));
     assert_eq!(p(r#"{"model":"m"}"#), Err("missing_prompt"));
@@ -320,8 +354,12 @@ fn integers_as_vllm_reads_them() {
     assert_eq!(chat("1E+2"), Ok(100));
     assert_eq!(chat("7"), Ok(7));
     assert_eq!(chat("null"), Ok(0));
-    // 1e20 is past u64 (vLLM would refuse it against the context length).
-    for bad in ["1.5", "-1", "-1e2", "1e20", "\"100\"", "true"] {
+    assert_eq!(chat("\"100\""), Ok(100));
+    assert_eq!(chat("\" 1_000.00\\n\""), Ok(1000));
+    assert_eq!(chat("true"), Ok(1));
+    // 1e20 is a float past 2^63 (pydantic refuses it); a negative limit
+    // pydantic reads and vLLM then refuses.
+    for bad in ["1.5", "-1", "-1e2", "1e20", "\"1e2\"", "\"-3\"", "[5]"] {
         assert_eq!(
             chat(bad),
             Err(("invalid_type", Some("max_tokens"))),
@@ -417,4 +455,90 @@ fn visit_strings_reads_the_whole_body_and_refuses_token_ids() {
     }
     let r = parse_body(ApiKind::Completions, br#"{"model":"m","prompt":["a","b"]}"#).unwrap();
     assert!(r.visit_strings(&mut |_| ControlFlow::Continue(())).is_ok());
+}
+
+/// The shared table (tests/vectors/lax_int.json, made with pydantic): the
+/// filter reads every integer vLLM reads, as vLLM reads it, and refuses
+/// what pydantic refuses. It uses only non-negative integers up to u64, so
+/// it also refuses the negative ones and those past u64 (vLLM refuses them
+/// later, as a limit below 1 or past the context length).
+#[test]
+fn lax_int_vectors_match_pydantic() {
+    let table: serde_json::Value =
+        serde_json::from_str(include_str!("../../../tests/vectors/lax_int.json")).unwrap();
+    let mut checked = 0;
+    for v in table["ints"].as_array().unwrap() {
+        let text = v["json"].as_str().unwrap();
+        if text == "null" {
+            // The filter's fields are `int | None`: null is no limit.
+            continue;
+        }
+        let want: Option<u64> = v["value"].as_str().and_then(|n| n.parse().ok());
+        let body = format!(
+            r#"{{"model":"m","max_tokens":{text},"messages":[{{"role":"user","content":"x"}}]}}"#
+        );
+        let got = parse_body(ApiKind::Chat, body.as_bytes());
+        match want {
+            Some(n) => assert_eq!(got.map(|r| r.max_tokens), Ok(n), "max_tokens: {text}"),
+            None => assert_eq!(
+                got.map_err(|e| (e.code, e.param)).unwrap_err(),
+                ("invalid_type", Some("max_tokens")),
+                "max_tokens: {text}"
+            ),
+        }
+        // As a token id next to another one.
+        let body = format!(r#"{{"model":"m","prompt":[0,{text}]}}"#);
+        let got = parse_body(ApiKind::Completions, body.as_bytes()).map(|r| r.prompt);
+        match want.and_then(|n| u32::try_from(n).ok()) {
+            Some(n) => assert_eq!(
+                got,
+                Ok(RequestPrompt::Completion(Prompt::Ids(vec![0, n]))),
+                "prompt: {text}"
+            ),
+            None => assert!(got.is_err(), "prompt: {text}: {got:?}"),
+        }
+        checked += 1;
+    }
+    assert!(checked > 50, "{checked}");
+    // Whole completions bodies: the prompt vLLM reads, or a refusal.
+    for b in table["bodies"].as_array().unwrap() {
+        if b["api"] != "completions" {
+            continue;
+        }
+        let text = b["body"]
+            .as_str()
+            .unwrap()
+            .replacen('{', r#"{"model":"m","#, 1);
+        let got = parse_body(ApiKind::Completions, text.as_bytes()).map(|r| r.prompt);
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_str().unwrap().parse().unwrap())
+                .collect()
+        };
+        match b.get("accepted").map(|a| &a["prompt"]) {
+            Some(p) => {
+                let items = p.as_array().unwrap();
+                let want = if items.iter().all(|i| i.is_array()) {
+                    let lists: Vec<Vec<u32>> = items.iter().map(ids).collect();
+                    if lists.len() == 1 {
+                        Prompt::Ids(lists[0].clone())
+                    } else {
+                        Prompt::Batch(vec![], lists)
+                    }
+                } else if b["body"].as_str().unwrap().contains("[\"") {
+                    let texts = items.iter().map(|t| t.as_str().unwrap().to_string().into());
+                    Prompt::Batch(texts.collect(), vec![])
+                } else {
+                    Prompt::Ids(ids(p))
+                };
+                assert_eq!(got, Ok(RequestPrompt::Completion(want)), "{text}");
+            }
+            None if b["param"].as_str().unwrap().starts_with("body.prompt") => {
+                assert!(got.is_err(), "{text}: {got:?}");
+            }
+            None => {}
+        }
+    }
 }
