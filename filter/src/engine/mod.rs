@@ -140,6 +140,7 @@ fn tenant_error_code(e: &TenantError) -> &'static str {
     match e {
         TenantError::MissingCredentials => "missing_credentials",
         TenantError::UnknownApiKey => "invalid_api_key",
+        TenantError::ConflictingCredentials => "conflicting_credentials",
         TenantError::UnknownTenant => "unknown_tenant",
         TenantError::TenantHeaderNotAllowed { .. } => "tenant_header_not_allowed",
     }
