@@ -281,6 +281,7 @@ fn assemble(res: &Resources, target: &TargetRef, opts: &Options) -> Result<Assem
         providers,
         classification: settings.spec.classification.clone().unwrap_or_default(),
         pool_state_max_age_ms: settings.spec.pool_state_max_age_ms,
+        gateway_replicas: settings.spec.gateway_replicas,
         policies: policies
             .iter()
             .map(|p| Policy {

@@ -394,6 +394,14 @@ pub struct InferenceSettingsSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 600_000))]
     pub pool_state_max_age_ms: Option<u32>,
+    /// Envoy replicas that serve this policy set (default 1). While a
+    /// request's pick cannot be made (the indexer unreachable or too slow),
+    /// each Envoy admits the tenant's request against its own share of the
+    /// tenant's budget: every limit divided by this number (at least one
+    /// request in flight), so that the replicas together stay within it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub gateway_replicas: Option<u32>,
     /// Default token budgets by tenant class: a tenant of the class
     /// without a `budget` of its own gets the class's, in a bucket of its
     /// own.

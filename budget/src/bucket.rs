@@ -17,11 +17,11 @@ use crate::limits::WINDOW_MS;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Bucket {
     /// Credit in 1/60000 token units.
-    credit: i128,
+    pub(crate) credit: i128,
     /// The time of the last refill (ms, the caller's clock).
-    last_ms: u64,
+    pub(crate) last_ms: u64,
     /// False until first use: a new bucket starts full at its first call.
-    primed: bool,
+    pub(crate) primed: bool,
 }
 
 fn scaled(tokens: u64) -> i128 {

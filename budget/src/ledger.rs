@@ -50,6 +50,22 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The limit that refused, as one word: "requests", "prompt_tokens",
+    /// "completion_tokens", "tokens", "concurrent" or "too_large" (the
+    /// `limited_by` of the indexer's answer and of the stats).
+    pub fn word(&self) -> &'static str {
+        match self {
+            Refusal::Limited { dimension, .. } => match dimension {
+                Dimension::Requests => "requests",
+                Dimension::PromptTokens => "prompt_tokens",
+                Dimension::CompletionTokens => "completion_tokens",
+                Dimension::TotalTokens => "tokens",
+            },
+            Refusal::Concurrency { .. } => "concurrent",
+            Refusal::TooLarge { .. } => "too_large",
+        }
+    }
+
     /// Milliseconds until a retry succeeds, when the budget can say.
     pub fn retry_after_ms(&self) -> Option<u64> {
         match self {
@@ -78,20 +94,20 @@ pub struct Released {
     pub charged: Cost,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    since_ms: u64,
-    held: Cost,
-    usage: Usage,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub(crate) since_ms: u64,
+    pub(crate) held: Cost,
+    pub(crate) usage: Usage,
 }
 
 /// One tenant's budget state.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TenantBudget {
-    limits: Limits,
-    buckets: [Bucket; 4],
-    open: BTreeMap<u64, Held>,
-    next_id: u64,
+    pub(crate) limits: Limits,
+    pub(crate) buckets: [Bucket; 4],
+    pub(crate) open: BTreeMap<u64, Held>,
+    pub(crate) next_id: u64,
 }
 
 impl TenantBudget {
@@ -222,6 +238,18 @@ impl TenantBudget {
         let h = self.open.remove(&id)?;
         self.give(&h.held);
         Some(h.held)
+    }
+
+    /// Charges a request that was admitted without a reservation here (a
+    /// proxy admitted it from its own share while it could not ask): one
+    /// request plus the cost of its usage, taken at once (it may put a
+    /// bucket in debt). Returns what was taken.
+    pub fn charge(&mut self, now_ms: u64, usage: &Usage) -> Cost {
+        self.refill(now_ms);
+        let mut c = usage.cost(self.limits.cached_token_weight);
+        c.0[Dimension::Requests.index()] = 1;
+        self.take(&c);
+        c
     }
 
     /// Drops reservations opened more than `max_age_ms` before `now_ms`
@@ -418,5 +446,31 @@ mod tests {
         for _ in 0..1000 {
             b.reserve(0, &req(u64::MAX / 4, u64::MAX / 4)).unwrap();
         }
+    }
+
+    #[test]
+    fn a_charge_takes_one_request_and_the_usage_without_holding_it() {
+        let mut b = TenantBudget::new(Limits {
+            requests_per_minute: Some(10),
+            total_tokens_per_minute: Some(1_000),
+            max_concurrent: Some(1),
+            ..Limits::default()
+        });
+        let u = Usage {
+            prompt_tokens: 300,
+            cached_tokens: 0,
+            completion_tokens: 900,
+        };
+        let c = b.charge(0, &u);
+        assert_eq!(c.0, [1, 300, 900, 1_200]);
+        assert_eq!(
+            b.in_flight(),
+            0,
+            "nothing held: the concurrency slot is free"
+        );
+        // In debt by 200 tokens: the next request waits for the refill.
+        let r = b.reserve(0, &req(10, 10));
+        assert!(matches!(r, Err(Refusal::Limited { .. })), "{r:?}");
+        assert!(b.reserve(60_000, &req(10, 10)).is_ok());
     }
 }

@@ -21,6 +21,9 @@
 //!   everything for a request never served.
 //! * [`OutputEstimate`]: the completion tokens to reserve, `max_tokens` or a
 //!   learned per-tenant figure.
+//! * [`TenantBudget::to_bytes`] / [`TenantBudget::from_bytes`]: the state
+//!   as bytes, for a budget kept where only bytes can be (a proxy's shared
+//!   memory).
 //! * [`RateLimitHeaders`], [`go_duration`], [`retry_after_secs`]: OpenAI's
 //!   `x-ratelimit-*` values and `Retry-After`.
 //!
@@ -51,6 +54,7 @@ mod estimate;
 mod headers;
 mod ledger;
 mod limits;
+mod snapshot;
 
 pub use bucket::Bucket;
 pub use estimate::OutputEstimate;

@@ -106,6 +106,23 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// Every limit divided by `n`, at least 1 each: the share of one of `n`
+    /// admitters that must stay within the budget together without asking
+    /// each other (indexer replicas without their shared store, Envoys
+    /// without the indexer). `n` of 0 is taken as 1.
+    pub fn divided(&self, n: u32) -> Limits {
+        let n = n.max(1);
+        let per = |v: Option<u64>| v.map(|v| (v / u64::from(n)).max(1));
+        Limits {
+            requests_per_minute: per(self.requests_per_minute),
+            prompt_tokens_per_minute: per(self.prompt_tokens_per_minute),
+            completion_tokens_per_minute: per(self.completion_tokens_per_minute),
+            total_tokens_per_minute: per(self.total_tokens_per_minute),
+            max_concurrent: self.max_concurrent.map(|c| (c / n).max(1)),
+            cached_token_weight: self.cached_token_weight,
+        }
+    }
+
     /// The per-minute limit of a dimension.
     pub fn per_minute(&self, d: Dimension) -> Option<u64> {
         match d {

@@ -35,6 +35,7 @@ pub mod shared_load;
 pub mod tokenize;
 pub mod types;
 
+mod abandoned;
 mod app;
 mod auth;
 mod endpoint;

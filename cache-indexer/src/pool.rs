@@ -100,6 +100,9 @@ pub struct Pool {
     /// Probes of endpoints whose event socket disconnected (see
     /// [`Pool::probe_loop`]).
     pub liveness: Arc<Liveness>,
+    /// Requests admitted without their pick's answer (see
+    /// [`crate::abandoned`]).
+    pub abandoned: crate::abandoned::Abandoned,
 }
 
 impl std::fmt::Debug for Pool {
@@ -156,6 +159,7 @@ impl Pool {
             budgets: Arc::new(crate::budgets::Budgets::memory()),
             flow: crate::flow::PoolFlow::new(Default::default()),
             liveness: Arc::new(Liveness::default()),
+            abandoned: crate::abandoned::Abandoned::default(),
         }
     }
 

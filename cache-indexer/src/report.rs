@@ -26,6 +26,16 @@ impl Pool {
             return Err(invalid("request_id", "must not be empty"));
         }
         let reported = pb::ReportPhase::try_from(req.phase).unwrap_or(pb::ReportPhase::Unspecified);
+        let done = matches!(
+            reported,
+            pb::ReportPhase::Done | pb::ReportPhase::Unspecified
+        );
+        if done && req.admission == pb::Admission::Local as i32 {
+            // Noted before the budget and the load are touched: a pick
+            // still to finish under this id ends itself (crate::abandoned).
+            self.abandoned
+                .note(&req.request_id, std::time::Instant::now());
+        }
         self.report_budget(req, reported);
         let phase = match reported {
             // Usage while streaming settles the tenant's budget only.
@@ -97,6 +107,7 @@ impl Pool {
                         usage: has_usage.then_some(usage),
                         train: has_usage
                             && matches!(o, pb::Outcome::Success | pb::Outcome::Unspecified),
+                        local: req.admission == pb::Admission::Local as i32,
                     },
                 }
             }
@@ -113,7 +124,8 @@ impl Pool {
     }
 
     /// Records that the report's endpoint (or, when it names none, the
-    /// picked one) holds the response the report names. A malformed id is
+    /// picked one) holds the response the report names, for the report's
+    /// tenant. A malformed id is
     /// skipped, not refused: the rest of the report still counts.
     fn record_response(&self, req: &pb::ReportRequest, picked: Option<EndpointId>) {
         if let Err(why) = check_id(&req.response_id) {
@@ -132,7 +144,8 @@ impl Pool {
         } else {
             req.endpoint.clone()
         };
-        self.responses.record(&req.response_id, &endpoint);
+        self.responses
+            .record(&req.response_id, &endpoint, &req.tenant);
     }
 
     /// Counts a DONE report's outcome for the endpoint that served it (the

@@ -57,6 +57,29 @@ fn error_answer(id: u64, code: tonic::Code, message: String) -> pb::SessionRespo
     }
 }
 
+/// What ends a pick whose answer could not be sent.
+struct Unanswered {
+    pool: String,
+    request_id: String,
+    budget_key: Option<String>,
+}
+
+impl Unanswered {
+    fn of(req: &pb::PickRequest) -> Unanswered {
+        Unanswered {
+            pool: req.pool.clone(),
+            request_id: req.request_id.clone(),
+            budget_key: req.budget.as_ref().map(|b| b.key.clone()),
+        }
+    }
+
+    fn end(&self, pools: &Pools) {
+        if let Ok(p) = pools.get(&self.pool) {
+            p.end_unanswered(&self.request_id, self.budget_key.as_deref());
+        }
+    }
+}
+
 fn service_error(id: u64, e: &ServiceError) -> pb::SessionResponse {
     error_answer(id, tonic::Code::InvalidArgument, e.to_string())
 }
@@ -94,10 +117,12 @@ where
                     let mut tx = tx.clone();
                     let id = msg.id;
                     tokio::spawn(async move {
+                        let pick = Unanswered::of(&req);
                         // (The permit goes with the pick's scope, or
                         // earlier if the pick waits.)
                         let held = RefCell::new(Some(permit));
                         let picked = PICK_PERMIT.scope(held, pools.pick(req)).await;
+                        let placed = picked.as_ref().is_ok_and(|r| !r.endpoints.is_empty());
                         let answer = match picked {
                             Ok(r) => pb::SessionResponse {
                                 id,
@@ -105,8 +130,12 @@ where
                             },
                             Err(e) => service_error(id, &e),
                         };
-                        // A caller that went away is not an error here.
-                        let _ = tx.send(Ok(answer)).await;
+                        // A caller that went away is not an error here,
+                        // but what its pick holds goes back: it routes
+                        // without the answer.
+                        if tx.send(Ok(answer)).await.is_err() && placed {
+                            pick.end(&pools);
+                        }
                     });
                 }
                 None => {

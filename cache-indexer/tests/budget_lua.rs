@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kvasir_budget::{
-    CachedWeight, Dimension, Limits, Refusal, Request, TenantBudget, Usage, WINDOW_MS,
+    CachedWeight, Cost, Dimension, Limits, Refusal, Released, Request, TenantBudget, Usage,
+    WINDOW_MS,
 };
 use kvasir_cache_indexer::budgets::redis::script::{BudgetStore, DimensionStates, MAX_TOKENS};
 use responses_support::Redis;
@@ -120,6 +121,7 @@ struct Seen {
     overrun: u64,
     released: u64,
     release_unknown: u64,
+    charged_unreserved: u64,
     released_without_usage: u64,
     cancelled: u64,
     expired: u64,
@@ -311,17 +313,36 @@ async fn run_sequence(
                     cached_tokens: req.cached_tokens,
                     completion_tokens: 0,
                 });
-                let want = r.budget.release(now, rid, &u);
+                // A local admission's end charges its usage when nothing
+                // is open under its id.
+                let charge = rng.chance(30);
+                let want = r.budget.release(now, rid, &u).or_else(|| {
+                    (charge && given.is_some()).then(|| Released {
+                        refunded: Cost::default(),
+                        charged: r.budget.charge(now, &u),
+                    })
+                });
                 let got = store
-                    .release(&key, report_limits.as_ref(), &id, given.as_ref(), Some(now))
+                    .release(
+                        &key,
+                        report_limits.as_ref(),
+                        &id,
+                        given.as_ref(),
+                        charge,
+                        Some(now),
+                    )
                     .await
                     .expect("release");
                 assert_eq!(
                     got.value.map(|e| e.released),
                     want,
-                    "{what}: release {id} {given:?}"
+                    "{what}: release {id} {given:?} charge {charge}"
                 );
-                if let Some(e) = got.value {
+                if let Some(e) = got.value.filter(|e| !e.reserved) {
+                    assert!(!r.ids.contains_key(&id), "{what}");
+                    assert_eq!(e.settled, e.released.charged, "{what}");
+                    seen.charged_unreserved += 1;
+                } else if let Some(e) = got.value {
                     assert!(r.ids.remove(&id).is_some(), "{what}");
                     assert_eq!(e.settled.get(Dimension::Requests), 1, "{what}");
                     seen.released += 1;
@@ -417,6 +438,10 @@ async fn the_script_computes_what_kvasir_budget_computes() {
         ("settles beyond the hold", seen.overrun),
         ("releases", seen.released),
         ("releases of ids not open", seen.release_unknown),
+        (
+            "local ends charged with nothing open",
+            seen.charged_unreserved,
+        ),
         ("releases without usage", seen.released_without_usage),
         ("cancels", seen.cancelled),
         ("expired reservations", seen.expired),
@@ -490,7 +515,7 @@ async fn redis_time_repeated_picks_and_idle_expiry() {
     );
     // A report carries no limits: the stored ones apply.
     let done = store
-        .release("t", None, "a", Some(&Usage::default()), None)
+        .release("t", None, "a", Some(&Usage::default()), false, None)
         .await
         .unwrap();
     assert_eq!(

@@ -385,8 +385,9 @@ async fn a_follow_up_bound_to_a_stored_response_is_budgeted_too() {
     // chaining every call would never be limited.
     let ix = start().await;
     let holder = responses_support::addr(1);
-    ix.report(responses_support::report("first", "resp_budget1", &holder))
-        .await;
+    let mut first = responses_support::report("first", "resp_budget1", &holder);
+    first.tenant = "a".into();
+    ix.report(first).await;
     let follow = |rid: &str| {
         let mut p = responses_support::response_pick(rid, "resp_budget1");
         p.tenant = "a".into();

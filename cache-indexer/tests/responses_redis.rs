@@ -14,6 +14,7 @@ mod service_support;
 use std::time::{Duration, Instant};
 
 use kvasir_cache_indexer::config::ResponsesConfig;
+use kvasir_proto::v1 as pb;
 use responses_support::*;
 use service_support::Running;
 
@@ -35,7 +36,10 @@ async fn two_replicas_share_response_ids_through_redis() {
     })
     .await;
     let value = redis.get(key).await.expect("value");
-    assert!(value.ends_with(&format!(" {}", addr(2))), "{value}");
+    assert!(
+        value.ends_with(&format!(" {} {TENANT}", addr(2))),
+        "the record names its endpoint and its owner: {value}"
+    );
 
     assert_eq!(
         routed(&b.pick(response_pick("req-2", "resp_shared")).await),
@@ -151,4 +155,47 @@ async fn with_redis_gone_each_replica_uses_its_own_records_and_counts_it() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_response_is_its_tenants_alone_on_every_replica() {
+    let redis = Redis::start().await;
+    let (a, b) = replicas(&redis.responses(100)).await;
+    a.report(report("req-1", "resp_owned", &addr(1))).await;
+    let key = "kvasir:responses:sims:resp_owned";
+    service_support::wait_for("the record in redis", Duration::from_secs(5), || async {
+        redis.get(key).await.is_some()
+    })
+    .await;
+    let other = |rid: &str| pb::PickRequest {
+        tenant: "beta".into(),
+        ..response_pick(rid, "resp_owned")
+    };
+    // Another tenant gets what an unknown id gets, from either replica,
+    // also from the one that reads the record from Redis.
+    assert_unknown(&b.pick(other("req-2")).await);
+    assert_unknown(&a.pick(other("req-3")).await);
+    assert_eq!(
+        routed(&b.pick(response_pick("req-4", "resp_owned")).await),
+        addr(1)
+    );
+    // Its report of the same id (no engine would give it one) changes
+    // nothing: the first record stands, here and in Redis.
+    let mut r = report("req-5", "resp_owned", &addr(0));
+    r.tenant = "beta".into();
+    b.report(r).await;
+    a.report(report("req-6", "resp_owned", &addr(0))).await;
+    let value = redis.get(key).await.expect("value");
+    assert!(
+        value.ends_with(&format!(" {} {TENANT}", addr(1))),
+        "{value}"
+    );
+    assert_eq!(
+        routed(&a.pick(response_pick("req-7", "resp_owned")).await),
+        addr(1)
+    );
+    assert_unknown(&a.pick(other("req-8")).await);
+    let m = b.metrics().await;
+    let line = "kvasir_indexer_response_lookups_total{pool=\"sims\",result=\"other_tenant\"} 1\n";
+    assert!(m.contains(line), "no `{line}` in\n{m}");
 }

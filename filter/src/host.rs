@@ -67,11 +67,85 @@ pub trait Host {
     fn upstream_address(&self) -> Option<String>;
     /// A JWT claim from `jwt_authn`'s `payload_in_metadata` entry.
     fn jwt_claim(&self, metadata_key: &str, claim: &str) -> Option<String>;
+    /// Envoy's process-wide shared data (every worker's VM of this plugin
+    /// sees it), when the host has it.
+    fn shared_data(&mut self) -> Option<&mut dyn SharedData> {
+        None
+    }
+    /// The wall clock, Unix milliseconds: the one clock every VM of the
+    /// process agrees on (state in shared data is kept on it).
+    fn wall_ms(&self) -> u64 {
+        self.now_ns() / 1_000_000
+    }
     /// Envoy's response code details (`response.code_details`), read when
     /// the stream is logged: says whether an unfinished response was cut
     /// by the upstream or abandoned by the client.
     fn response_code_details(&self) -> Option<String> {
         None
+    }
+}
+
+/// Envoy's process-wide shared data: values under keys, each with a
+/// version for compare-and-swap.
+pub trait SharedData {
+    /// The value under `key` and its version (`None`, `None` when absent).
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// Writes `value` under `key` if its version is still `cas` (`None`:
+    /// unconditionally; Envoy checks no version for a key that does not
+    /// exist yet); false when it changed meanwhile or the write failed.
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool;
+}
+
+/// Values and their versions, by key.
+#[cfg(test)]
+type SharedMap = std::collections::HashMap<String, (Vec<u8>, u32)>;
+
+/// Shared data in memory for host tests: clones of one [`MemShared`] (its
+/// [`MemShared::same_process`]) see the same values, as VMs of one Envoy
+/// do.
+#[cfg(test)]
+#[derive(Debug, Default, Clone)]
+pub(crate) struct MemShared {
+    map: std::rc::Rc<std::cell::RefCell<SharedMap>>,
+    fail: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+#[cfg(test)]
+impl MemShared {
+    /// Another VM of the same process.
+    pub(crate) fn same_process(&self) -> MemShared {
+        self.clone()
+    }
+
+    /// Makes every write fail (or succeed again).
+    pub(crate) fn fail_writes(&self, fail: bool) {
+        self.fail.set(fail);
+    }
+}
+
+#[cfg(test)]
+impl SharedData for MemShared {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match self.map.borrow().get(key) {
+            Some((v, cas)) => (Some(v.clone()), Some(*cas)),
+            None => (None, None),
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        if self.fail.get() {
+            return false;
+        }
+        let mut m = self.map.borrow_mut();
+        // As Envoy's: a version is checked only against a value that
+        // exists (the first write of a key is never refused).
+        let current = m.get(key).map(|(_, c)| *c);
+        if cas.is_some() && current.is_some() && cas != current {
+            return false;
+        }
+        let next = current.map_or(1, |c| c.wrapping_add(1));
+        m.insert(key.to_string(), (value.to_vec(), next));
+        true
     }
 }
 

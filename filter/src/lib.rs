@@ -38,6 +38,7 @@
 pub mod engine;
 pub mod governance;
 pub mod host;
+pub mod local_budget;
 pub mod pick;
 pub mod reply;
 pub mod request;

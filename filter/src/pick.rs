@@ -7,6 +7,7 @@
 //! than copied into a header.
 
 use kvasir_policy::BudgetConfig;
+pub use kvasir_proto::v1::Admission;
 use kvasir_proto::v1::{
     pick_request, Budget, BudgetStatus, Chat, ChatMessage, Decision, Hints, Outcome, PickRequest,
     PickResponse, ReportPhase, ReportRequest, TokenIds,
@@ -254,6 +255,8 @@ pub struct PickOutcome {
     pub budget: Option<BudgetStatus>,
     /// Milliseconds the pick waited in the pool's flow-control queue.
     pub queued_ms: u32,
+    /// The prompt's length as the indexer counted it (0 when unknown).
+    pub prompt_tokens: u32,
 }
 
 impl PickOutcome {
@@ -264,6 +267,7 @@ impl PickOutcome {
             saturation: None,
             budget: None,
             queued_ms: 0,
+            prompt_tokens: 0,
         }
     }
 }
@@ -295,6 +299,7 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
         saturation,
         budget: resp.budget.clone(),
         queued_ms: resp.queued_ms,
+        prompt_tokens: resp.prompt_tokens,
     };
     if resp.decision == Decision::UnknownResponse as i32 {
         return refused(NoPick::UnknownResponse, None);
@@ -323,6 +328,7 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
             saturation,
             budget: None,
             queued_ms: resp.queued_ms,
+            prompt_tokens: 0,
         };
     }
     let header = resp
@@ -343,6 +349,7 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
         saturation,
         budget: resp.budget,
         queued_ms: resp.queued_ms,
+        prompt_tokens: resp.prompt_tokens,
     }
 }
 
@@ -382,6 +389,11 @@ pub struct ReportInput<'a> {
     /// The pick's budget key ("" for a request without a budget), so any
     /// indexer replica can settle the tenant's reservation.
     pub budget_key: &'a str,
+    /// The resolved tenant: the owner of a stored response the report
+    /// names.
+    pub tenant: &'a str,
+    /// Who admitted the request (the pick's answer, or the filter itself).
+    pub admission: Admission,
 }
 
 /// The encoded `ReportRequest`.
@@ -401,6 +413,8 @@ pub fn report_request(r: &ReportInput<'_>) -> Vec<u8> {
         phase: r.phase as i32,
         response_id: r.response_id.to_string(),
         budget_key: r.budget_key.to_string(),
+        tenant: r.tenant.to_string(),
+        admission: r.admission as i32,
     }
     .encode_to_vec()
 }
@@ -688,10 +702,14 @@ mod tests {
             phase: ReportPhase::Done,
             response_id: "resp_1",
             budget_key: "acme",
+            tenant: "acme",
+            admission: Admission::Local,
         });
         let r = ReportRequest::decode(b.as_slice()).unwrap();
         assert_eq!(r.response_id, "resp_1");
         assert_eq!(r.budget_key, "acme");
+        assert_eq!(r.tenant, "acme");
+        assert_eq!(r.admission, Admission::Local as i32);
         assert_eq!(
             (r.prompt_tokens, r.cached_tokens, r.completion_tokens),
             (100, 64, 5)

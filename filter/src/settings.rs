@@ -47,9 +47,6 @@ pub struct FilterSettings {
     /// Whether to add `served_header` to the client's response (handy in
     /// tests and demos; off by default because it shows internal addresses).
     pub expose_served_endpoint: bool,
-    /// The request id header (Envoy generates `x-request-id`): keys the
-    /// indexer's in-flight accounting between `Pick` and `Report`.
-    pub request_id_header: String,
     /// Whether to send `Report` (done) to the indexer after each picked
     /// request.
     pub report: bool,
@@ -85,7 +82,6 @@ impl Default for FilterSettings {
             endpoint_header: "x-gateway-destination-endpoint".into(),
             served_header: "x-gateway-destination-endpoint-served".into(),
             expose_served_endpoint: false,
-            request_id_header: "x-request-id".into(),
             report: true,
             report_first_token: false,
             report_timeout_ms: 1000,
@@ -182,7 +178,6 @@ impl FilterSettings {
             ("routeHeader", &self.route_header),
             ("endpointHeader", &self.endpoint_header),
             ("servedHeader", &self.served_header),
-            ("requestIdHeader", &self.request_id_header),
         ] {
             if !is_header_name(v) {
                 return Err(format!(

@@ -3,7 +3,7 @@
 //! the bookkeeping of `PoolState` polls ([`Polls`]: when, and which are
 //! out) and report dispatches.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -21,17 +21,28 @@ pub struct Shared {
     pub pools: RefCell<PoolStates>,
     /// Where stats go.
     pub stats: Rc<dyn Stats>,
+    /// The ids this VM gives the requests it picks for.
+    pub request_ids: RequestIds,
 }
 
 impl Shared {
-    /// Shared state for a configuration.
+    /// Shared state for a configuration (request ids from seed 0: see
+    /// [`Shared::with_id_seed`]).
     pub fn new(config: PluginConfig, stats: Rc<dyn Stats>) -> Shared {
         let pools = RefCell::new(PoolStates::new(&config.policy));
         Shared {
             config,
             pools,
             stats,
+            request_ids: RequestIds::new(0),
         }
+    }
+
+    /// The same, with request ids from `seed` (random per VM, so that no
+    /// two VMs of any Envoy give the same ids).
+    pub fn with_id_seed(mut self, seed: u64) -> Shared {
+        self.request_ids = RequestIds::new(seed);
+        self
     }
 
     /// Records a pool's saturation (from a pick or a poll) and its gauge.
@@ -92,6 +103,34 @@ impl Shared {
     }
 }
 
+/// The ids the filter gives requests, for the indexer's accounting (budget
+/// reservations, in-flight load): `<seed>-<n>`, unique per VM by its
+/// random seed and per request by a counter. Never a client's header: a
+/// client repeating an `x-request-id` would otherwise share one
+/// reservation among many requests.
+#[derive(Debug)]
+pub struct RequestIds {
+    seed: String,
+    next: Cell<u64>,
+}
+
+impl RequestIds {
+    /// Ids under `seed`.
+    pub fn new(seed: u64) -> RequestIds {
+        RequestIds {
+            seed: format!("{seed:016x}"),
+            next: Cell::new(0),
+        }
+    }
+
+    /// The next id.
+    pub fn next(&self) -> String {
+        let n = self.next.get();
+        self.next.set(n.wrapping_add(1));
+        format!("{}-{n:x}", self.seed)
+    }
+}
+
 /// The root context's `PoolState` polls: every period, at most one out
 /// per pool (a slow indexer is not asked again before it answered).
 #[derive(Debug, Default)]
@@ -146,7 +185,15 @@ impl Polls {
 
 #[cfg(test)]
 mod tests {
-    use super::Polls;
+    use super::{Polls, RequestIds};
+
+    #[test]
+    fn request_ids_differ_by_seed_and_by_request() {
+        let a = RequestIds::new(0xabc);
+        assert_eq!(a.next(), "0000000000000abc-0");
+        assert_eq!(a.next(), "0000000000000abc-1");
+        assert_ne!(RequestIds::new(1).next(), RequestIds::new(2).next());
+    }
 
     const MS: u64 = 1_000_000;
 

@@ -8,6 +8,7 @@
 //! Envoy answer is handled (`get_buffer`, `get_map_bytes`, `get_property`,
 //! `dispatch_grpc_call`, `open_grpc_stream`, `send_grpc_stream_message`,
 //! `cancel_grpc_stream`, `call_foreign_function`, `set_effective_context`,
+//! `get_shared_data`, `set_shared_data`,
 //! `increment_metric`, ...), reads headers as bytes (the string readers
 //! unwrap UTF-8), and leaves the "only in the right state" rule to the
 //! engine, whose tests check it.
@@ -21,7 +22,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 
 use crate::engine::{Flow, Verdict};
-use crate::host::{DeferredCall, Host};
+use crate::host::{DeferredCall, Host, SharedData};
 use crate::pick;
 use crate::reply::{not_configured, LocalReply};
 use crate::session::{self, Answer, Delivery, PickSent, PickStep, Sessions, StreamSend, Timer};
@@ -40,6 +41,18 @@ thread_local! {
 
 fn now_ns() -> u64 {
     CLOCK_BASE.with(|b| u64::try_from(b.elapsed().as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// A random seed for this VM's request ids: the runtime's random source
+/// (WASI `random_get`, behind std's hasher keys) mixed with the wall clock.
+fn id_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(wall);
+    h.finish()
 }
 
 fn verdict(v: Verdict) -> Action {
@@ -232,6 +245,7 @@ impl Root {
             id: d.waiter.context_id,
             root: Rc::clone(&self.state),
             me: d.waiter.flow,
+            shared: EnvoyShared,
         };
         // Not re-entered: Envoy runs the resumed filter chain after this
         // callback returns.
@@ -365,7 +379,7 @@ impl RootContext for Root {
             .borrow_mut()
             .set_enabled(cfg.settings.indexer_session);
         let stats: Rc<dyn Stats> = self.stats.clone();
-        self.shared = Some(Rc::new(Shared::new(cfg, stats)));
+        self.shared = Some(Rc::new(Shared::new(cfg, stats).with_id_seed(id_seed())));
         // A reconfiguration never leaves queued calls behind.
         self.flush_deferred();
         self.retime();
@@ -402,6 +416,7 @@ impl RootContext for Root {
                 id: context_id,
                 root: Rc::clone(&self.state),
                 me: flow.as_ref().map(Rc::downgrade).unwrap_or_default(),
+                shared: EnvoyShared,
             },
             flow,
         }))
@@ -479,6 +494,22 @@ struct EnvoyHost {
     root: Rc<RootShared>,
     /// This context's flow, for the root to hand a session pick back.
     me: Weak<RefCell<Flow>>,
+    shared: EnvoyShared,
+}
+
+/// Envoy's shared data. Its wrappers panic only on a status Envoy never
+/// answers these calls with (get: OK or NOT_FOUND; set: OK or
+/// CAS_MISMATCH).
+struct EnvoyShared;
+
+impl SharedData for EnvoyShared {
+    fn get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        hostcalls::get_shared_data(key).unwrap_or((None, None))
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        hostcalls::set_shared_data(key, Some(value), cas).is_ok()
+    }
 }
 
 fn lossy(b: Vec<u8>) -> String {
@@ -630,6 +661,16 @@ impl Host for EnvoyHost {
             .ok()
             .flatten()
             .map(lossy)
+    }
+
+    fn shared_data(&mut self) -> Option<&mut dyn SharedData> {
+        Some(&mut self.shared)
+    }
+
+    fn wall_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 
     fn jwt_claim(&self, metadata_key: &str, claim: &str) -> Option<String> {

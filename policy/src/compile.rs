@@ -130,6 +130,7 @@ pub fn compile(set: &PolicySet) -> Result<FilterConfig, Vec<ValidationError>> {
         pool_state_max_age_ms: set
             .pool_state_max_age_ms
             .unwrap_or(DEFAULT_POOL_STATE_MAX_AGE_MS),
+        gateway_replicas: set.gateway_replicas.unwrap_or(1),
         policies: set
             .policies
             .iter()

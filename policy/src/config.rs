@@ -177,6 +177,13 @@ impl FilterConfig {
         self.doc.pool_state_max_age_ms
     }
 
+    /// Envoy replicas serving the policy set: each admits a tenant's
+    /// request against this share of its budget when it cannot ask the
+    /// indexer.
+    pub fn gateway_replicas(&self) -> u32 {
+        self.doc.gateway_replicas.max(1)
+    }
+
     /// A tenant's index by name.
     pub fn tenant_index(&self, name: &str) -> Option<usize> {
         self.doc

@@ -50,6 +50,13 @@ pub struct PolicySet {
     /// treat the state as unknown (milliseconds; default 5000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_state_max_age_ms: Option<u32>,
+    /// Envoy replicas that serve this policy set (default 1). While a
+    /// request's pick cannot be made (the indexer unreachable or too slow),
+    /// each Envoy admits the tenant's request against its own share of the
+    /// tenant's budget: every limit divided by this number (at least one
+    /// request in flight), so that the replicas together stay within it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_replicas: Option<u32>,
     /// The ordered policies: the first whose match holds decides (subject to
     /// the PII guard rule, see [`Policy::pii_guard`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -153,7 +160,8 @@ pub struct TenantSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
     /// Identify the tenant by its API key: `Authorization: Bearer <key>`, or
-    /// `x-api-key: <key>` (Anthropic style) when there is no bearer token.
+    /// `x-api-key: <key>` (Anthropic style); both with different keys is a
+    /// 401.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<ApiKeySource>,
     /// Identify the tenant by a claim of a JWT verified by Envoy's

@@ -46,6 +46,9 @@ struct Checker<'a> {
     out: Vec<ValidationError>,
 }
 
+/// Most Envoy replicas a policy set may name (`gatewayReplicas`).
+pub const MAX_GATEWAY_REPLICAS: u32 = 1000;
+
 const NAME_RULE: &str =
     "use lowercase letters, digits and `-` (at most 63, starting and ending with a letter or digit)";
 
@@ -94,6 +97,16 @@ impl Checker<'_> {
         self.classification();
         if self.set.pool_state_max_age_ms == Some(0) {
             self.err("poolStateMaxAgeMs", "must be at least 1 ms");
+        }
+        if self
+            .set
+            .gateway_replicas
+            .is_some_and(|n| !(1..=MAX_GATEWAY_REPLICAS).contains(&n))
+        {
+            self.err(
+                "gatewayReplicas",
+                format!("must be between 1 and {MAX_GATEWAY_REPLICAS}"),
+            );
         }
         self.policies();
         let default = &self.set.default_action;

@@ -17,6 +17,8 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/kvasir.v1.rs"));
 }
 
+pub mod budget;
+
 /// The fully qualified name of the `Indexer` service, as gRPC health
 /// checks and Envoy's `dispatch_grpc_call` name it.
 pub const INDEXER_SERVICE: &str = "kvasir.v1.Indexer";

@@ -251,8 +251,12 @@ def test_client_and_backend_traffic_policies_carry_the_safe_defaults():
     settings_limit = 1048575
     assert settings_limit < 2 * 1024 * 1024
     btp = doc("BackendTrafficPolicy", "inference")["spec"]
-    assert btp["retry"]["retryOn"]["triggers"] == ["connect-failure", "refused-stream", "reset"]
-    assert btp["retry"]["numRetries"] == 2
+    assert btp["retry"]["retryOn"]["triggers"] == ["5xx", "connect-failure", "refused-stream", "reset"]
+    assert btp["retry"]["numRetries"] == 1
+    stored = doc("BackendTrafficPolicy", "inference-stored")["spec"]
+    assert stored["retry"] == {"numRetries": 0}
+    rules = {r["name"] for r in doc("HTTPRoute", "inference")["spec"]["rules"]}
+    assert sorted(t["sectionName"] for p in (btp, stored) for t in p["targetRefs"]) == sorted(rules)
     assert btp["loadBalancer"]["endpointOverride"]["extractFrom"] == [{"header": "x-gateway-destination-endpoint"}]
     errors = doc("BackendTrafficPolicy", "inference-gateway-errors")["spec"]["responseOverride"]
     for o in errors:

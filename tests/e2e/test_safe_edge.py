@@ -472,10 +472,6 @@ def test_a_stored_response_is_never_retried_onto_another_engine(artifacts, logdi
         assert status == 200 and json.loads(b)["id"] == rid, b
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a follow-up's pick lists its holder once, so its retry goes past the list to the fallback balancer, i.e. "
-    "to an engine that answers 404 for a response that exists; listing the holder twice (the pick's answer, or "
-    "the filter's header) would retry it on the holder"))
 def test_a_follow_up_is_retried_on_the_engine_holding_its_history_only(artifacts, logdir):
     sub = logdir / "follow-up"
     sub.mkdir()

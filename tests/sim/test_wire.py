@@ -574,7 +574,7 @@ def test_bad_input_errors(plain_sim):
     check_error(sim.post(chat, raw=b'{"model": "Qwen/Qwen3-8B", "messages": ['), 400)
     check_error(sim.post(chat, {"model": MODEL, "messages": "hello"}), 400)
     check_error(sim.post(chat, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                                "max_tokens": "10"}), 400)
+                                "max_tokens": "ten"}), 400)
     check_error(sim.post(chat, {"model": MODEL, "messages": [{"role": "user", "content": "hello " * 400}]}), 400)
     check_error(sim.post("/v1/completions", {"model": MODEL, "prompt": token_prompt(1, 300), "max_tokens": 1}), 400)
     # prompt + max_tokens over --max-model-len: vLLM rejects it up front.

@@ -31,14 +31,17 @@
 --          completion as last settled); expire: max age ms
 -- ARGV[14] reserve: max age ms of an open reservation (stale ones are
 --          dropped before counting concurrency, at most once a second);
---          negative: never
+--          negative: never. release: 1 to charge the usage on its own
+--          (one request plus its tokens) when nothing is open under the id
+--          (the end of a request a proxy admitted itself)
 --
 -- Reply (integers): reserve {code, a, b, c, held1..4, hdr}; code 0
 -- admitted, 1 limited (a dimension, b retry ms), 2 concurrency (a limit),
 -- 3 too large (a dimension, b requested, c limit), 4 already open (held as
 -- reserved before: a repeated pick is not charged twice).
 -- settle {found, extra1..4, hdr}; release {found, refunded1..4,
--- charged1..4, final1..4, hdr}; cancel {found, held1..4, hdr}; expire
+-- charged1..4, final1..4, hdr} (found 2: nothing was open, the usage was
+-- charged on its own); cancel {found, held1..4, hdr}; expire
 -- {dropped}. hdr: per dimension the limit, remaining whole tokens and ms
 -- until whole (-1 -1 -1 when unlimited).
 
@@ -339,6 +342,14 @@ end
 
 local prior = redis.call('HGET', KEYS[2], ID)
 if not prior then
+  if op == 'release' and num(ARGV[14]) == 1 and num(ARGV[11]) >= 0 then
+    -- TenantBudget::charge
+    local c = cost_of(num(ARGV[11]), num(ARGV[12]), num(ARGV[13]))
+    c[1] = 1
+    take(c)
+    save()
+    return reply({ 2, 0, 0, 0, 0, c[1], c[2], c[3], c[4], c[1], c[2], c[3], c[4] }, headers())
+  end
   save()
   if op == 'release' then
     return reply({ 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }, headers())

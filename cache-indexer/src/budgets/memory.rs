@@ -183,7 +183,7 @@ impl MemoryStore {
         // The request id is the truth here; a report naming another key
         // (a filter bug) still settles the request it names.
         let Some(name) = by_request.get(&rep.request_id).cloned() else {
-            return Reported::default();
+            return charge_unreserved(keys, now, rep);
         };
         let Some(key) = keys.get_mut(&name) else {
             by_request.remove(&rep.request_id);
@@ -206,7 +206,7 @@ impl MemoryStore {
                 }
                 return out;
             }
-            ReportOp::Release { usage, train } => {
+            ReportOp::Release { usage, train, .. } => {
                 // Without usage the prompt counts as reserved (the engine
                 // may have computed it) and the completion as last settled.
                 let u = usage.unwrap_or(Usage {
@@ -230,6 +230,35 @@ impl MemoryStore {
         key.open.remove(&rep.request_id);
         by_request.remove(&rep.request_id);
         out
+    }
+}
+
+/// The end of a request the filter admitted itself, with no reservation
+/// open under its id: its usage is charged to its key, if the key is
+/// known here (its limits came with an earlier pick).
+fn charge_unreserved(keys: &mut HashMap<String, Key>, now: u64, rep: &Report) -> Reported {
+    let (
+        ReportOp::Release {
+            usage: Some(usage),
+            local: true,
+            ..
+        },
+        Some(name),
+    ) = (rep.op, rep.key.as_ref())
+    else {
+        return Reported::default();
+    };
+    let Some(key) = keys.get_mut(name) else {
+        return Reported::default();
+    };
+    key.last_used_ms = now;
+    let charged = key.budget.charge(now, &usage);
+    Reported {
+        key: Some(name.clone()),
+        charged,
+        settled: Some(charged),
+        unreserved: true,
+        ..Reported::default()
     }
 }
 

@@ -30,7 +30,7 @@ pub const LIMITED_BY: [&str; 6] = [
 
 /// The `limited_by` word of a refusal (see `BudgetStatus.limited_by`).
 pub fn limited_by(r: &Refusal) -> &'static str {
-    LIMITED_BY[limited_index(r)]
+    r.word()
 }
 
 fn limited_index(r: &Refusal) -> usize {

@@ -131,6 +131,11 @@ pub enum ReportOp {
         usage: Option<Usage>,
         /// Whether to learn from it.
         train: bool,
+        /// The filter admitted the request itself (`ADMISSION_LOCAL`): with
+        /// no reservation open under its id, its usage is charged to the
+        /// report's key (one request plus the tokens), so a fail-open is
+        /// paid for once the indexer hears of it.
+        local: bool,
     },
     /// Never served (OUTCOME_REJECTED, or shed from the queue): everything
     /// held goes back.
@@ -172,6 +177,8 @@ pub struct Reported {
     pub refunded: Cost,
     /// A released request's final cost.
     pub settled: Option<Cost>,
+    /// Charged with no reservation open (a local admission's end).
+    pub unreserved: bool,
 }
 
 /// Where budget state lives.
@@ -306,7 +313,11 @@ impl Budgets {
         usage: Option<Usage>,
         train: bool,
     ) -> Reported {
-        let op = ReportOp::Release { usage, train };
+        let op = ReportOp::Release {
+            usage,
+            train,
+            local: false,
+        };
         self.report(&report(key, request_id, op)).await
     }
 

@@ -28,7 +28,7 @@ use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use kvasir_budget::{Limits, OutputEstimate, Request};
+use kvasir_budget::{OutputEstimate, Request};
 use lru::LruCache;
 use parking_lot::Mutex;
 
@@ -254,7 +254,7 @@ impl RedisBudgets {
         let r = match self.on_down {
             OnStoreDown::Local => {
                 let mut local = ask.clone();
-                local.limits = divided(&ask.limits, self.replicas());
+                local.limits = ask.limits.divided(self.replicas());
                 self.local.reserve(now, &local, metrics)
             }
             OnStoreDown::Open => Reserved::Untracked,
@@ -312,9 +312,16 @@ impl RedisBudgets {
                     })
                 }))
             }
-            ReportOp::Release { usage, train } => {
+            ReportOp::Release {
+                usage,
+                train,
+                local,
+            } => {
+                // A local admission's end with usage is charged even where
+                // nothing was reserved under its id.
+                let charge = local && usage.is_some();
                 let a = s
-                    .release(key, None, id, usage.as_ref(), None)
+                    .release(key, None, id, usage.as_ref(), charge, None)
                     .await
                     .map_err(|e| (2, e))?;
                 let Some(end) = a.value else {
@@ -329,6 +336,7 @@ impl RedisBudgets {
                     charged: end.released.charged,
                     refunded: end.released.refunded,
                     settled: Some(end.settled),
+                    unreserved: !end.reserved,
                     ..Reported::default()
                 }))
             }
@@ -345,24 +353,10 @@ impl RedisBudgets {
     }
 }
 
-/// `l` with every limit divided by `n`, at least 1 each: `n` replicas'
-/// shares add up to no more than the budget.
-pub fn divided(l: &Limits, n: u32) -> Limits {
-    let n = n.max(1);
-    let per = |v: Option<u64>| v.map(|v| (v / u64::from(n)).max(1));
-    Limits {
-        requests_per_minute: per(l.requests_per_minute),
-        prompt_tokens_per_minute: per(l.prompt_tokens_per_minute),
-        completion_tokens_per_minute: per(l.completion_tokens_per_minute),
-        total_tokens_per_minute: per(l.total_tokens_per_minute),
-        max_concurrent: l.max_concurrent.map(|c| (c / n).max(1)),
-        cached_token_weight: l.cached_token_weight,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvasir_budget::Limits;
 
     fn ask(key: &str, id: &str, rpm: u64) -> Ask {
         Ask {
@@ -401,12 +395,12 @@ mod tests {
             max_concurrent: Some(5),
             ..Limits::default()
         };
-        let d = divided(&l, 3);
+        let d = l.divided(3);
         assert_eq!(d.requests_per_minute, Some(3));
         assert_eq!(d.total_tokens_per_minute, Some(1));
         assert_eq!(d.max_concurrent, Some(1));
         assert_eq!(d.prompt_tokens_per_minute, None);
-        assert_eq!(divided(&l, 0), l);
+        assert_eq!(l.divided(0), l);
     }
 
     #[tokio::test]

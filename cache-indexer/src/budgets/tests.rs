@@ -199,6 +199,7 @@ fn lost_reservations_expire_with_their_charge() {
         op: ReportOp::Release {
             usage: Some(usage(0, 0)),
             train: true,
+            local: false,
         },
     };
     assert_eq!(s.report_swept(2_000, &rep, &m).key, None);
@@ -272,4 +273,42 @@ fn limited_by_words() {
         retry_after_ms: 1,
     };
     assert_eq!(limited_by(&r), "prompt_tokens");
+}
+
+#[test]
+fn a_local_admissions_end_is_charged_when_nothing_was_reserved() {
+    let b = Budgets::memory();
+    // The key's limits are known from an earlier pick.
+    assert!(admitted(&now(b.reserve(&ask(
+        "a",
+        "r1",
+        tpm(1000),
+        10,
+        Some(10)
+    )))));
+    now(b.release(Some("a"), "r1", Some(usage(10, 10)), false));
+    let local = |rid: &str, local: bool| Report {
+        key: Some("a".into()),
+        request_id: rid.into(),
+        op: ReportOp::Release {
+            usage: Some(usage(600, 300)),
+            train: false,
+            local,
+        },
+    };
+    // A plain end of an unknown request charges nothing.
+    assert_eq!(now(b.report(&local("r2", false))).key, None);
+    // The filter's own admission is paid for: 900 of the 1000 tokens.
+    let r = now(b.report(&local("r3", true)));
+    assert!(r.unreserved);
+    assert_eq!(r.charged.get(Dimension::TotalTokens), 900);
+    assert_eq!(b.open_reservations(), 0);
+    let r = now(b.reserve(&ask("a", "r4", tpm(1000), 100, Some(100))));
+    assert!(matches!(r, Reserved::Limited { .. }), "{r:?}");
+    // A key never seen has no limits to charge against.
+    let unknown = Report {
+        key: Some("z".into()),
+        ..local("r5", true)
+    };
+    assert_eq!(now(b.report(&unknown)).key, None);
 }

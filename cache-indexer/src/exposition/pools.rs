@@ -359,6 +359,20 @@ fn report_families(enc: &mut DescriptorEncoder<'_>, pools: &[&Arc<Pool>]) -> fmt
             m.sample(&labels, p.metrics.reports_by_outcome[i].get())?;
         }
     }
+    let name = "kvasir_indexer_picks_abandoned_total";
+    let help = "Picks ended as never served right after they were answered, by why: admitted_locally (the filter gave up waiting and admitted the request itself, saying so in its report) or undelivered (the answer's stream was gone).";
+    let mut m = family(enc, name, Counter, help)?;
+    for p in pools {
+        let a = &p.abandoned;
+        m.sample(
+            &[("pool", &p.name), ("why", "admitted_locally")],
+            a.ended.get(),
+        )?;
+        m.sample(
+            &[("pool", &p.name), ("why", "undelivered")],
+            a.undelivered.get(),
+        )?;
+    }
     let name = "kvasir_indexer_in_flight_expired_total";
     let help = "In-flight picks dropped after the lost-report timeout.";
     let mut m = family(enc, name, Counter, help)?;

@@ -28,7 +28,7 @@ impl Collector for ResponsesCollector {
             f.sample(&[("pool", &p.name)], p.responses.metrics.recorded.get())?;
         }
         let name = "kvasir_indexer_response_lookups_total";
-        let help = "Picks naming a stored response, by result: hit (routed to its endpoint), or why it was answered unknown_response (not_recorded, expired, endpoint_gone, endpoint_restarted).";
+        let help = "Picks naming a stored response, by result: hit (routed to its endpoint), or why it was answered unknown_response (not_recorded, expired, endpoint_gone, endpoint_restarted, other_tenant: stored by another tenant, answered as not_recorded).";
         let mut f = family(enc, name, Counter, help)?;
         for p in &pools {
             let m = &p.responses.metrics;
@@ -45,6 +45,12 @@ impl Collector for ResponsesCollector {
             let m = &p.responses.metrics;
             f.sample(&[("pool", &p.name), ("reason", "expired")], m.expired.get())?;
             f.sample(&[("pool", &p.name), ("reason", "evicted")], m.evicted.get())?;
+        }
+        let name = "kvasir_indexer_responses_owner_kept_total";
+        let help = "Records not written because a live record holds the id for another tenant (a stored response keeps the tenant that made it).";
+        let mut f = family(enc, name, Counter, help)?;
+        for p in &pools {
+            f.sample(&[("pool", &p.name)], p.responses.metrics.owner_kept.get())?;
         }
         let name = "kvasir_indexer_responses_entries";
         let help = "Stored-response records held in this process.";

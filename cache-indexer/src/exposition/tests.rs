@@ -98,7 +98,7 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 112] = [
+const FAMILIES: [(&str, &str); 114] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
@@ -181,6 +181,7 @@ const FAMILIES: [(&str, &str); 112] = [
     ("kvasir_indexer_pick_history_blocks", "gauge"),
     ("kvasir_indexer_pick_invalid_total", "counter"),
     ("kvasir_indexer_picks_total", "counter"),
+    ("kvasir_indexer_picks_abandoned_total", "counter"),
     ("kvasir_indexer_picks_unaccounted_total", "counter"),
     ("kvasir_indexer_pool_endpoints", "gauge"),
     ("kvasir_indexer_pool_saturation", "gauge"),
@@ -194,6 +195,7 @@ const FAMILIES: [(&str, &str); 112] = [
     ("kvasir_indexer_response_waits_total", "counter"),
     ("kvasir_indexer_responses_dropped_total", "counter"),
     ("kvasir_indexer_responses_entries", "gauge"),
+    ("kvasir_indexer_responses_owner_kept_total", "counter"),
     ("kvasir_indexer_responses_recorded_total", "counter"),
     ("kvasir_indexer_responses_store", "gauge"),
     ("kvasir_indexer_responses_store_fallbacks_total", "counter"),

@@ -1,6 +1,7 @@
 //! A pick bound to a stored response (`PickRequest.response_id`): no
 //! prompt stages, the answer is the one endpoint holding that response
-//! (decision RESPONSE) or none (UNKNOWN_RESPONSE), see [`crate::responses`].
+//! (decision RESPONSE) or none (UNKNOWN_RESPONSE, also when another tenant
+//! stored it), see [`crate::responses`].
 //! The request is accounted on that endpoint like any pick, with no prefill
 //! estimate (a GET or cancel has none; a follow-up's history is on that
 //! engine already). A budgeted follow-up reserves against its tenant's
@@ -31,7 +32,10 @@ impl Pool {
             Err(refused) => return Ok(refused),
         };
         let id = req.response_id;
-        let holder = self.responses.resolve(&id, || self.endpoints()).await;
+        let holder = self
+            .responses
+            .resolve(&id, &req.tenant, || self.endpoints())
+            .await;
         tracing::debug!(
             pool = %self.name,
             tenant = %req.tenant,
@@ -50,7 +54,7 @@ impl Pool {
                 answer
             }
             Err(why) => {
-                if why != Lost::NotRecorded {
+                if !matches!(why, Lost::NotRecorded | Lost::OtherTenant) {
                     tracing::info!(pool = %self.name, response_id = %id, why = why.as_str(), "response pick: its engine no longer holds it");
                 }
                 // Nothing will be served: the reservation goes back now.

@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use kvasir_budget::{RateLimitHeaders, Refusal};
+use kvasir_proto::budget::budget_status;
 use kvasir_proto::v1 as pb;
 
 use super::matching::Matched;
@@ -124,7 +124,7 @@ impl Pool {
                     key: ask.key,
                     request_id: ask.request_id,
                 };
-                Ok(Admission::reserved(held, status(&headers, None)))
+                Ok(Admission::reserved(held, budget_status(&headers, None)))
             }
             Reserved::Untracked => Ok(Admission::default()),
             // onStoreDown: closed, Redis unreachable (budgets/redis.rs).
@@ -154,7 +154,7 @@ impl Pool {
                     decision: pb::Decision::RateLimited as i32,
                     reason: "rate_limited".into(),
                     tokenize_mode: mode.to_string(),
-                    budget: Some(status(&headers, Some(&refusal))),
+                    budget: Some(budget_status(&headers, Some(&refusal))),
                     ..Default::default()
                 })
             }
@@ -190,35 +190,8 @@ impl Pool {
     }
 }
 
-/// The proto status of a budget's headers and, when refused, why.
-pub(crate) fn status(h: &RateLimitHeaders, refusal: Option<&Refusal>) -> pb::BudgetStatus {
-    let mut s = pb::BudgetStatus::default();
-    if let Some(r) = h.requests {
-        s.limit_requests = r.limit;
-        s.remaining_requests = r.remaining;
-        s.reset_requests_ms = r.reset_ms;
-    }
-    if let Some(t) = h.tokens {
-        s.limit_tokens = t.limit;
-        s.remaining_tokens = t.remaining;
-        s.reset_tokens_ms = t.reset_ms;
-    }
-    if let Some(r) = refusal {
-        s.limited_by = budgets::limited_by(r).to_string();
-        s.retry_after_ms = match r {
-            Refusal::Limited { retry_after_ms, .. } => *retry_after_ms,
-            // A slot frees when some request ends: try again in a second.
-            Refusal::Concurrency { .. } => 1_000,
-            Refusal::TooLarge { .. } => 0,
-        };
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
-    use kvasir_budget::{Dimension, LimitState};
-
     use super::*;
 
     fn reserve(b: &Arc<Budgets>, rid: &str) -> Admission {
@@ -263,35 +236,5 @@ mod tests {
         assert!(super::super::prompt::check_budget("", None).is_ok());
         assert!(super::super::prompt::check_budget("", Some(&b)).is_err());
         assert!(super::super::prompt::check_budget("r", Some(&pb::Budget::default())).is_err());
-    }
-
-    #[test]
-    fn status_of_a_refusal() {
-        let h = RateLimitHeaders {
-            requests: Some(LimitState {
-                limit: 2,
-                remaining: 0,
-                reset_ms: 60_000,
-            }),
-            tokens: None,
-        };
-        let r = Refusal::Limited {
-            dimension: Dimension::Requests,
-            retry_after_ms: 30_000,
-        };
-        let s = status(&h, Some(&r));
-        assert_eq!(s.limited_by, "requests");
-        assert_eq!(s.retry_after_ms, 30_000);
-        assert_eq!(
-            (s.limit_requests, s.remaining_requests, s.reset_requests_ms),
-            (2, 0, 60_000)
-        );
-        assert_eq!(s.limit_tokens, 0);
-        let s = status(&h, Some(&Refusal::Concurrency { limit: 1 }));
-        assert_eq!(
-            (s.limited_by.as_str(), s.retry_after_ms),
-            ("concurrent", 1000)
-        );
-        assert!(status(&h, None).limited_by.is_empty());
     }
 }

@@ -27,10 +27,17 @@ use kvasir_proto::v1 as pb;
 use crate::pool::{Pool, ServiceError};
 
 impl Pool {
-    /// Answers a pick. Counts and times itself.
+    /// Answers a pick. Counts and times itself. A pick whose request was
+    /// admitted without it meanwhile ([`crate::abandoned`]) is ended as
+    /// soon as it is done.
     pub async fn pick(&self, req: pb::PickRequest) -> Result<pb::PickResponse, ServiceError> {
         let started = Instant::now();
+        let request_id = req.request_id.clone();
+        let budget_key = req.budget.as_ref().map(|b| b.key.clone());
         let r = self.run_pick(req, started).await;
+        if r.as_ref().is_ok_and(|a| !a.endpoints.is_empty()) {
+            self.end_if_abandoned(&request_id, budget_key.as_deref());
+        }
         match &r {
             Ok(resp) => {
                 self.metrics

@@ -9,6 +9,12 @@
 //! with that endpoint, or with none (`UNKNOWN_RESPONSE`) when no live
 //! engine of the pool is known to hold it.
 //!
+//! A stored response belongs to the tenant whose request made it (the
+//! report's `tenant`): a pick naming it for another tenant is answered
+//! UNKNOWN_RESPONSE, after the same wait as an id nobody recorded, so that
+//! neither the answer nor its timing tells that the id exists. The first
+//! record of an id stands; a record for another owner never replaces it.
+//!
 //! Each pool keeps its records in a bounded in-process LRU map
 //! ([`MemoryStore`]); with a shared store ([`RedisStore`]) every record is
 //! also written there and a pick that misses locally reads it, so replicas
@@ -94,15 +100,18 @@ pub enum Lost {
     EndpointGone,
     /// Its engine restarted after the record.
     EndpointRestarted,
+    /// Another tenant stored it (answered exactly as [`Lost::NotRecorded`]).
+    OtherTenant,
 }
 
 impl Lost {
     /// Every reason, in metric label order.
-    pub const ALL: [Lost; 4] = [
+    pub const ALL: [Lost; 5] = [
         Lost::NotRecorded,
         Lost::Expired,
         Lost::EndpointGone,
         Lost::EndpointRestarted,
+        Lost::OtherTenant,
     ];
 
     /// The metric label.
@@ -112,6 +121,7 @@ impl Lost {
             Lost::Expired => "expired",
             Lost::EndpointGone => "endpoint_gone",
             Lost::EndpointRestarted => "endpoint_restarted",
+            Lost::OtherTenant => "other_tenant",
         }
     }
 }
@@ -124,11 +134,13 @@ pub struct AffinityMetrics {
     /// Picks answered with the engine holding the response.
     pub hits: Counter,
     /// Picks answered UNKNOWN_RESPONSE, by [`Lost`] (in [`Lost::ALL`] order).
-    pub unknown: [Counter; 4],
+    pub unknown: [Counter; 5],
     /// Records dropped because they expired.
     pub expired: Counter,
     /// Records pushed out by the memory bound.
     pub evicted: Counter,
+    /// Records not written because the id is held for another tenant.
+    pub owner_kept: Counter,
     /// Picks that waited for a report (the id was not recorded yet).
     pub waited: Counter,
     /// Shared-store reads that failed or timed out (the pick used this
@@ -154,7 +166,9 @@ impl AffinityMetrics {
 pub enum Found {
     /// A record younger than the TTL.
     Held(Record),
-    /// Not recorded (the grace included), or expired.
+    /// A record older than the TTL.
+    Expired(Record),
+    /// Not recorded for the tenant (the grace included).
     Lost(Lost),
 }
 
@@ -239,18 +253,23 @@ impl Affinity {
         format!("{}{}:{id}", self.cfg.key_prefix, self.pool)
     }
 
-    /// Remembers that `endpoint` holds response `id`, here and (written
-    /// through in the background) in the shared store; wakes picks waiting
-    /// for it.
-    pub fn record(&self, id: &str, endpoint: &str) {
+    /// Remembers that `endpoint` holds response `id`, stored by tenant
+    /// `owner`, here and (written through in the background) in the shared
+    /// store; wakes picks waiting for it.
+    pub fn record(&self, id: &str, endpoint: &str, owner: &str) {
         let now = unix_ms();
         let rec = Record {
             endpoint: endpoint.to_string(),
             recorded_unix_ms: now,
+            owner: Some(owner.to_string()),
         };
         let (pushed, expired) = self.local.insert(id, rec.clone(), self.cfg.ttl, now);
-        self.metrics.recorded.inc();
         self.metrics.expired.add(expired as u64);
+        if pushed.kept_owner {
+            self.metrics.owner_kept.inc();
+            return;
+        }
+        self.metrics.recorded.inc();
         if pushed.evicted {
             self.metrics.evicted.inc();
         }
@@ -287,18 +306,22 @@ impl Affinity {
         self.left.lock().insert(endpoint, unix_ms());
     }
 
-    /// The record of `id`: from this process, else from the shared store;
-    /// when neither has it, asks again as reports arrive (and the shared
-    /// store every few ms) until the grace has passed.
-    pub async fn find(&self, id: &str) -> Found {
+    /// The record of `id` for `tenant`: from this process, else from the
+    /// shared store; when neither has it, asks again as reports arrive (and
+    /// the shared store every few ms) until the grace has passed. Another
+    /// tenant's record is waited out like a missing one.
+    pub async fn find(&self, id: &str, tenant: &str) -> Found {
         let deadline = Instant::now() + self.cfg.grace;
         // Subscribed before the first look, so a record landing between
         // that look and the wait still wakes it.
         let mut rx = self.recorded.subscribe();
-        let (mut waited, mut fell_back) = (false, false);
+        let (mut waited, mut fell_back, mut foreign) = (false, false, false);
         let mut limit = self.cfg.store_timeout;
         loop {
             match self.find_once(id, limit).await {
+                Ok(Some(Found::Held(r) | Found::Expired(r))) if !r.owned_by(tenant) => {
+                    foreign = true;
+                }
                 Ok(Some(f)) => return f,
                 Ok(None) => {}
                 Err(()) if !fell_back => {
@@ -309,7 +332,11 @@ impl Affinity {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Found::Lost(Lost::NotRecorded);
+                return Found::Lost(if foreign {
+                    Lost::OtherTenant
+                } else {
+                    Lost::NotRecorded
+                });
             }
             if !waited {
                 waited = true;
@@ -334,14 +361,16 @@ impl Affinity {
     }
 
     /// One look: `Ok(None)` when not found yet, `Err(())` when the shared
-    /// store could not be asked.
+    /// store could not be asked. An expired record reads as absent here
+    /// (and so is waited out) when its owner is not known to be `tenant`:
+    /// the owner alone learns that an id expired.
     async fn find_once(&self, id: &str, limit: Duration) -> Result<Option<Found>, ()> {
         let now = unix_ms();
         match self.local.lookup(id, self.cfg.ttl, now) {
             Held::Found(r) => return Ok(Some(Found::Held(r))),
-            Held::Expired => {
+            Held::Expired(r) => {
                 self.metrics.expired.inc();
-                return Ok(Some(Found::Lost(Lost::Expired)));
+                return Ok(Some(Found::Expired(r)));
             }
             Held::Absent => {}
         }
@@ -349,7 +378,7 @@ impl Affinity {
             return Ok(None);
         };
         match tokio::time::timeout(limit, shared.get(&self.key(id))).await {
-            Ok(Ok(Some(r))) if r.expired(self.cfg.ttl, now) => Ok(Some(Found::Lost(Lost::Expired))),
+            Ok(Ok(Some(r))) if r.expired(self.cfg.ttl, now) => Ok(Some(Found::Expired(r))),
             Ok(Ok(Some(r))) => {
                 let (pushed, _) = self.local.insert(id, r.clone(), self.cfg.ttl, now);
                 if pushed.evicted {
@@ -385,19 +414,21 @@ impl Affinity {
         Ok(Arc::clone(e))
     }
 
-    /// The holder of response `id` among the pool's `endpoints` (read
-    /// after the grace for an id not recorded yet, so that it sees the pool
-    /// as it is then); counted.
+    /// The holder of response `id`, stored by `tenant`, among the pool's
+    /// `endpoints` (read after the grace for an id not recorded yet, so
+    /// that it sees the pool as it is then); counted.
     pub async fn resolve<E>(
         &self,
         id: &str,
+        tenant: &str,
         endpoints: impl FnOnce() -> E,
     ) -> Result<Arc<Endpoint>, Lost>
     where
         E: std::ops::Deref<Target = Vec<Arc<Endpoint>>>,
     {
-        let r = match self.find(id).await {
+        let r = match self.find(id, tenant).await {
             Found::Held(rec) => self.holder(&rec, &endpoints()),
+            Found::Expired(_) => Err(Lost::Expired),
             Found::Lost(l) => Err(l),
         };
         self.metrics.count(&r);

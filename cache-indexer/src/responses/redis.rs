@@ -1,5 +1,5 @@
 //! [`RedisStore`]: response records in a Redis server the replicas share
-//! (`SET key value PX ttl`, `GET key`).
+//! (`SET key value NX PX ttl`, `GET key`).
 //!
 //! Never in the way of a pick: every call, the connect included, is bounded
 //! by the store timeout, and after a failure the store answers
@@ -61,9 +61,16 @@ impl ResponseStore for RedisStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+            // NX: the first record of a response stands (it names the
+            // response's owner); a repeated report of the same response
+            // finds it there.
             let mut cmd = redis::cmd("SET");
-            cmd.arg(key).arg(record.encode()).arg("PX").arg(ms);
-            self.run::<()>(cmd).await
+            cmd.arg(key)
+                .arg(record.encode())
+                .arg("NX")
+                .arg("PX")
+                .arg(ms);
+            self.run::<Option<String>>(cmd).await.map(|_| ())
         })
     }
 
@@ -114,6 +121,7 @@ mod tests {
         let rec = Record {
             endpoint: "127.0.0.1:8000".into(),
             recorded_unix_ms: 1,
+            owner: Some("acme".into()),
         };
         assert_eq!(
             s.put("k", &rec, Duration::from_secs(1)).await,

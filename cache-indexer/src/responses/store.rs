@@ -10,32 +10,51 @@ use futures::future::BoxFuture;
 use lru::LruCache;
 use parking_lot::Mutex;
 
-/// That `endpoint` produced a stored response, as of `recorded_unix_ms`
-/// (wall clock, so that replicas can compare it with when they saw the
-/// engine restart).
+/// That `endpoint` produced a stored response for tenant `owner`, as of
+/// `recorded_unix_ms` (wall clock, so that replicas can compare it with
+/// when they saw the engine restart).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     /// The engine's HTTP address, as the pool names it.
     pub endpoint: String,
     /// When the report carrying the id was received, Unix ms.
     pub recorded_unix_ms: u64,
+    /// The tenant whose request made it (empty where no tenant is
+    /// resolved); `None` for a record written without one, which no
+    /// tenant may use.
+    pub owner: Option<String>,
 }
 
 impl Record {
-    /// The value a shared store keeps: `"<ms> <address>"`.
+    /// The value a shared store keeps: `"<ms> <address> <owner>"` (the
+    /// owner last, since it is the only part that may hold spaces).
     pub fn encode(&self) -> String {
-        format!("{} {}", self.recorded_unix_ms, self.endpoint)
+        match &self.owner {
+            Some(o) => format!("{} {} {o}", self.recorded_unix_ms, self.endpoint),
+            None => format!("{} {}", self.recorded_unix_ms, self.endpoint),
+        }
     }
 
     /// A value [`Record::encode`] wrote; `None` for anything else (a
     /// foreign or corrupted key is a miss, not an error).
     pub fn decode(s: &str) -> Option<Record> {
-        let (ms, endpoint) = s.split_once(' ')?;
+        let (ms, rest) = s.split_once(' ')?;
         let recorded_unix_ms = ms.parse().ok()?;
+        let (endpoint, owner) = match rest.split_once(' ') {
+            Some((e, o)) => (e, Some(o.to_string())),
+            None => (rest, None),
+        };
         (!endpoint.is_empty()).then(|| Record {
             endpoint: endpoint.to_string(),
             recorded_unix_ms,
+            owner,
         })
+    }
+
+    /// Whether `tenant` may use the response: only the tenant that stored
+    /// it.
+    pub fn owned_by(&self, tenant: &str) -> bool {
+        self.owner.as_deref() == Some(tenant)
     }
 
     /// Whether the record is older than `ttl` at `now_unix_ms`.
@@ -63,7 +82,8 @@ pub enum StoreError {
 /// A store of response records shared by the indexer's replicas.
 /// Implementations bound every call themselves; callers bound it again.
 pub trait ResponseStore: Send + Sync + std::fmt::Debug {
-    /// Keeps `record` under `key` for `ttl`.
+    /// Keeps `record` under `key` for `ttl`, unless `key` is held already
+    /// (the first record of a response stands: it names its owner).
     fn put<'a>(
         &'a self,
         key: &'a str,
@@ -83,6 +103,8 @@ pub trait ResponseStore: Send + Sync + std::fmt::Debug {
 pub struct Pushed {
     /// The least recently used entry made room (the memory bound).
     pub evicted: bool,
+    /// The id was held for another owner: nothing was written.
+    pub kept_owner: bool,
 }
 
 /// What [`MemoryStore::lookup`] found.
@@ -93,7 +115,7 @@ pub enum Held {
     /// Nothing under that id.
     Absent,
     /// A record older than the TTL (now dropped).
-    Expired,
+    Expired(Record),
 }
 
 /// A bounded in-process map of response id to record: least recently used
@@ -116,8 +138,9 @@ impl MemoryStore {
         }
     }
 
-    /// Keeps `record` under `id`; returns what made room and how many
-    /// expired entries were dropped on the way.
+    /// Keeps `record` under `id`, unless a live record holds `id` already;
+    /// returns what made room and how many expired entries were dropped on
+    /// the way.
     pub fn insert(&self, id: &str, record: Record, ttl: Duration, now_ms: u64) -> (Pushed, usize) {
         let mut map = self.map.lock();
         let mut expired = 0;
@@ -127,11 +150,32 @@ impl MemoryStore {
             map.pop_lru();
             expired += 1;
         }
+        if let Some(held) = map.peek(id).filter(|h| !h.expired(ttl, now_ms)) {
+            // The first record of a response stands, as in a shared store:
+            // it names the engine and the tenant that made it. A later one
+            // (the same request's other reports, or a record naming
+            // another owner, which no served request can produce) changes
+            // nothing.
+            let kept_owner = held.owner != record.owner;
+            return (
+                Pushed {
+                    evicted: false,
+                    kept_owner,
+                },
+                expired,
+            );
+        }
         let evicted = match map.push(id.to_string(), record) {
             Some((old, _)) => old != id,
             None => false,
         };
-        (Pushed { evicted }, expired)
+        (
+            Pushed {
+                evicted,
+                kept_owner: false,
+            },
+            expired,
+        )
     }
 
     /// The record under `id`; an expired one is dropped.
@@ -140,8 +184,9 @@ impl MemoryStore {
         match map.get(id) {
             None => Held::Absent,
             Some(r) if r.expired(ttl, now_ms) => {
+                let r = r.clone();
                 map.pop(id);
-                Held::Expired
+                Held::Expired(r)
             }
             Some(r) => Held::Found(r.clone()),
         }
@@ -190,6 +235,7 @@ mod tests {
         Record {
             endpoint: "127.0.0.1:8000".into(),
             recorded_unix_ms: ms,
+            owner: Some("acme".into()),
         }
     }
 
@@ -197,6 +243,13 @@ mod tests {
     fn records_round_trip_and_foreign_values_are_misses() {
         let r = rec(1_700_000_000_123);
         assert_eq!(Record::decode(&r.encode()), Some(r));
+        for owner in [Some(""), Some("a b"), None] {
+            let r = Record {
+                owner: owner.map(str::to_string),
+                ..rec(5)
+            };
+            assert_eq!(Record::decode(&r.encode()), Some(r));
+        }
         for bad in ["", "12", "x 127.0.0.1:1", "12 ", "-1 a"] {
             assert_eq!(Record::decode(bad), None, "{bad:?}");
         }
@@ -208,10 +261,11 @@ mod tests {
         let ttl = Duration::from_secs(60);
         assert!(!s.insert("a", rec(1), ttl, 1).0.evicted);
         assert!(!s.insert("b", rec(1), ttl, 1).0.evicted);
-        assert!(!s.insert("a", rec(2), ttl, 2).0.evicted, "an update");
+        assert!(!s.insert("a", rec(2), ttl, 2).0.evicted, "the first stands");
+        assert_eq!(s.lookup("a", ttl, 2), Held::Found(rec(1)), "and is used");
         assert!(s.insert("c", rec(3), ttl, 3).0.evicted);
         assert_eq!(s.lookup("b", ttl, 3), Held::Absent);
-        assert_eq!(s.lookup("a", ttl, 3), Held::Found(rec(2)));
+        assert_eq!(s.lookup("a", ttl, 3), Held::Found(rec(1)));
         assert_eq!(s.len(), 2);
     }
 
@@ -221,10 +275,52 @@ mod tests {
         let ttl = Duration::from_millis(100);
         s.insert("a", rec(0), ttl, 0);
         assert_eq!(s.lookup("a", ttl, 99), Held::Found(rec(0)));
-        assert_eq!(s.lookup("a", ttl, 100), Held::Expired);
+        assert_eq!(s.lookup("a", ttl, 100), Held::Expired(rec(0)));
         assert!(s.is_empty());
         s.insert("b", rec(0), ttl, 0);
         let (_, expired) = s.insert("c", rec(500), ttl, 500);
         assert_eq!((expired, s.len()), (1, 1));
+    }
+}
+
+#[cfg(test)]
+mod owner_tests {
+    use super::*;
+
+    fn rec(ms: u64, owner: Option<&str>) -> Record {
+        Record {
+            endpoint: "127.0.0.1:8000".into(),
+            recorded_unix_ms: ms,
+            owner: owner.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn only_its_owner_may_use_a_record() {
+        let r = rec(1, Some("acme"));
+        assert!(r.owned_by("acme"));
+        assert!(!r.owned_by("beta"));
+        assert!(!r.owned_by(""));
+        assert!(rec(1, Some("")).owned_by(""));
+        assert!(
+            !rec(1, None).owned_by(""),
+            "a record without an owner is no one's"
+        );
+    }
+
+    #[test]
+    fn a_live_record_keeps_its_owner() {
+        let s = MemoryStore::new(4);
+        let ttl = Duration::from_millis(100);
+        s.insert("r", rec(0, Some("acme")), ttl, 0);
+        let (pushed, _) = s.insert("r", rec(10, Some("beta")), ttl, 10);
+        assert!(pushed.kept_owner);
+        assert_eq!(s.lookup("r", ttl, 10), Held::Found(rec(0, Some("acme"))));
+        // The same owner's repeat keeps it too; after expiry anyone's
+        // record is new.
+        assert!(!s.insert("r", rec(20, Some("acme")), ttl, 20).0.kept_owner);
+        assert_eq!(s.lookup("r", ttl, 20), Held::Found(rec(0, Some("acme"))));
+        assert!(!s.insert("r", rec(500, Some("beta")), ttl, 500).0.kept_owner);
+        assert_eq!(s.lookup("r", ttl, 500), Held::Found(rec(500, Some("beta"))));
     }
 }

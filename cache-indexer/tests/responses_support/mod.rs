@@ -49,8 +49,12 @@ pub fn grace(ms: u64) -> ResponsesConfig {
     }
 }
 
-/// A report that `endpoint` produced `response_id` (a DONE report of
-/// request `request_id`).
+/// The tenant of [`report`] and [`response_pick`]: a stored response is
+/// its tenant's alone.
+pub const TENANT: &str = "acme";
+
+/// A report that `endpoint` produced `response_id` for [`TENANT`] (a DONE
+/// report of request `request_id`).
 pub fn report(request_id: &str, response_id: &str, endpoint: &str) -> pb::ReportRequest {
     pb::ReportRequest {
         pool: POOL.into(),
@@ -59,16 +63,19 @@ pub fn report(request_id: &str, response_id: &str, endpoint: &str) -> pb::Report
         phase: pb::ReportPhase::Done as i32,
         outcome: pb::Outcome::Success as i32,
         response_id: response_id.into(),
+        tenant: TENANT.into(),
         ..Default::default()
     }
 }
 
-/// A pick bound to `response_id`, no prompt (a `GET /v1/responses/{id}`).
+/// A pick of [`TENANT`] bound to `response_id`, no prompt (a
+/// `GET /v1/responses/{id}`).
 pub fn response_pick(request_id: &str, response_id: &str) -> pb::PickRequest {
     pb::PickRequest {
         pool: POOL.into(),
         request_id: request_id.into(),
         response_id: response_id.into(),
+        tenant: TENANT.into(),
         ..Default::default()
     }
 }

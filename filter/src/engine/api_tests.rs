@@ -2,7 +2,7 @@
 //! picks bound to a stored response, the unknown-id answer, the engine's
 //! id reported at once, usage charged once, and policies on the new kinds.
 
-use kvasir_proto::v1::ReportPhase;
+use kvasir_proto::v1::{Admission, Outcome, ReportPhase};
 
 use super::*;
 
@@ -363,15 +363,43 @@ fn a_get_of_an_unknown_id_is_vllms_404() {
 }
 
 #[test]
-fn a_get_while_the_indexer_is_down_fails_open() {
+fn a_get_while_the_indexer_is_down_is_refused_not_routed() {
+    // Only the indexer knows which engine holds the response and for
+    // which tenant: Envoy's own choice could reach another tenant's.
     let (mut flow, mut h, stats) = stored("GET", "/v1/responses/resp_1");
     h.cb = Cb::ReqHeaders;
     flow.on_request_headers(&mut h, true);
     h.cb = Cb::Idle;
     grpc(&mut flow, &mut h, 7, 14, None);
-    assert!(h.resumed);
-    assert_eq!(h.header("x-gateway-destination-endpoint"), None);
+    assert!(!h.resumed);
+    let (status, body) = reply_json(&h);
+    assert_eq!(status, 503);
+    assert_eq!(body["error"]["code"], "responses_unavailable");
     assert_eq!(stats.counter("kvasir.pool.main.pick.unavailable"), 1);
+    assert_eq!(
+        stats.counter("kvasir.pool.main.pick.response_unavailable"),
+        1
+    );
+}
+
+#[test]
+fn a_follow_up_while_the_indexer_is_down_is_refused_not_routed() {
+    let (shared, _) = config(api_key(), json!({}));
+    let mut flow = Flow::new(shared);
+    let mut h = Fake::new(
+        "/v1/responses",
+        &[("authorization", "Bearer key-acme")],
+        &responses_body(json!({"previous_response_id": "resp_1"})),
+    );
+    headers(&mut flow, &mut h);
+    body_cb(&mut flow, &mut h);
+    grpc(&mut flow, &mut h, 7, 4, None);
+    assert!(!h.resumed);
+    assert_eq!(reply_json(&h).0, 503);
+    let sent = reports(&h);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].outcome, Outcome::Rejected as i32);
+    assert_eq!(sent[0].admission, Admission::Local as i32);
 }
 
 #[test]
@@ -511,12 +539,21 @@ fn the_id_is_reported_even_when_the_pick_failed_open_or_reports_are_off() {
         grpc(&mut flow, &mut h, 7, status, answer);
         respond(&mut flow, &mut h, 200, "text/event-stream", &STREAM);
         let sent = reports(&h);
-        assert_eq!(sent.len(), 1, "{settings}: only the id report");
         assert_eq!(
             (sent[0].response_id.as_str(), sent[0].endpoint.as_str()),
             ("resp_new", "127.0.0.1:9001"),
             "{settings}"
         );
+        assert_eq!(sent[0].tenant, "acme", "the response is its tenant's");
+        if status == 0 {
+            assert_eq!(sent.len(), 1, "{settings}: only the id report");
+        } else {
+            // The pick's answer was not used: its end says the filter
+            // admitted the request itself.
+            assert_eq!(sent.len(), 2, "{settings}");
+            assert_eq!(sent[1].phase, ReportPhase::Done as i32);
+            assert_eq!(sent[1].admission, Admission::Local as i32);
+        }
     }
 }
 

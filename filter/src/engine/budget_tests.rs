@@ -9,7 +9,7 @@ use super::*;
 
 /// The test policy set with a budget on tenant acme (beta has none), the
 /// pool's queue wait and acme's weight set in the compiled document.
-fn budgeted(settings: Value) -> (Rc<Shared>, Rc<MemStats>) {
+pub(super) fn budgeted(settings: Value) -> (Rc<Shared>, Rc<MemStats>) {
     let set = json!({
         "tenantSource": api_key(),
         "tenants": [
@@ -37,7 +37,7 @@ fn budgeted(settings: Value) -> (Rc<Shared>, Rc<MemStats>) {
     (Rc::new(Shared::new(cfg, s)), stats)
 }
 
-fn request(shared: &Rc<Shared>, key: &str, path: &str, body_json: &str) -> (Flow, Fake) {
+pub(super) fn request(shared: &Rc<Shared>, key: &str, path: &str, body_json: &str) -> (Flow, Fake) {
     let mut flow = Flow::new(shared.clone());
     let auth = format!("Bearer {key}");
     let mut h = Fake::new(path, &[("authorization", &auth)], body_json);
@@ -70,7 +70,7 @@ fn answer(decision: PickDecision, addrs: &[&str], st: Option<BudgetStatus>) -> V
     a.encode_to_vec()
 }
 
-fn reports(h: &Fake) -> Vec<ReportRequest> {
+pub(super) fn reports(h: &Fake) -> Vec<ReportRequest> {
     h.detached
         .iter()
         .filter(|(_, m, _)| m == "Report")
@@ -205,7 +205,7 @@ fn rate_limited_openai_chat_gets_openais_429_and_a_rejected_report() {
             r[0].request_id.as_str(),
             r[0].endpoint.as_str()
         ),
-        ("acme", "req-1", "")
+        ("acme", GATEWAY_ID, "")
     );
     // The stream's end accounts nothing more.
     h.cb = Cb::Log;
@@ -375,7 +375,7 @@ fn admitted_responses_carry_the_budget_headers() {
 
 /// A streaming chat answer of `n` content chunks for a picked request,
 /// each chunk fed at the time `at(i)` (ns) sets.
-fn stream_answer(flow: &mut Flow, h: &mut Fake, n: usize, at: impl Fn(usize) -> u64) {
+pub(super) fn stream_answer(flow: &mut Flow, h: &mut Fake, n: usize, at: impl Fn(usize) -> u64) {
     h.resp_headers = vec![
         (":status".into(), "200".into()),
         ("content-type".into(), "text/event-stream".into()),
@@ -403,7 +403,7 @@ data: [DONE]
     h.cb = Cb::Idle;
 }
 
-fn picked_stream(shared: &Rc<Shared>, key: &str) -> (Flow, Fake) {
+pub(super) fn picked_stream(shared: &Rc<Shared>, key: &str) -> (Flow, Fake) {
     let (mut flow, mut h) = request(shared, key, "/v1/chat/completions", &chat("qwen", true));
     grpc(
         &mut flow,
@@ -439,7 +439,7 @@ fn usage_is_reported_every_64_content_events() {
     );
     assert!(u
         .iter()
-        .all(|r| r.budget_key == "acme" && r.request_id == "req-1"));
+        .all(|r| r.budget_key == "acme" && r.request_id == GATEWAY_ID));
     assert_eq!(stats.counter(&format!("{P}.usage_reports")), 3);
     let done = reports(&h).pop().unwrap();
     assert_eq!(

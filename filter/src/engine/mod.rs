@@ -18,18 +18,20 @@
 //! response side (usage, reports) is [`respond`]'s.
 
 mod govern;
+mod local;
 mod respond;
 
 use std::borrow::Cow;
 use std::rc::Rc;
 
 use kvasir_policy::{
-    ApiKind, Decision, PoolConfig, ProviderConfig, RequestFacts, TenantError, TenantInput,
-    TenantSourceKind,
+    ApiKind, BudgetConfig, Decision, PoolConfig, ProviderConfig, RequestFacts, TenantError,
+    TenantInput, TenantSourceKind,
 };
 
 use crate::governance::UsageCadence;
 pub use crate::host::{DeferredCall, Host};
+use crate::local_budget::LocalAdmission;
 use crate::pick::{self, FailOpen, NoPick, PickInput, PickOutcome, Picked};
 use crate::reply::{error_reply, shed_reply, unknown_response, LocalReply, Shape};
 use crate::request::{
@@ -130,6 +132,26 @@ pub struct Flow {
     /// The size of the body Envoy holds, once read (after any rewrite):
     /// the pick's answer may rewrite it again ([`Flow::set_engine_priority`]).
     body_len: Option<usize>,
+    /// The tenant's budget, for a routed request of a budgeted tenant.
+    budget: Option<BudgetConfig>,
+    /// The prompt's length as first estimated (from the body), then as the
+    /// indexer counted it: what a response that ends without usage is
+    /// charged for its prompt.
+    prompt_estimate: u64,
+    /// The request's own completion cap (0: none).
+    max_tokens: u64,
+    /// A pick was dispatched (so the indexer may account it).
+    pick_dispatched: bool,
+    /// The flow acted on the pick's answer (routed, or refused by it); a
+    /// dispatched pick whose answer was not used is reported as admitted
+    /// locally.
+    answer_used: bool,
+    /// The request was admitted against this Envoy's share of its tenant's
+    /// budget (its pick failed open), until its end releases it.
+    local: Option<LocalAdmission>,
+    /// The request was admitted by the filter itself, its pick's answer
+    /// unused: its reports say so (`ADMISSION_LOCAL`).
+    admitted_locally: bool,
 }
 
 fn header<'a>(h: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -171,6 +193,13 @@ impl Flow {
             rate_limit_headers: Vec::new(),
             usage_cadence: UsageCadence::default(),
             body_len: None,
+            budget: None,
+            prompt_estimate: 0,
+            max_tokens: 0,
+            pick_dispatched: false,
+            answer_used: false,
+            local: None,
+            admitted_locally: false,
         }
     }
 
@@ -241,9 +270,6 @@ impl Flow {
         } else {
             None
         };
-        self.request_id = header(&headers, &settings.request_id_header)
-            .unwrap_or_default()
-            .to_string();
         let shared = Rc::clone(&self.shared);
         let policy = &shared.config.policy;
         let src = policy.tenant_source();
@@ -485,6 +511,12 @@ impl Flow {
             return Verdict::Continue;
         }
         self.response_id = req.response_id.as_ref().map(|id| id.to_string());
+        // The gateway's own id keys the indexer's accounting; a client's
+        // `x-request-id` is never trusted with it (a repeated id would
+        // share one reservation).
+        self.request_id = shared.request_ids.next();
+        self.prompt_estimate = u64::from(req.estimated_prompt_tokens());
+        self.max_tokens = req.max_tokens;
         let tenant = self.tenant.as_deref().unwrap_or_default();
         let tenant_cfg = shared
             .config
@@ -495,6 +527,7 @@ impl Flow {
         let budget = tenant_cfg
             .and_then(|t| t.budget.as_ref())
             .filter(|_| !self.stored);
+        self.budget = budget.copied();
         let input = PickInput {
             pool: &pool.indexer_pool,
             model: rewrite_model.unwrap_or(&req.model),
@@ -507,22 +540,19 @@ impl Flow {
             max_wait_ms: pool.max_queue_wait_ms,
         };
         let Some(msg) = pick::pick_request(req, &input) else {
-            self.fail_open(FailOpen::Unsupported);
-            return Verdict::Continue;
+            self.budget_key = budget.map(|_| tenant.to_string()).filter(|k| !k.is_empty());
+            return self.without_pick(host, FailOpen::Unsupported);
         };
-        let budget_key = budget.map(|_| tenant.to_string()).filter(|k| !k.is_empty());
+        self.budget_key = budget.map(|_| tenant.to_string()).filter(|k| !k.is_empty());
         let timeout_ms = pick_deadline_ms(pool, self.response_id.is_some());
         match host.pick(&pool.indexer_cluster, &msg, timeout_ms) {
             Some(token) => {
                 self.phase = Phase::Picking(token);
                 self.pick_started_ns = host.now_ns();
-                self.budget_key = budget_key;
+                self.pick_dispatched = true;
                 Verdict::Pause
             }
-            None => {
-                self.fail_open(FailOpen::Dispatch);
-                Verdict::Continue
-            }
+            None => self.without_pick(host, FailOpen::Dispatch),
         }
     }
 
@@ -657,9 +687,20 @@ impl Flow {
             self.shared.learn_saturation(i, s, now);
         }
         self.governance_outcome(&outcome);
+        self.answer_used = !matches!(outcome.result, Err(NoPick::FailOpen(_)));
         match outcome.result {
             Ok(p) => {
-                host.set_request_header(&self.shared.config.settings.endpoint_header, &p.header);
+                if outcome.prompt_tokens > 0 {
+                    self.prompt_estimate = u64::from(outcome.prompt_tokens);
+                }
+                // A request bound to a stored response can be served by its
+                // holder alone: a retry must go there again, not to the
+                // next engine (which would answer 404 for the id).
+                let header = match &self.response_id {
+                    Some(_) => format!("{0},{0}", p.first),
+                    None => p.header.clone(),
+                };
+                host.set_request_header(&self.shared.config.settings.endpoint_header, &header);
                 if let Some(n) = p.engine_priority {
                     self.set_engine_priority(host, n);
                 }
@@ -674,7 +715,11 @@ impl Flow {
                     r.picked = Some(p);
                 }
             }
-            Err(NoPick::FailOpen(why)) => self.fail_open(why),
+            Err(NoPick::FailOpen(why)) => {
+                if self.without_pick(host, why) == Verdict::Pause {
+                    return;
+                }
+            }
             Err(NoPick::UnknownResponse) => {
                 if let (Some(id), Some(r)) = (&self.response_id, &self.routed) {
                     let stat = pool_stat(&r.pool_name, "pick.unknown_response");
@@ -684,7 +729,10 @@ impl Flow {
                     return;
                 }
                 // An answer about a response the request never named.
-                self.fail_open(FailOpen::BadResponse);
+                self.answer_used = false;
+                if self.without_pick(host, FailOpen::BadResponse) == Verdict::Pause {
+                    return;
+                }
             }
             Err(NoPick::RateLimited) => {
                 return self.refuse_rate_limited(host, outcome.budget.as_ref());

@@ -221,7 +221,7 @@ fn reports_wait_for_the_tick_or_the_streams_log_callback() {
     let done = ReportRequest::decode(h.detached[1].2.as_slice()).unwrap();
     assert_eq!(
         (done.request_id.as_str(), done.endpoint.as_str()),
-        ("req-1", "127.0.0.1:9001")
+        (GATEWAY_ID, "127.0.0.1:9001")
     );
     assert_eq!(done.outcome, kvasir_proto::v1::Outcome::Success as i32);
     assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 2);

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use kvasir_proto::v1::{Outcome, ReportPhase};
 
 use super::{DeferredCall, Flow, Host, Phase, Verdict};
-use crate::pick::{self, ReportInput};
+use crate::pick::{self, Admission, ReportInput};
 use crate::response::ResponseTracker;
 use crate::stats::{ns_to_ms, response_class};
 
@@ -204,8 +204,13 @@ impl Flow {
             None => (None, None),
         };
         // A stored response's body repeats the usage charged when it was
-        // made.
-        let usage = usage.filter(|_| !self.stored);
+        // made. A response that ended without its usage (the client went
+        // away, the engine cut it, or it was never asked for) is charged
+        // what it surely cost.
+        let usage = usage
+            .or_else(|| self.usage_without_report())
+            .filter(|_| !self.stored);
+        self.end_local(host, usage);
         if ok {
             let stats = Rc::clone(&self.shared.stats);
             let p = self.prefix();
@@ -247,6 +252,19 @@ impl Flow {
         );
     }
 
+    /// The usage of a response that carried none, from what passed
+    /// through: the prompt as counted (the engine computed it before its
+    /// first token) and at least the content events the client was sent
+    /// (each carries one token or more). `None` before any content: nothing
+    /// is known to have been generated.
+    fn usage_without_report(&self) -> Option<pick::Usage> {
+        let so_far = self.tracker.as_ref()?.usage_so_far()?;
+        Some(pick::Usage {
+            prompt_tokens: so_far.prompt_tokens.max(self.prompt_estimate),
+            ..so_far
+        })
+    }
+
     /// Dispatches the calls still queued for the root's tick (this VM's,
     /// any request's), in order.
     pub(super) fn send_queued(&self, host: &mut dyn Host) {
@@ -276,12 +294,24 @@ impl Flow {
         // settled and released), and reports its end even when its pick
         // failed open (the indexer may have reserved before the filter gave
         // up); a refused pick's end is reported as rejected.
+        // A dispatched pick's end is reported whatever became of its
+        // answer: the indexer may have placed it (or reserved for it)
+        // after the filter stopped waiting, and ends it when told the
+        // request was admitted without it. So is a request the filter
+        // admitted itself, whose usage the indexer then charges.
         let budgeted = self.budget_key.is_some();
         let placed = match phase {
-            ReportPhase::Done => r.picked.is_some() || budgeted || outcome == Outcome::Rejected,
+            ReportPhase::Done => {
+                r.picked.is_some() || self.pick_dispatched || self.admitted_locally
+            }
             _ => r.picked.is_some(),
         };
         let accounted = (s.report || budgeted) && placed && !self.request_id.is_empty();
+        let admission = if !self.answer_used && (self.pick_dispatched || self.admitted_locally) {
+            Admission::Local
+        } else {
+            Admission::Unspecified
+        };
         // The report of a stored response's id goes even for a request
         // that failed open or with reports off: without it every follow-up
         // would be answered as an unknown id.
@@ -306,6 +336,8 @@ impl Flow {
             phase,
             response_id,
             budget_key: self.budget_key.as_deref().unwrap_or_default(),
+            tenant: self.tenant.as_deref().unwrap_or_default(),
+            admission,
         });
         let call = DeferredCall {
             cluster: r.indexer_cluster.clone(),

@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use kvasir_proto::v1::{
-    pick_request, Decision as PickDecision, PickRequest, PickResponse, PickedEndpoint,
+    pick_request, Admission, Decision as PickDecision, PickRequest, PickResponse, PickedEndpoint,
     ReportRequest,
 };
 use prost::Message;
@@ -14,6 +14,10 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::session::{PickSent, PickStep, Sessions};
+
+/// The id the filter gives a [`Shared`]'s first request (seed 0): the
+/// client's `x-request-id` ("req-1" in [`Fake`]) is never used.
+pub(super) const GATEWAY_ID: &str = "0000000000000000-0";
 use crate::settings::PluginConfig;
 use crate::stats::testing::MemStats;
 use crate::stats::Stats;
@@ -59,6 +63,8 @@ struct Fake {
     stream_send_ok: bool,
     stream_sent: Vec<(u32, Vec<u8>)>,
     cancelled: Vec<u32>,
+    /// The process's shared data, when the test gives it one.
+    shared: Option<crate::host::MemShared>,
 }
 
 impl Fake {
@@ -95,6 +101,7 @@ impl Fake {
             stream_send_ok: true,
             stream_sent: Vec::new(),
             cancelled: Vec::new(),
+            shared: None,
         }
     }
 
@@ -127,6 +134,12 @@ impl Fake {
 }
 
 impl Host for Fake {
+    fn shared_data(&mut self) -> Option<&mut dyn crate::host::SharedData> {
+        self.shared
+            .as_mut()
+            .map(|s| s as &mut dyn crate::host::SharedData)
+    }
+
     fn now_ns(&self) -> u64 {
         let t = self.now.get();
         self.now.set(t + 1_000_000);
@@ -430,7 +443,7 @@ fn routed_chat_picks_sets_the_endpoint_and_accounts_the_response() {
             pick.tenant.as_str(),
             pick.request_id.as_str()
         ),
-        ("main", "acme", "req-1")
+        ("main", "acme", GATEWAY_ID)
     );
     let Some(pick_request::Prompt::Chat(c)) = pick.prompt else {
         panic!()
@@ -491,7 +504,7 @@ fn routed_chat_picks_sets_the_endpoint_and_accounts_the_response() {
     let r = ReportRequest::decode(msg.as_slice()).unwrap();
     assert_eq!(
         (r.request_id.as_str(), r.endpoint.as_str(), r.cached_tokens),
-        ("req-1", "127.0.0.1:9001", 16)
+        (GATEWAY_ID, "127.0.0.1:9001", 16)
     );
     assert_eq!(r.outcome, kvasir_proto::v1::Outcome::Success as i32);
     assert_eq!(stats.counter("kvasir.pool.main.report.sent"), 1);
@@ -540,8 +553,16 @@ fn fail_open_on_indexer_errors_and_dispatch_failure() {
             "application/json",
             &[r#"{"usage":{"prompt_tokens":3,"completion_tokens":1}}"#],
         );
-        // No pick, no in-flight entry: nothing to report.
-        assert!(h.detached.is_empty());
+        // The pick was sent, and the indexer may still account it: its
+        // end says the filter admitted the request without its answer.
+        let sent: Vec<ReportRequest> = h
+            .detached
+            .iter()
+            .map(|(_, _, m)| ReportRequest::decode(m.as_slice()).unwrap())
+            .collect();
+        assert_eq!(sent.len(), 1, "{why}");
+        assert_eq!(sent[0].admission, Admission::Local as i32, "{why}");
+        assert_eq!(sent[0].request_id, GATEWAY_ID, "{why}");
         assert_eq!(stats.counter(&format!("{P}.prompt_tokens.uncached")), 3);
     }
     let (shared, stats) = config(api_key(), json!({}));
@@ -574,6 +595,9 @@ mod request;
 
 #[path = "budget_tests.rs"]
 mod budget;
+
+#[path = "local_tests.rs"]
+mod local;
 
 #[path = "priority_tests.rs"]
 mod priority;

@@ -26,6 +26,10 @@ pub(crate) struct Doc {
     pub providers: Vec<ProviderConfig>,
     pub classification: ClassificationConfig,
     pub pool_state_max_age_ms: u32,
+    /// Written only when not 1, so documents without it compile to the
+    /// same bytes as before it existed.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub gateway_replicas: u32,
     pub policies: Vec<PolicyConfig>,
     pub default_action: ActionConfig,
 }
@@ -396,4 +400,12 @@ pub(super) fn invalid(path: impl Into<String>, message: impl Into<String>) -> Co
         path: path.into(),
         message: message.into(),
     }
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }

@@ -107,6 +107,9 @@ pub struct Ended {
     pub released: Released,
     /// The final cost (one request plus the final usage's tokens).
     pub settled: Cost,
+    /// False when nothing was open under the id and the usage was charged
+    /// on its own (a release asked to charge).
+    pub reserved: bool,
 }
 
 /// A settle, release or cancel's result and the budget after it.
@@ -149,10 +152,12 @@ enum Op<'a> {
         usage: &'a Usage,
     },
     /// `usage` `None`: the prompt as reserved, the completion as last
-    /// settled.
+    /// settled. `charge`: with nothing open under `id`, charge `usage`
+    /// (one request plus its tokens) on its own.
     Release {
         id: &'a str,
         usage: Option<&'a Usage>,
+        charge: bool,
     },
     Cancel {
         id: &'a str,
@@ -200,7 +205,11 @@ impl Op<'_> {
                 max_age_ms.map_or(-1, ms),
             ),
             Op::Settle { id, usage } => (id, u(usage), -1),
-            Op::Release { id, usage } => (id, usage.map_or([-1, 0, 0], u), -1),
+            Op::Release { id, usage, charge } => (
+                id,
+                usage.map_or([-1, 0, 0], u),
+                if *charge && usage.is_some() { 1 } else { -1 },
+            ),
             Op::Cancel { id } => (id, [0; 3], -1),
             Op::Expire { max_age_ms } => ("", [ms(*max_age_ms), 0, 0], -1),
         }
@@ -317,27 +326,37 @@ impl BudgetStore {
 
     /// Releases request `id` with its final usage (idempotent); `usage`
     /// `None`: the prompt as reserved and the completion as last settled.
+    /// `charge`: when nothing is open under `id`, `usage` is charged on
+    /// its own (the end of a request a proxy admitted itself).
     pub async fn release(
         &self,
         key: &str,
         limits: Option<&Limits>,
         id: &str,
         usage: Option<&Usage>,
+        charge: bool,
         now_ms: Option<u64>,
     ) -> Result<Answer<Ended>, BudgetStoreError> {
-        let v = self
-            .call(key, limits, &Op::Release { id, usage }, now_ms)
-            .await?;
-        let (found, rest) = split_found(&v, 12)?;
+        let op = Op::Release { id, usage, charge };
+        let v = self.call(key, limits, &op, now_ms).await?;
+        let (found, rest) = match v.split_first() {
+            // 2: nothing was open, the usage was charged on its own.
+            Some((2, rest)) if rest.len() == 24 => (2, rest),
+            _ => {
+                let (f, rest) = split_found(&v, 12)?;
+                (i64::from(f), rest)
+            }
+        };
         let ended = Ended {
             released: Released {
                 refunded: cost(&rest[..4])?,
                 charged: cost(&rest[4..8])?,
             },
             settled: cost(&rest[8..12])?,
+            reserved: found == 1,
         };
         Ok(Answer {
-            value: found.then_some(ended),
+            value: (found > 0).then_some(ended),
             states: states(&rest[12..])?,
         })
     }
@@ -690,7 +709,19 @@ mod tests {
         let op = Op::Release {
             id: "y",
             usage: None,
+            charge: true,
         };
-        assert_eq!(op.tail(), ("y", [-1, 0, 0], -1));
+        assert_eq!(op.tail(), ("y", [-1, 0, 0], -1), "nothing to charge");
+        let u = Usage {
+            prompt_tokens: 3,
+            cached_tokens: 1,
+            completion_tokens: 2,
+        };
+        let op = Op::Release {
+            id: "y",
+            usage: Some(&u),
+            charge: true,
+        };
+        assert_eq!(op.tail(), ("y", [3, 1, 2], 1));
     }
 }
