@@ -29,6 +29,7 @@ pub mod report;
 pub mod results;
 pub mod run;
 pub mod stats;
+pub mod streams;
 pub mod targets;
 pub mod tenants;
 pub mod trace;

@@ -16,6 +16,7 @@
 
 mod governance_cli;
 mod replay_cli;
+mod streams_cli;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -68,6 +69,10 @@ enum Cmd {
     /// in virtual time, placed as the run placed them and by oracle
     /// routers (batching and eviction as the engines do them).
     Replay(replay_cli::ReplayArgs),
+    /// Clients each holding a streamed chat request, one after another, for
+    /// a while (closed loop): the load overload and fault behaviour are
+    /// judged under.
+    Streams(streams_cli::StreamsArgs),
 }
 
 #[derive(Args, Clone)]
@@ -680,6 +685,7 @@ async fn run_cmd(cmd: Cmd) -> anyhow::Result<()> {
         Cmd::Report(a) => report_cmd(&a),
         Cmd::Model(a) => model_cmd(&a),
         Cmd::Tenants(a) => governance_cli::tenants_cmd(a).await,
+        Cmd::Streams(a) => streams_cli::streams_cmd(a).await,
         Cmd::GovernanceReport(a) => governance_cli::governance_report_cmd(&a),
         Cmd::Overhead(_) | Cmd::Replay(_) => {
             anyhow::bail!("overhead and replay run without an async runtime")

@@ -31,10 +31,13 @@ pub const RETRY_MS: u64 = 500;
 /// Wait before retrying an indexer that does not implement `Session`
 /// (UNIMPLEMENTED: an older indexer; unary calls serve meanwhile), ms.
 pub const UNIMPLEMENTED_RETRY_MS: u64 = 60_000;
-/// Picks timed out in a row, with no answer between them, after which the
-/// stream is given up (a stalled stream would otherwise time out every
-/// pick) and reopened later.
-pub const MAX_TIMEOUTS_IN_A_ROW: u32 = 8;
+/// A stream whose picks time out while nothing at all has come back on it
+/// for this long is stalled: it is given up (it would otherwise time out
+/// every pick) and reopened later. Late answers prove a stream alive: one
+/// that is slow under load (picks past their deadline, answers still
+/// arriving) is kept, since giving it up would fail every pick waiting on
+/// it and send the next ones as unary calls, which cost more.
+pub const STALL_MS: u64 = 1_000;
 /// How often the root's timer runs while stream picks wait (their
 /// deadlines are checked on it), ms.
 pub const DEADLINE_CHECK_MS: u64 = 5;
@@ -61,7 +64,13 @@ pub struct Session<W> {
     wanted: bool,
     next_id: u64,
     waiting: HashMap<u64, (u64, W)>,
-    timeouts_in_a_row: u32,
+    /// Answers decoded on the stream, waited for or not.
+    answers: u64,
+    /// `answers` when the stall clock was last set.
+    answers_seen: u64,
+    /// When something was last heard on the stream while picks waited
+    /// (`None`: not since picks started waiting).
+    heard_ns: Option<u64>,
 }
 
 impl<W> Default for Session<W> {
@@ -71,7 +80,9 @@ impl<W> Default for Session<W> {
             wanted: false,
             next_id: 1,
             waiting: HashMap::new(),
-            timeouts_in_a_row: 0,
+            answers: 0,
+            answers_seen: 0,
+            heard_ns: None,
         }
     }
 }
@@ -124,7 +135,7 @@ impl<W> Session<W> {
     pub fn opened(&mut self, token: u32) {
         self.stream = Stream::Open { token };
         self.wanted = false;
-        self.timeouts_in_a_row = 0;
+        self.heard_ns = None;
     }
 
     /// Opening failed at once (unknown cluster...).
@@ -138,6 +149,10 @@ impl<W> Session<W> {
     pub fn pick(&mut self, pick_request: &[u8], deadline_ns: u64, waiter: W) -> (u64, Vec<u8>) {
         let id = self.next_id;
         self.next_id += 1;
+        if self.waiting.is_empty() {
+            // The stall clock starts when picks start waiting.
+            self.heard_ns = None;
+        }
         self.waiting.insert(id, (deadline_ns, waiter));
         (id, frame(id, 2, pick_request))
     }
@@ -164,8 +179,8 @@ impl<W> Session<W> {
     /// decode.
     pub fn answer(&mut self, bytes: &[u8]) -> Option<(u64, W, PickOutcome)> {
         let a = SessionResponse::decode(bytes).ok()?;
+        self.answers += 1;
         let (_, w) = self.waiting.remove(&a.id)?;
-        self.timeouts_in_a_row = 0;
         let outcome = match a.result {
             Some(session_response::Result::Pick(r)) => pick_outcome_of(r),
             Some(session_response::Result::Error(e)) => {
@@ -176,10 +191,15 @@ impl<W> Session<W> {
         Some((a.id, w, outcome))
     }
 
-    /// Takes the picks whose deadline passed. When too many timed out in a
-    /// row the stream is given up too: `true` means the caller must cancel
-    /// it (its token was [`Session::token`] before this call).
+    /// Takes the picks whose deadline passed. When picks time out and
+    /// nothing was heard on the stream for [`STALL_MS`], it is given up
+    /// too: `true` means the caller must cancel it (its token was
+    /// [`Session::token`] before this call).
     pub fn expire(&mut self, now_ns: u64) -> (Vec<(u64, W)>, bool) {
+        if self.heard_ns.is_none() || self.answers != self.answers_seen {
+            self.heard_ns = Some(now_ns);
+            self.answers_seen = self.answers;
+        }
         let due: Vec<u64> = self
             .waiting
             .iter()
@@ -192,13 +212,11 @@ impl<W> Session<W> {
                 out.push((id, w));
             }
         }
-        self.timeouts_in_a_row = self
-            .timeouts_in_a_row
-            .saturating_add(u32::try_from(out.len()).unwrap_or(u32::MAX));
-        let give_up = self.token().is_some() && self.timeouts_in_a_row >= MAX_TIMEOUTS_IN_A_ROW;
+        let silent_ns = now_ns.saturating_sub(self.heard_ns.unwrap_or(now_ns));
+        let give_up = self.token().is_some() && !out.is_empty() && silent_ns >= STALL_MS * MS;
         if give_up {
             self.open_failed(now_ns);
-            self.timeouts_in_a_row = 0;
+            self.heard_ns = None;
         }
         (out, give_up)
     }

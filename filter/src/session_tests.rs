@@ -78,25 +78,65 @@ fn deadlines_expire_and_a_stalled_stream_is_given_up() {
     s.opened(3);
     s.pick(b"", 50, 1);
     s.pick(b"", 80, 2);
+    let (gone, give_up) = s.expire(10);
+    assert!(gone.is_empty() && !give_up, "the stall clock starts");
     let (gone, give_up) = s.expire(60);
     assert_eq!(
         (gone.iter().map(|g| g.1).collect::<Vec<_>>(), give_up),
         (vec![1], false)
     );
-    // An answer resets the run of timeouts.
-    let (id, _) = s.pick(b"", 100, 3);
-    s.answer(&answer(id, picked("10.0.0.1:8000"))).unwrap();
-    for i in 0..MAX_TIMEOUTS_IN_A_ROW {
-        s.pick(b"", 200, 10 + i);
+    // Nothing heard for the stall time while picks time out: given up.
+    let stalled = 10 + STALL_MS * MS;
+    for i in 0..50 {
+        s.pick(b"", stalled, 10 + i);
     }
-    let (gone, give_up) = s.expire(200);
-    assert_eq!(gone.len() as u32, MAX_TIMEOUTS_IN_A_ROW + 1);
+    let (gone, give_up) = s.expire(stalled);
+    assert_eq!(gone.len(), 51);
     assert!(give_up);
     assert_eq!(s.token(), None);
     s.want();
-    assert_eq!(s.open_due_in_ms(200), Some(RETRY_MS));
-    assert!(!s.should_open(200), "not before the retry wait");
-    assert!(s.should_open(200 + RETRY_MS * MS));
+    assert_eq!(s.open_due_in_ms(stalled), Some(RETRY_MS));
+    assert!(!s.should_open(stalled), "not before the retry wait");
+    assert!(s.should_open(stalled + RETRY_MS * MS));
+}
+
+#[test]
+fn a_slow_stream_that_still_answers_is_kept() {
+    let mut s: Session<u32> = Session::default();
+    s.opened(3);
+    let mut now = 0;
+    let mut late = Vec::new();
+    // Under load: every pick times out, but the answers keep coming,
+    // late, so the stream is alive and its other picks may still make it.
+    for round in 0..40u32 {
+        let (id, _) = s.pick(b"", now + 50 * MS, round);
+        late.push(id);
+        if round >= 2 {
+            let old = late[round as usize - 2];
+            assert!(
+                s.answer(&answer(old, picked("10.0.0.1:8000"))).is_none(),
+                "nobody waits"
+            );
+        }
+        now += 100 * MS;
+        let (gone, give_up) = s.expire(now);
+        assert_eq!(gone.len(), 1);
+        assert!(!give_up, "round {round}: late answers keep it");
+    }
+    assert!(now > 3 * STALL_MS * MS);
+    assert_eq!(s.token(), Some(3));
+}
+
+#[test]
+fn an_idle_streams_first_timeout_starts_the_stall_clock() {
+    let mut s: Session<u32> = Session::default();
+    s.opened(3);
+    // Long idle, then a pick that times out: not a stall yet.
+    let t = 60 * STALL_MS * MS;
+    s.pick(b"", t + 50 * MS, 1);
+    let (gone, give_up) = s.expire(t + 60 * MS);
+    assert_eq!(gone.len(), 1);
+    assert!(!give_up);
 }
 
 #[test]
@@ -372,12 +412,17 @@ fn answers_are_delivered_to_their_waiter_once() {
 fn a_stalled_stream_is_cancelled_and_its_picks_time_out() {
     let mut s = open_sessions();
     let mut ids = Vec::new();
-    for w in 0..MAX_TIMEOUTS_IN_A_ROW {
+    for w in 0..8 {
         let (id, _) = stream_pick(&mut s, 0, w);
         s.pick_sent(IX, 7, id, true, never);
         ids.push(id);
     }
-    let up = s.upkeep(40 * MS);
+    // The stall clock starts at the first tick with picks waiting; the
+    // picks time out later while nothing comes back.
+    let up = s.upkeep(MS);
+    assert!(up.cancel.is_empty() && up.deliver.is_empty());
+    let stalled = MS + STALL_MS * MS;
+    let up = s.upkeep(stalled);
     assert_eq!(up.cancel, vec![7]);
     let mut tokens: Vec<u32> = up.deliver.iter().map(|d| d.token).collect();
     tokens.sort_unstable();
@@ -391,9 +436,9 @@ fn a_stalled_stream_is_cancelled_and_its_picks_time_out() {
         .all(|d| d.outcome.result == Err(NoPick::FailOpen(FailOpen::Timeout))));
     assert!(up.open.is_empty());
     // Given up: its end is nobody's, and the next pick is unary.
-    assert_eq!(s.closed(7, 1, 40 * MS), None);
+    assert_eq!(s.closed(7, 1, stalled), None);
     assert_eq!(
-        s.pick(IX, b"", 40, || 40 * MS, || unreachable!()),
+        s.pick(IX, b"", 40, || stalled, || unreachable!()),
         PickStep::Unary {
             tick_within_ms: Some(RETRY_MS)
         }

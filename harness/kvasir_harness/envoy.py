@@ -80,11 +80,12 @@ class Envoy:
 def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provider: str, name: str = "envoy",
                 pre_filters: str | None = None, without_filter: bool = False, concurrency: int = 2,
                 log_level: str = "info", pool_lb: str | None = None, request_timeout_s: float | None = None,
-                indexers: list[str] | None = None) -> Envoy:
+                indexers: list[str] | None = None, wasm: Path | None = None) -> Envoy:
     """Envoy from the shipped bootstrap; `without_filter` renders the same
     bootstrap minus the Kvasir filter (the benchmark's baseline), `pool_lb`
     swaps the pool's override-host policy for a plain load balancer,
-    `indexers` lists several indexer replicas instead of `indexer`."""
+    `indexers` lists several indexer replicas instead of `indexer`, `wasm`
+    loads another build of the filter (a benchmark comparing two)."""
     port, admin = free_port(), free_port()
     text = bootstrap.render(
         bootstrap.TEMPLATE.read_text(),
@@ -93,7 +94,7 @@ def start_envoy(logdir: Path, plugin: str, pool: list[str], indexer: str, provid
         pool_endpoints=pool,
         indexer=indexer,
         provider=provider,
-        wasm=str(WASM),
+        wasm=str(wasm or WASM),
         plugin_config=plugin,
         health_interval_s=0.5,
         pre_filters=pre_filters,

@@ -88,9 +88,10 @@ fn a_follow_up_is_picked_by_its_response_and_its_id_reported_at_once() {
         Some(answer(PickDecision::Response, &["127.0.0.1:9001"])),
     );
     assert!(h.resumed);
+    // The holder twice: a retry stays on it.
     assert_eq!(
         h.header("x-gateway-destination-endpoint"),
-        Some("127.0.0.1:9001")
+        Some("127.0.0.1:9001,127.0.0.1:9001")
     );
     // The first chunk carries the id: reported before the chunk goes on.
     h.resp_headers = vec![
@@ -324,7 +325,7 @@ fn get_and_cancel_are_picked_at_the_headers_by_their_id() {
         assert!(h.resumed);
         assert_eq!(
             h.header("x-gateway-destination-endpoint"),
-            Some("127.0.0.1:9002")
+            Some("127.0.0.1:9002,127.0.0.1:9002")
         );
         // The stored response repeats its usage: not charged again.
         let stored_body = format!(
