@@ -15,11 +15,30 @@ pub const HEADER: &str =
 /// The Kvasir CRDs, in a fixed order.
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
-        label_names(InferencePolicy::crd()),
+        policy_kind(label_names(InferencePolicy::crd())),
         label_names(InferenceTenant::crd()),
         label_names(InferenceProvider::crd()),
-        InferenceSettings::crd(),
+        policy_kind(InferenceSettings::crd()),
     ]
+}
+
+/// The Gateway API label that marks a CRD as a policy kind
+/// (`gateway.networking.k8s.io/policy`), so tools that discover policies
+/// (`gwctl`, Envoy Gateway's and others' policy views) find these.
+pub const POLICY_LABEL: &str = "gateway.networking.k8s.io/policy";
+
+/// `InferencePolicy` and `InferenceSettings` attach to Gateways and
+/// HTTPRoutes through `targetRefs`: `Direct` policy attachment, because
+/// each takes effect on exactly the objects it names. A Gateway's
+/// configuration is not inherited by its routes as defaults or overrides:
+/// each target is compiled from the objects that name it alone (and Envoy
+/// Gateway lets a route's EnvoyExtensionPolicy replace the Gateway's).
+fn policy_kind(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    crd.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(POLICY_LABEL.to_owned(), "Direct".to_owned());
+    crd
 }
 
 /// Policy, tenant and provider names are stats labels and segments of

@@ -20,7 +20,8 @@ pub const FIELD_MANAGER: &str = "kvasir-controller";
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Label: the target's kind (`Gateway` or `HTTPRoute`).
 pub const TARGET_KIND_LABEL: &str = "kvasir.dev/target-kind";
-/// Label: the target's name.
+/// Label: the target's name, as a label value can hold it (see
+/// [`target_name_label`]); the whole name is in `spec.targetRefs`.
 pub const TARGET_NAME_LABEL: &str = "kvasir.dev/target-name";
 /// Annotation: `sha256:<hex>` of the filter configuration inside.
 pub const CONFIG_HASH_ANNOTATION: &str = "kvasir.dev/config-sha256";
@@ -34,6 +35,46 @@ pub struct WasmCode {
     pub url: String,
     /// Hex SHA-256 of the module; Envoy Gateway refuses another.
     pub sha256: String,
+}
+
+/// In a module URL given to the controller or `kvasirctl` (`--wasm-url`),
+/// stands for the module's hex SHA-256: a content-addressed URL, so that a
+/// new module is a new URL (caches keyed by URL never serve an old one).
+pub const SHA256_PLACEHOLDER: &str = "{sha256}";
+
+/// The file name under which the controller serves its module, content
+/// addressed: `kvasir_filter-<sha256>.wasm`.
+pub fn module_file_name(sha256: &str) -> String {
+    format!("kvasir_filter-{sha256}.wasm")
+}
+
+impl WasmCode {
+    /// The module at `url`, where every [`SHA256_PLACEHOLDER`] is replaced
+    /// by `sha256` (a URL without one is used as it is).
+    pub fn new(url: &str, sha256: &str) -> WasmCode {
+        WasmCode {
+            url: url.replace(SHA256_PLACEHOLDER, sha256),
+            sha256: sha256.to_owned(),
+        }
+    }
+}
+
+/// The value of [`TARGET_NAME_LABEL`] for a target name. A label value
+/// holds at most 63 characters while a Gateway's or HTTPRoute's name may
+/// have 253: a longer name keeps its first 50 characters and gets `-` and
+/// 12 hex digits of its SHA-256, so distinct names keep distinct labels
+/// and the value stays a valid label (names are DNS subdomains: letters,
+/// digits, `-` and `.`).
+pub fn target_name_label(name: &str) -> String {
+    if name.len() <= 63 {
+        return name.to_owned();
+    }
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(name.as_bytes());
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    let head = name[..floor_char_boundary(name, 50)]
+        .trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{head}-{hex}")
 }
 
 /// The name of the policy for `target`: `kvasir-gateway-<name>` or
@@ -51,7 +92,16 @@ pub fn name(target: &TargetRef) -> String {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(target.name.as_bytes());
     let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{hex}", &full[..240])
+    format!("{}-{hex}", &full[..floor_char_boundary(&full, 240)])
+}
+
+/// The largest char boundary of `s` at or below `i` (a name read from a
+/// file offline is not guaranteed to be ASCII).
+fn floor_char_boundary(s: &str, i: usize) -> usize {
+    (0..=i.min(s.len()))
+        .rev()
+        .find(|&j| s.is_char_boundary(j))
+        .unwrap_or(0)
 }
 
 #[derive(Serialize)]
@@ -67,18 +117,18 @@ struct Object<'a> {
 struct Metadata<'a> {
     name: String,
     namespace: &'a str,
-    labels: Labels<'a>,
+    labels: Labels,
     annotations: Annotations,
 }
 
 #[derive(Serialize)]
-struct Labels<'a> {
+struct Labels {
     #[serde(rename = "app.kubernetes.io/managed-by")]
     managed_by: &'static str,
     #[serde(rename = "kvasir.dev/target-kind")]
     target_kind: &'static str,
     #[serde(rename = "kvasir.dev/target-name")]
-    target_name: &'a str,
+    target_name: String,
 }
 
 #[derive(Serialize)]
@@ -146,7 +196,7 @@ pub fn to_json(
             labels: Labels {
                 managed_by: FIELD_MANAGER,
                 target_kind: target.kind.as_str(),
-                target_name: &target.name,
+                target_name: target_name_label(&target.name),
             },
             annotations: Annotations {
                 config_sha256: sha256_hex(config_json),
@@ -174,6 +224,18 @@ pub fn to_json(
         },
     };
     serde_json::to_vec(&obj)
+}
+
+/// The target an EnvoyExtensionPolicy written by [`to_json`] carries: its
+/// `spec.targetRefs[0]` (the whole name; the label may be shortened).
+pub fn target_of(policy: &serde_json::Value) -> Option<TargetRef> {
+    let t = policy.get("spec")?.get("targetRefs")?.get(0)?;
+    let kind = match t.get("kind")?.as_str()? {
+        "Gateway" => TargetKind::Gateway,
+        "HTTPRoute" => TargetKind::HttpRoute,
+        _ => return None,
+    };
+    Some(TargetRef::new(kind, t.get("name")?.as_str()?))
 }
 
 /// `sha256:<hex>` of `bytes`.
@@ -220,6 +282,37 @@ mod tests {
         assert_ne!(g, r);
         let long = name(&TargetRef::new(TargetKind::HttpRoute, "y".repeat(253)));
         assert!(long.len() <= 253, "{}", long.len());
+    }
+
+    #[test]
+    fn long_target_names_get_a_valid_distinct_label() {
+        assert_eq!(target_name_label("inference-gateway"), "inference-gateway");
+        let a = format!("{}a", "x".repeat(100));
+        let b = format!("{}b", "x".repeat(100));
+        let (la, lb) = (target_name_label(&a), target_name_label(&b));
+        assert_ne!(la, lb);
+        for l in [&la, &lb] {
+            assert!(l.len() <= 63, "{l}");
+            assert!(l.starts_with(&"x".repeat(50)), "{l}");
+        }
+        // Never ends a label head in `-` or `.`: `name-.-<hash>` is invalid.
+        let dotted = format!("{}.{}", "y".repeat(49), "z".repeat(30));
+        let l = target_name_label(&dotted);
+        assert!(l.starts_with(&format!("{}-", "y".repeat(49))), "{l}");
+        let t = TargetRef::new(TargetKind::HttpRoute, a.clone());
+        let v: serde_json::Value =
+            serde_json::from_slice(&to_json("ns", &t, b"{}", &code()).unwrap()).unwrap();
+        assert_eq!(v["metadata"]["labels"][TARGET_NAME_LABEL], la);
+        assert_eq!(target_of(&v), Some(t));
+    }
+
+    #[test]
+    fn a_url_template_names_the_module_by_its_digest() {
+        let sha = "ab".repeat(32);
+        let c = WasmCode::new("http://c:8080/kvasir_filter-{sha256}.wasm", &sha);
+        assert_eq!(c.url, format!("http://c:8080/{}", module_file_name(&sha)));
+        let plain = WasmCode::new("http://c:8080/kvasir_filter.wasm", &sha);
+        assert_eq!(plain.url, "http://c:8080/kvasir_filter.wasm");
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod document;
 pub mod eep;
 pub mod flow;
 pub mod indexer;
+pub mod routes;
 pub mod schema;
 pub mod status;
 pub mod types;

@@ -15,6 +15,12 @@ pub const RESOLVED_REFS: &str = "ResolvedRefs";
 pub const REASON_ACCEPTED: &str = "Accepted";
 /// Reason of a `False` `Accepted`.
 pub const REASON_INVALID: &str = "Invalid";
+/// Condition type: the configuration in force holds the object.
+pub const PROGRAMMED: &str = "Programmed";
+/// `controllerName` of the controller's `status.ancestors` entries.
+pub const CONTROLLER_NAME: &str = "kvasir.dev/controller";
+/// Reason: a Gateway or HTTPRoute the object targets does not exist.
+pub const REASON_TARGET_NOT_FOUND: &str = "TargetNotFound";
 
 /// The `Accepted` condition of `object` given every finding of its
 /// namespace's compiles. `now` is RFC 3339 (the caller owns the clock, so

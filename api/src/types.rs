@@ -455,22 +455,66 @@ impl InferencePool {
     }
 }
 
-/// The status of every Kvasir resource: Gateway-API-style conditions.
+/// The status of every Kvasir resource: Gateway-API-style conditions and,
+/// on the kinds that attach to Gateways and HTTPRoutes (`InferencePolicy`,
+/// `InferenceSettings`), Gateway API's policy status: one entry per target.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceStatus {
-    /// `Accepted` (valid and compiled into its targets) and `ResolvedRefs`
-    /// (Secrets, pools, providers found).
+    /// `Accepted` (its own fields are valid), `ResolvedRefs` (the Secrets,
+    /// pools, providers and targets it names exist) and `Programmed` (the
+    /// configuration in force holds it), summed over its targets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// Gateway API's policy attachment status (`PolicyStatus.ancestors`):
+    /// for each Gateway or HTTPRoute the object targets, `Accepted` and
+    /// `Programmed` on that target alone. Empty on kinds without targets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub ancestors: Vec<PolicyAncestorStatus>,
+}
+
+/// Gateway API's `PolicyAncestorStatus`: the object's status with respect
+/// to one target.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyAncestorStatus {
+    /// The target (a Gateway or HTTPRoute of the object's namespace).
+    pub ancestor_ref: AncestorRef,
+    /// Who wrote this entry: `kvasir.dev/controller`.
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\/[A-Za-z0-9\/\-._~%!$&'()*+,;=:]+$")
+    )]
+    pub controller_name: String,
+    /// `Accepted` and `Programmed` for this target.
+    #[schemars(length(min = 1, max = 8))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// Gateway API's `ParentReference`, as policy status uses it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AncestorRef {
+    /// `gateway.networking.k8s.io`.
+    pub group: String,
+    /// `Gateway` or `HTTPRoute`.
+    pub kind: String,
+    /// The target's namespace (the object's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The target's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// A status condition, shaped like `metav1.Condition`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
-    /// `Accepted` or `ResolvedRefs`.
+    /// `Accepted`, `ResolvedRefs` or `Programmed`.
     #[serde(rename = "type")]
     #[schemars(length(min = 1, max = 316))]
     pub type_: String,

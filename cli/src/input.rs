@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use kvasir_api::routes::HttpRoute;
 use kvasir_api::{Document, DocumentError, Finding, ObjectRef, Resources};
 use kvasir_policy::Severity;
 use serde::Serialize;
@@ -113,9 +114,28 @@ struct Source {
 pub struct Input {
     /// Resources by namespace.
     pub namespaces: BTreeMap<String, Resources>,
+    /// The Gateway API `HTTPRoute`s (any namespace), for the cross-check of
+    /// their `x-kvasir-cluster` rules against the compiled destinations.
+    pub routes: Vec<HttpRoute>,
+    /// The Gateway API `Gateway`s, as `(namespace, name)`.
+    pub gateways: std::collections::BTreeSet<(String, String)>,
     /// Problems found while reading (syntax, shape).
     pub diagnostics: Vec<Diagnostic>,
     sources: BTreeMap<(String, String, String), Source>,
+}
+
+/// The Gateway API kinds `kvasirctl` reads besides its own: the targets
+/// and the routes that turn the filter's choice into a backend.
+fn gateway_kind(doc: &Doc) -> Option<&'static str> {
+    let api = doc.value.get("apiVersion")?.as_str()?;
+    if !api.starts_with("gateway.networking.k8s.io/") {
+        return None;
+    }
+    match doc.value.get("kind")?.as_str()? {
+        "HTTPRoute" => Some("HTTPRoute"),
+        "Gateway" => Some("Gateway"),
+        _ => None,
+    }
 }
 
 fn files_of(arg: &Path) -> Result<Vec<PathBuf>, InputError> {
@@ -212,28 +232,77 @@ impl Input {
         }
     }
 
+    /// Registers where `kind/name` of `ns` was read; false (with a
+    /// diagnostic) when another document already defined it.
+    fn register(&mut self, file: &str, doc: &Doc, ns: &str, kind: &str, name: &str) -> bool {
+        let key = (ns.to_owned(), kind.to_owned(), name.to_owned());
+        if let Some(prev) = self.sources.get(&key) {
+            self.diagnostics.push(diag(
+                file,
+                Some(doc),
+                "metadata.name",
+                format!("{kind} `{name}` is also defined in {}", prev.file),
+            ));
+            return false;
+        }
+        self.sources.insert(
+            key,
+            Source {
+                file: file.to_owned(),
+                doc: doc.clone(),
+            },
+        );
+        true
+    }
+
+    fn add_gateway_doc(&mut self, file: &str, doc: Doc, kind: &str, default_ns: &str) {
+        let meta = |k: &str| {
+            doc.value
+                .get("metadata")
+                .and_then(|m| m.get(k))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        };
+        let Some(name) = meta("name").filter(|n| !n.is_empty()) else {
+            self.diagnostics
+                .push(diag(file, Some(&doc), "metadata.name", "required".into()));
+            return;
+        };
+        let ns = meta("namespace").unwrap_or_else(|| default_ns.to_owned());
+        if kind == "Gateway" {
+            if self.register(file, &doc, &ns, kind, &name) {
+                self.gateways.insert((ns, name));
+            }
+            return;
+        }
+        match serde_path_to_error::deserialize::<_, HttpRoute>(doc.value.clone()) {
+            Ok(mut route) => {
+                if self.register(file, &doc, &ns, kind, &name) {
+                    route.metadata.namespace = Some(ns);
+                    self.routes.push(route);
+                }
+            }
+            Err(e) => {
+                let path = e.path().to_string();
+                let path = if path == "." { String::new() } else { path };
+                self.diagnostics
+                    .push(diag(file, Some(&doc), &path, e.into_inner().to_string()));
+            }
+        }
+    }
+
     fn add_doc(&mut self, file: &str, doc: Doc, default_ns: &str) {
+        if let Some(kind) = gateway_kind(&doc) {
+            self.add_gateway_doc(file, doc, kind, default_ns);
+            return;
+        }
         match kvasir_api::document::parse(doc.value.clone()) {
             Ok(d) => {
                 let ns = d.namespace().unwrap_or(default_ns).to_owned();
                 let (kind, name) = kind_name(&d);
-                let key = (ns.clone(), kind.to_owned(), name.clone());
-                if let Some(prev) = self.sources.get(&key) {
-                    self.diagnostics.push(diag(
-                        file,
-                        Some(&doc),
-                        "metadata.name",
-                        format!("{kind} `{name}` is also defined in {}", prev.file),
-                    ));
+                if !self.register(file, &doc, &ns, kind, &name) {
                     return;
                 }
-                self.sources.insert(
-                    key,
-                    Source {
-                        file: file.to_owned(),
-                        doc,
-                    },
-                );
                 let res = self
                     .namespaces
                     .entry(ns.clone())

@@ -5,7 +5,8 @@
 //! the exit status, so tests call them directly; `main.rs` is only clap.
 //!
 //! Exit statuses: 0 valid (warnings allowed), 1 invalid, 2 usage or I/O
-//! error.
+//! error. `validate --allow-missing-secrets` turns a tenant's missing key
+//! Secret into a warning (exit 0) instead of an error (exit 1).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -13,11 +14,12 @@ pub mod explain;
 pub mod input;
 pub mod yaml;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use kvasir_api::eep::WasmCode;
-use kvasir_api::{Compiled, Options, TargetKind, TargetRef};
+use kvasir_api::routes;
+use kvasir_api::{Compiled, Finding, ObjectRef, Options, Resources, TargetKind, TargetRef};
 use kvasir_policy::Severity;
 use serde::Serialize;
 
@@ -112,14 +114,187 @@ pub struct Report {
     pub targets: Vec<String>,
 }
 
+/// What `validate` checks beyond the documents themselves.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Checks {
+    /// A tenant's key Secret that is not among the inputs is a warning,
+    /// not an error, and the tenant is checked with a stand-in key (for a
+    /// GitOps repository that keeps Secrets elsewhere).
+    pub allow_missing_secrets: bool,
+}
+
+/// The Secrets tenants of `res` name that the inputs do not hold.
+fn missing_secrets(res: &Resources) -> BTreeSet<String> {
+    res.secret_names()
+        .into_iter()
+        .filter(|n| !res.secrets.contains_key(n))
+        .collect()
+}
+
+/// `res` with a stand-in for every missing key Secret (one distinct value
+/// per Secret and key, so no two tenants share a key), and a warning on
+/// each tenant that names one. The stand-ins are never written anywhere:
+/// `compile` does not take this path.
+fn with_stand_in_secrets(res: &Resources) -> (Resources, Vec<Finding>) {
+    let missing = missing_secrets(res);
+    let mut out = res.clone();
+    let mut warnings = Vec::new();
+    for t in &res.tenants {
+        let Some(keys) = &t.spec.identity.api_keys else {
+            continue;
+        };
+        let sel = &keys.secret_ref;
+        if !missing.contains(&sel.name) {
+            continue;
+        }
+        let key = sel.key.clone().unwrap_or_else(|| "stand-in".to_owned());
+        let value = format!("kvasirctl-stand-in/{}/{}/{key}", res.namespace, sel.name);
+        out.secrets
+            .entry(sel.name.clone())
+            .or_default()
+            .insert(key, value.into_bytes());
+        warnings.push(Finding {
+            object: Some(ObjectRef {
+                kind: "InferenceTenant",
+                name: t.metadata.name.clone().unwrap_or_default(),
+            }),
+            path: "spec.identity.apiKeys.secretRef.name".into(),
+            message: format!(
+                "Secret `{}` is not in the inputs (--allow-missing-secrets): checked with a stand-in key; namespace `{}` must hold it",
+                sel.name, res.namespace
+            ),
+            severity: Severity::Warning,
+        });
+    }
+    (out, warnings)
+}
+
+/// The objects that name `target` through `spec.targetRefs`, with the
+/// path of that reference.
+fn naming(res: &Resources, target: &TargetRef) -> Vec<(ObjectRef, String)> {
+    let mut out = Vec::new();
+    let mut add = |kind: &'static str, name: &Option<String>, refs: &[TargetRef]| {
+        for (i, r) in refs.iter().enumerate() {
+            if r.kind == target.kind && r.name == target.name {
+                out.push((
+                    ObjectRef {
+                        kind,
+                        name: name.clone().unwrap_or_default(),
+                    },
+                    format!("spec.targetRefs[{i}].name"),
+                ));
+            }
+        }
+    };
+    for s in &res.settings {
+        add("InferenceSettings", &s.metadata.name, &s.spec.target_refs);
+    }
+    for p in &res.policies {
+        add("InferencePolicy", &p.metadata.name, &p.spec.target_refs);
+    }
+    out
+}
+
+/// A target the inputs do not define, where they define others of its
+/// kind in its namespace (with none, the inputs are not the whole
+/// namespace and nothing can be said): an error on each object naming it.
+fn missing_target(input: &Input, t: &Scoped) -> Vec<Finding> {
+    let ns = &t.namespace;
+    let known: Vec<String> = match t.target.kind {
+        TargetKind::Gateway => input
+            .gateways
+            .iter()
+            .filter(|(n, _)| n == ns)
+            .map(|(_, name)| name.clone())
+            .collect(),
+        TargetKind::HttpRoute => input
+            .routes
+            .iter()
+            .filter(|r| r.metadata.namespace.as_deref() == Some(ns.as_str()))
+            .filter_map(|r| r.metadata.name.clone())
+            .collect(),
+    };
+    if known.is_empty() || known.contains(&t.target.name) {
+        return Vec::new();
+    }
+    naming(&input.namespaces[ns], &t.target)
+        .into_iter()
+        .map(|(object, path)| Finding {
+            object: Some(object),
+            path,
+            message: format!(
+                "{} is not in the inputs, which define {} {} in namespace `{ns}`: a misspelt target is never programmed",
+                t.target,
+                t.target.kind.as_str(),
+                known.join(", ")
+            ),
+            severity: Severity::Error,
+        })
+        .collect()
+}
+
+/// Locates a route finding in the file of the route it names (routes may
+/// live in another namespace than the target).
+fn locate_route_finding(input: &Input, target_ns: &str, f: &Finding) -> Diagnostic {
+    let ns = f
+        .object
+        .as_ref()
+        .filter(|o| o.kind == "HTTPRoute")
+        .and_then(|o| {
+            let mine = input.routes.iter().find(|r| {
+                r.metadata.name.as_deref() == Some(o.name.as_str())
+                    && r.metadata.namespace.as_deref() == Some(target_ns)
+            });
+            let any = input
+                .routes
+                .iter()
+                .find(|r| r.metadata.name.as_deref() == Some(o.name.as_str()));
+            mine.or(any)?.metadata.namespace.clone()
+        })
+        .unwrap_or_else(|| target_ns.to_owned());
+    input.locate(&ns, f)
+}
+
 /// Validates every document and compiles every target.
 pub fn validate(input: &Input, opts: &Options) -> Report {
+    validate_with(input, opts, Checks::default())
+}
+
+/// [`validate`], and for each target that compiles: the target exists
+/// among the inputs (when they define its kind in its namespace), and the
+/// HTTPRoutes that carry its traffic have a rule for every destination
+/// its configuration can name ([`routes::check_routes`]).
+pub fn validate_with(input: &Input, opts: &Options, checks: Checks) -> Report {
     let mut all: Vec<Diagnostic> = input.diagnostics.clone();
     let targets = all_targets(input);
+    let mut stand_ins: BTreeMap<&String, (Resources, Vec<Finding>)> = BTreeMap::new();
+    if checks.allow_missing_secrets {
+        for (ns, res) in &input.namespaces {
+            if !missing_secrets(res).is_empty() {
+                stand_ins.insert(ns, with_stand_in_secrets(res));
+            }
+        }
+        for (ns, (_, warnings)) in &stand_ins {
+            all.extend(warnings.iter().map(|f| input.locate(ns, f)));
+        }
+    }
     for t in &targets {
-        let res = &input.namespaces[&t.namespace];
+        let res = stand_ins
+            .get(&t.namespace)
+            .map_or(&input.namespaces[&t.namespace], |(r, _)| r);
         let findings = match kvasir_api::compile(res, &t.target, opts) {
-            Ok(c) => c.warnings,
+            Ok(c) => {
+                let mut f = c.warnings.clone();
+                let missing = missing_target(input, t);
+                if missing.is_empty() {
+                    let carrying = routes::routes_of(&t.namespace, &t.target, &input.routes);
+                    for rf in routes::check_routes(&t.target, &c, &carrying) {
+                        all.push(locate_route_finding(input, &t.namespace, &rf));
+                    }
+                }
+                f.extend(missing);
+                f
+            }
             Err(f) => f,
         };
         all.extend(findings.iter().map(|f| input.locate(&t.namespace, f)));
@@ -261,7 +436,8 @@ pub fn extension_policy(
 
 /// Checks a module's location: `url` is `http://` or `https://` (Envoy
 /// Gateway fetches nothing else), `sha256` 64 lowercase hex digits (the
-/// form Envoy Gateway compares).
+/// form Envoy Gateway compares). `{sha256}` in `url` stands for the digest,
+/// as in the controller's `--wasm-url`.
 pub fn wasm_code(url: &str, sha256: &str) -> Result<WasmCode, String> {
     let rest = url
         .strip_prefix("https://")
@@ -280,10 +456,7 @@ pub fn wasm_code(url: &str, sha256: &str) -> Result<WasmCode, String> {
             "--wasm-sha256 `{sha256}`: expected 64 lowercase hex digits (`sha256sum FILE`), or --wasm-file FILE"
         ));
     }
-    Ok(WasmCode {
-        url: url.to_owned(),
-        sha256: sha256.to_owned(),
-    })
+    Ok(WasmCode::new(url, sha256))
 }
 
 /// The hex SHA-256 of a built filter module, for `--wasm-file`. Refuses a

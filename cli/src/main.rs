@@ -11,8 +11,8 @@ use kvasir_api::Options;
 use kvasir_policy::ApiKind;
 use kvasirctl::explain::{explain, Sample};
 use kvasirctl::{
-    choose_target, parse_target, validate, wasm_code, wasm_file_sha256, Input, Outcome, EXIT_OK,
-    EXIT_USAGE,
+    choose_target, parse_target, validate_with, wasm_code, wasm_file_sha256, Checks, Input,
+    Outcome, EXIT_OK, EXIT_USAGE,
 };
 
 /// Validate, compile and explain Kvasir policy resources (kvasir.dev/v1alpha1)
@@ -23,7 +23,8 @@ use kvasirctl::{
 /// namespace. Tenants' API keys come from `v1` Secret documents in the same
 /// inputs; only their SHA-256 is kept.
 ///
-/// Exit status: 0 valid, 1 invalid, 2 usage or I/O error.
+/// Exit status: 0 valid (warnings allowed), 1 invalid, 2 usage or I/O
+/// error.
 #[derive(Parser, Debug)]
 #[command(
     name = "kvasirctl",
@@ -92,7 +93,8 @@ enum Encoding {
 #[command(next_help_heading = "With --output envoyextensionpolicy")]
 struct WasmArgs {
     /// The http:// or https:// URL of the filter's .wasm: the controller's
-    /// own --wasm-url (it serves the module at /kvasir_filter.wasm).
+    /// own --wasm-url. `{sha256}` in it stands for the module's digest (the
+    /// controller serves its module at /kvasir_filter-<sha256>.wasm).
     #[arg(long, value_name = "URL")]
     wasm_url: Option<String>,
     /// The module's SHA-256: 64 lowercase hex digits, as `sha256sum` prints.
@@ -148,13 +150,24 @@ struct RequestArgs {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Check every document and compile every target; each problem with
-    /// file:line:column, resource and field path.
+    /// file:line:column, resource and field path. Where the inputs hold
+    /// Gateways and HTTPRoutes, also that each target exists and that the
+    /// routes carrying it have a rule matching `x-kvasir-cluster` for
+    /// every pool and provider its configuration can name.
+    ///
+    /// Exit status: 0 valid (warnings allowed), 1 invalid, 2 usage or I/O
+    /// error.
     Validate {
         #[command(flatten)]
         common: Common,
         /// Output format.
         #[arg(short, long, value_enum, default_value = "text")]
         output: Format,
+        /// A key Secret a tenant names that is not among the inputs is a
+        /// warning, not an error (the tenant is checked with a stand-in
+        /// key): for repositories that keep Secrets out of Git.
+        #[arg(long)]
+        allow_missing_secrets: bool,
     },
     /// Print the compiled filter configuration (kvasir.filter/v1) of one
     /// target, or the whole EnvoyExtensionPolicy that carries it: exactly the
@@ -219,9 +232,9 @@ fn json_line<T: serde::Serialize>(v: &T) -> Vec<u8> {
     b
 }
 
-fn run_validate(common: &Common, output: Format) -> Result<Outcome, Outcome> {
+fn run_validate(common: &Common, output: Format, checks: Checks) -> Result<Outcome, Outcome> {
     let (input, opts) = read(common)?;
-    let report = validate(&input, &opts);
+    let report = validate_with(&input, &opts, checks);
     let (stdout, stderr) = match output {
         Format::Json => (json_line(&report), String::new()),
         Format::Text => (report.text().into_bytes(), String::new()),
@@ -447,7 +460,17 @@ fn run_crds(dir: Option<&PathBuf>) -> Result<Outcome, Outcome> {
 
 fn run(cli: Cli) -> Outcome {
     let r = match cli.command {
-        Command::Validate { common, output } => run_validate(&common, output),
+        Command::Validate {
+            common,
+            output,
+            allow_missing_secrets,
+        } => run_validate(
+            &common,
+            output,
+            Checks {
+                allow_missing_secrets,
+            },
+        ),
         Command::Compile {
             common,
             target,

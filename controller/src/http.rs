@@ -1,8 +1,9 @@
 //! The controller's two HTTP ports.
 //!
-//! - `http` ([`router`]): `/healthz`, `/readyz`, and `/kvasir_filter.wasm`,
-//!   the filter module that Envoy Gateway downloads (the URL in the
-//!   `EnvoyExtensionPolicy`'s `code.http.url`).
+//! - `http` ([`router`]): `/healthz`, `/readyz`, and the filter module that
+//!   Envoy Gateway downloads (the URL in the `EnvoyExtensionPolicy`'s
+//!   `code.http.url`), at its content-addressed path
+//!   `/kvasir_filter-<sha256>.wasm` and at the fixed `/kvasir_filter.wasm`.
 //! - `metrics` ([`metrics_router`]): `/metrics`, kept on its own port so
 //!   that a scrape config or NetworkPolicy can open it alone.
 //!
@@ -25,8 +26,18 @@ use sha2::{Digest, Sha256};
 
 use crate::metrics::Metrics;
 
-/// Path of the filter module on the `http` port.
+/// The fixed path of the filter module on the `http` port: whatever
+/// module this replica has. Kept for policies written with a plain URL;
+/// during a rollout it may answer another module than the digest a policy
+/// names, which [`content_addressed_path`] cannot.
 pub const WASM_PATH: &str = "/kvasir_filter.wasm";
+
+/// The content-addressed path of a module: `/kvasir_filter-<sha256>.wasm`
+/// ([`kvasir_api::eep::module_file_name`]). A replica answers it only for
+/// the module it has; any other digest is 404, never other bytes.
+pub fn content_addressed_path(sha256: &str) -> String {
+    format!("/{}", kvasir_api::eep::module_file_name(sha256))
+}
 
 /// Content type of `/metrics`: OpenMetrics 1.0, which is what
 /// [`Metrics::render`] writes.
@@ -75,15 +86,59 @@ pub struct HttpState {
 
 /// The `http` port: `GET /healthz` (200 `ok` while the process serves),
 /// `GET /readyz` (200 once `ready` is true, else 503 with a short reason),
-/// `GET /kvasir_filter.wasm` (the module as `application/wasm` with its
-/// sha256 as a quoted `ETag`; 404 when none is configured). Anything else
-/// 404.
+/// `GET /kvasir_filter.wasm` and `GET /kvasir_filter-<sha256>.wasm` (the
+/// module as `application/wasm` with its sha256 as a quoted `ETag`; 404
+/// when none is configured, or for another digest). Anything else 404.
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route(WASM_PATH, get(wasm))
+        .fallback(content_addressed)
         .with_state(state)
+}
+
+/// `GET`/`HEAD /kvasir_filter-<sha256>.wasm` for this replica's module;
+/// everything else that no route took: 404.
+async fn content_addressed(
+    State(state): State<HttpState>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    let wanted = uri
+        .path()
+        .strip_prefix("/kvasir_filter-")
+        .and_then(|rest| rest.strip_suffix(".wasm"));
+    let Some(wanted) = wanted else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    if method != axum::http::Method::GET && method != axum::http::Method::HEAD {
+        return StatusCode::METHOD_NOT_ALLOWED.into_response();
+    }
+    match &state.wasm {
+        Some(m) if m.sha256 == wanted => {
+            let mut r = wasm(State(state.clone()), headers).await;
+            // This URL never names other bytes: caches may keep it.
+            r.headers_mut().insert(
+                CACHE_CONTROL,
+                HeaderValue::from_static("public, max-age=31536000, immutable"),
+            );
+            if method == axum::http::Method::HEAD {
+                *r.body_mut() = axum::body::Body::empty();
+            }
+            r
+        }
+        Some(m) => (
+            StatusCode::NOT_FOUND,
+            format!(
+                "this replica serves the module {} only\n",
+                content_addressed_path(&m.sha256)
+            ),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "no filter module configured\n").into_response(),
+    }
 }
 
 /// The `metrics` port: `GET /metrics` in OpenMetrics text
@@ -428,6 +483,66 @@ mod tests {
                 .expect("conditional GET");
             assert_eq!(response.status(), 200);
             assert!(response.bytes().await.expect("body") == contents);
+
+            drop(client);
+            server.stop().await;
+        })
+        .await
+        .expect("test timed out");
+    }
+
+    #[tokio::test]
+    async fn wasm_is_served_at_its_content_addressed_path_only_for_its_digest() {
+        timeout(TEST_TIMEOUT, async {
+            let contents = module_bytes();
+            let file = TempFile::new(&contents);
+            let module = Arc::new(WasmModule::load(&file.0).expect("load"));
+            let sha256 = module.sha256.clone();
+            let (_ready_tx, ready) = watch::channel(false);
+            let server = start(router(state(ready, Some(module)))).await;
+            let client = client();
+            let url = format!("{}{}", server.base, content_addressed_path(&sha256));
+            assert!(
+                url.ends_with(&format!("/kvasir_filter-{sha256}.wasm")),
+                "{url}"
+            );
+
+            let response = client.get(&url).send().await.expect("GET wasm");
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.headers()[CONTENT_TYPE], "application/wasm");
+            assert_eq!(
+                response.headers()[ETAG].to_str().expect("ascii"),
+                format!("\"{sha256}\"")
+            );
+            assert!(response.headers()[CACHE_CONTROL]
+                .to_str()
+                .expect("ascii")
+                .contains("immutable"));
+            assert!(response.bytes().await.expect("body") == contents);
+
+            let response = client.head(&url).send().await.expect("HEAD wasm");
+            assert_eq!(response.status(), 200);
+            assert!(response.bytes().await.expect("body").is_empty());
+
+            // Another digest (an older or newer module): 404, never these
+            // bytes under a name that promises others.
+            let other = format!("{}{}", server.base, content_addressed_path(&"0".repeat(64)));
+            let response = client.get(&other).send().await.expect("GET other");
+            assert_eq!(response.status(), 404);
+            let text = response.text().await.expect("body");
+            assert!(text.contains(&sha256), "{text}");
+
+            // The fixed path still serves the module during a rollout.
+            assert_eq!(
+                status_of(&client, format!("{}{WASM_PATH}", server.base)).await,
+                200
+            );
+            let response = client.post(&url).send().await.expect("POST wasm");
+            assert_eq!(response.status(), 405);
+            assert_eq!(
+                status_of(&client, format!("{}/kvasir_filter-.wasmx", server.base)).await,
+                404
+            );
 
             drop(client);
             server.stop().await;

@@ -29,12 +29,16 @@ struct Args {
     /// Serves /metrics.
     #[arg(long, default_value = "0.0.0.0:9090", env = "KVASIR_METRICS_ADDR")]
     metrics_addr: SocketAddr,
-    /// The filter module to serve at /kvasir_filter.wasm; its SHA-256 goes
-    /// into every EnvoyExtensionPolicy.
+    /// The filter module to serve at /kvasir_filter-<sha256>.wasm (and
+    /// /kvasir_filter.wasm); its SHA-256 goes into every
+    /// EnvoyExtensionPolicy.
     #[arg(long, env = "KVASIR_WASM_FILE")]
     wasm_file: Option<PathBuf>,
     /// The module's URL as Envoy Gateway reaches it (this controller's
-    /// Service, or any HTTP server holding the same file).
+    /// Service, or any HTTP server holding the same file). `{sha256}` in it
+    /// stands for the module's digest: with
+    /// `http://<service>:8080/kvasir_filter-{sha256}.wasm` each module has
+    /// its own URL.
     #[arg(long, env = "KVASIR_WASM_URL")]
     wasm_url: String,
     /// The module's hex SHA-256, when it is not served from --wasm-file.
@@ -120,11 +124,7 @@ fn wasm(args: &Args) -> Result<(WasmCode, Option<Arc<WasmModule>>), String> {
             "the module's SHA-256 must be 64 lowercase hex digits, not `{sha256}`"
         ));
     }
-    let code = WasmCode {
-        url: args.wasm_url.clone(),
-        sha256,
-    };
-    Ok((code, module))
+    Ok((WasmCode::new(&args.wasm_url, &sha256), module))
 }
 
 async fn serve(args: Args) -> Result<(), String> {

@@ -26,7 +26,7 @@ const PREFIX: &str = "kvasir_controller";
 
 /// The error kinds the controller reports; each starts at 0 so that rate()
 /// and alerts see the series before the first error.
-const ERROR_KINDS: [&str; 4] = ["api", "conflict", "invalid", "secret"];
+const ERROR_KINDS: [&str; 6] = ["api", "conflict", "gateway", "invalid", "secret", "target"];
 
 type OneLabel = [(&'static str, String); 1];
 type TargetLabels = [(&'static str, String); 2];
@@ -80,7 +80,7 @@ impl Metrics {
         let errors = Family::<OneLabel, Counter>::default();
         registry.register(
             "errors",
-            "Errors, by kind: api, conflict, invalid (a target that does not compile), secret",
+            "Errors, by kind: api, conflict, gateway (Envoy Gateway refuses or overrides a policy), invalid (a target that does not compile), secret, target (a targeted Gateway or HTTPRoute does not exist)",
             errors.clone(),
         );
         for kind in ERROR_KINDS {
@@ -133,8 +133,10 @@ impl Metrics {
         }
     }
 
-    /// An error, by kind: `"api"`, `"conflict"`, `"invalid"` (a target that
-    /// does not compile), `"secret"`.
+    /// An error, by kind: `"api"`, `"conflict"`, `"gateway"` (Envoy Gateway
+    /// refuses or overrides a policy), `"invalid"` (a target that does not
+    /// compile), `"secret"`, `"target"` (a targeted Gateway or HTTPRoute
+    /// does not exist).
     pub fn error(&self, kind: &str) {
         self.errors.get_or_create(&kind_label(kind)).inc();
     }

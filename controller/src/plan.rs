@@ -5,15 +5,25 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kvasir_api::assemble::{Finding, ObjectRef};
-use kvasir_api::status::{ACCEPTED, REASON_ACCEPTED, REASON_INVALID, RESOLVED_REFS};
-use kvasir_api::{Condition, TargetRef};
+use kvasir_api::status::{
+    ACCEPTED, CONTROLLER_NAME, REASON_ACCEPTED, REASON_INVALID, REASON_TARGET_NOT_FOUND,
+    RESOLVED_REFS,
+};
+use kvasir_api::{AncestorRef, Condition, PolicyAncestorStatus, TargetRef, GATEWAY_GROUP};
 use kvasir_policy::Severity;
+use serde_json::Value;
+
+pub use kvasir_api::status::PROGRAMMED;
 
 /// The finalizer on every `kvasir.dev` object: a deleted object stays
 /// until the configuration in force no longer holds it.
 pub const FINALIZER: &str = "kvasir.dev/controller";
-/// Condition type: the object is in the configuration Envoy runs.
-pub const PROGRAMMED: &str = "Programmed";
+/// Reason of `Programmed=False`: Envoy Gateway reports `Accepted=False`
+/// on the target's EnvoyExtensionPolicy.
+pub const REASON_NOT_ACCEPTED: &str = "NotAccepted";
+/// Reason of `Programmed=False`: Envoy Gateway reports that another
+/// EnvoyExtensionPolicy overrides the target's on some of its routes.
+pub const REASON_OVERRIDDEN: &str = "Overridden";
 
 /// One `kvasir.dev` object as the plan sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,9 +38,101 @@ pub struct Object {
     pub finalized: bool,
     /// `status.conditions` as read.
     pub conditions: Vec<Condition>,
+    /// `status.ancestors` as read.
+    pub ancestors: Vec<PolicyAncestorStatus>,
     /// The targets it names (policies, settings); `None`: every target of
     /// its namespace (tenants, providers).
     pub targets: Option<BTreeSet<TargetRef>>,
+}
+
+/// What Envoy Gateway says about an applied EnvoyExtensionPolicy
+/// (`status.ancestors[].conditions`, for the policy's current generation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayVerdict {
+    /// Nothing yet for this generation (Envoy Gateway has not processed
+    /// it, or none runs).
+    NotReported,
+    /// `Accepted=True` on every ancestor it reported.
+    Accepted,
+    /// `Accepted=False` on an ancestor.
+    NotAccepted {
+        /// The ancestor, e.g. `Gateway serving/inference-gateway`.
+        ancestor: String,
+        /// Envoy Gateway's reason (`Conflicted`, `Invalid`, ...).
+        reason: String,
+        /// Envoy Gateway's message.
+        message: String,
+    },
+    /// `Overridden=True` on an ancestor: another policy replaces this one
+    /// on some routes.
+    Overridden {
+        /// The ancestor.
+        ancestor: String,
+        /// Envoy Gateway's message.
+        message: String,
+    },
+}
+
+fn ancestor_name(a: &Value) -> String {
+    let r = &a["ancestorRef"];
+    let kind = r["kind"].as_str().unwrap_or("Gateway");
+    let name = r["name"].as_str().unwrap_or("");
+    match r["namespace"].as_str() {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}
+
+/// Reads Envoy Gateway's verdict from an EnvoyExtensionPolicy as the API
+/// server returned it. Conditions of an older generation than the
+/// object's are stale (the policy changed since) and count as not
+/// reported; a refusal anywhere wins over acceptance elsewhere.
+pub fn gateway_verdict(policy: &Value) -> GatewayVerdict {
+    let generation = policy["metadata"]["generation"].as_i64();
+    let Some(ancestors) = policy["status"]["ancestors"].as_array() else {
+        return GatewayVerdict::NotReported;
+    };
+    let current = |c: &&Value| match (c["observedGeneration"].as_i64(), generation) {
+        (Some(seen), Some(now)) => seen >= now,
+        _ => true,
+    };
+    let mut accepted = false;
+    let mut overridden = None;
+    for a in ancestors {
+        if a["controllerName"].as_str() == Some(CONTROLLER_NAME) {
+            continue;
+        }
+        let conds: Vec<&Value> = a["conditions"]
+            .as_array()
+            .map(|c| c.iter().filter(current).collect())
+            .unwrap_or_default();
+        for c in &conds {
+            let (t, st) = (c["type"].as_str(), c["status"].as_str());
+            let text = |k: &str| c[k].as_str().unwrap_or("").to_owned();
+            match (t, st) {
+                (Some("Accepted"), Some("False")) => {
+                    return GatewayVerdict::NotAccepted {
+                        ancestor: ancestor_name(a),
+                        reason: text("reason"),
+                        message: text("message"),
+                    }
+                }
+                (Some("Accepted"), Some("True")) => accepted = true,
+                (Some("Overridden"), Some("True")) if overridden.is_none() => {
+                    overridden = Some(GatewayVerdict::Overridden {
+                        ancestor: ancestor_name(a),
+                        message: text("message"),
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+    match overridden {
+        Some(o) => o,
+        None if accepted => GatewayVerdict::Accepted,
+        None => GatewayVerdict::NotReported,
+    }
 }
 
 /// How one target's reconcile ended.
@@ -42,7 +144,12 @@ pub enum Outcome {
         policy: String,
         /// `sha256:<hex>` of the config.
         hash: String,
+        /// What Envoy Gateway reports on the policy.
+        gateway: GatewayVerdict,
     },
+    /// The Gateway or HTTPRoute does not exist in the namespace: nothing
+    /// is applied for it (and a policy written for it earlier is deleted).
+    TargetNotFound,
     /// Does not compile; the last good configuration stays.
     Invalid(Vec<Finding>),
     /// Another field manager owns the policy's fields; not forced.
@@ -59,6 +166,12 @@ pub struct Outcomes {
     pub targets: BTreeMap<TargetRef, Outcome>,
     /// Warnings of targets that compiled.
     pub warnings: Vec<Finding>,
+    /// The namespace (for `status.ancestors`).
+    pub namespace: String,
+}
+
+fn outcome_of<'a>(outcomes: &'a Outcomes, t: &TargetRef) -> Option<&'a Outcome> {
+    outcomes.targets.get(t)
 }
 
 impl Outcomes {
@@ -90,6 +203,21 @@ pub fn ref_reason(f: &Finding) -> Option<&'static str> {
     None
 }
 
+/// The first target `object` names that does not exist.
+fn missing_target<'a>(object: &'a Object, outcomes: &Outcomes) -> Option<&'a TargetRef> {
+    object
+        .targets
+        .as_ref()?
+        .iter()
+        .find(|t| matches!(outcome_of(outcomes, t), Some(Outcome::TargetNotFound)))
+}
+
+fn target_not_found(t: &TargetRef, namespace: &str) -> String {
+    format!(
+        "{t} does not exist in namespace `{namespace}`: check the targetRefs name (nothing is applied for it until it exists)"
+    )
+}
+
 /// The conditions `object` should carry. `now` is RFC 3339; a condition
 /// whose status did not change keeps its old `lastTransitionTime`.
 pub fn conditions(object: &Object, outcomes: &Outcomes, now: &str) -> Vec<Condition> {
@@ -104,14 +232,91 @@ pub fn conditions(object: &Object, outcomes: &Outcomes, now: &str) -> Vec<Condit
         None => cond(ACCEPTED, true, REASON_ACCEPTED, String::new(), gen),
         Some(f) => cond(ACCEPTED, false, REASON_INVALID, located(f), gen),
     };
-    let resolved = match ref_error {
-        None => cond(RESOLVED_REFS, true, "ResolvedRefs", String::new(), gen),
-        Some((reason, f)) => cond(RESOLVED_REFS, false, reason, located(f), gen),
+    let resolved = match (ref_error, missing_target(object, outcomes)) {
+        (Some((reason, f)), _) => cond(RESOLVED_REFS, false, reason, located(f), gen),
+        (None, Some(t)) => cond(
+            RESOLVED_REFS,
+            false,
+            REASON_TARGET_NOT_FOUND,
+            format!(
+                "spec.targetRefs: {}",
+                target_not_found(t, &outcomes.namespace)
+            ),
+            gen,
+        ),
+        (None, None) => cond(RESOLVED_REFS, true, "ResolvedRefs", String::new(), gen),
     };
     let programmed = programmed(object, outcomes, !mine.is_empty());
     [accepted, resolved, programmed]
         .into_iter()
         .map(|c| keep_transition_time(c, &object.conditions, now))
+        .collect()
+}
+
+/// Gateway API's policy status for an object that names targets: per
+/// target (sorted, at most 16), `Accepted` (the target compiles and
+/// exists) and `Programmed` (as the top-level condition, for that target
+/// alone). Empty for objects without targets. Transition times move only
+/// with a condition's status, as in [`conditions`].
+pub fn ancestors(object: &Object, outcomes: &Outcomes, now: &str) -> Vec<PolicyAncestorStatus> {
+    let Some(targets) = &object.targets else {
+        return Vec::new();
+    };
+    let gen = object.generation;
+    let mine_errors = outcomes
+        .findings()
+        .any(|f| f.severity == Severity::Error && f.object.as_ref() == Some(&object.id));
+    targets
+        .iter()
+        .take(16)
+        .filter_map(|t| {
+            let outcome = outcome_of(outcomes, t)?;
+            let accepted = match outcome {
+                Outcome::TargetNotFound => cond(
+                    ACCEPTED,
+                    false,
+                    REASON_TARGET_NOT_FOUND,
+                    target_not_found(t, &outcomes.namespace),
+                    gen,
+                ),
+                Outcome::Invalid(findings) => {
+                    let first = findings
+                        .iter()
+                        .find(|f| f.severity == Severity::Error)
+                        .map(|f| f.to_string())
+                        .unwrap_or_default();
+                    cond(
+                        ACCEPTED,
+                        false,
+                        REASON_INVALID,
+                        format!("{t} does not compile: {first}"),
+                        gen,
+                    )
+                }
+                _ => cond(ACCEPTED, true, REASON_ACCEPTED, String::new(), gen),
+            };
+            let programmed = target_programmed(t, outcome, mine_errors, &outcomes.namespace, gen);
+            let ancestor_ref = AncestorRef {
+                group: GATEWAY_GROUP.to_owned(),
+                kind: t.kind.as_str().to_owned(),
+                namespace: Some(outcomes.namespace.clone()),
+                name: t.name.clone(),
+            };
+            let old: Vec<Condition> = object
+                .ancestors
+                .iter()
+                .find(|a| a.ancestor_ref == ancestor_ref && a.controller_name == CONTROLLER_NAME)
+                .map(|a| a.conditions.clone())
+                .unwrap_or_default();
+            Some(PolicyAncestorStatus {
+                ancestor_ref,
+                controller_name: CONTROLLER_NAME.to_owned(),
+                conditions: [accepted, programmed]
+                    .into_iter()
+                    .map(|c| keep_transition_time(c, &old, now))
+                    .collect(),
+            })
+        })
         .collect()
 }
 
@@ -154,6 +359,87 @@ fn targets_of<'a>(object: &'a Object, outcomes: &'a Outcomes) -> Vec<&'a TargetR
         .collect()
 }
 
+fn applied_text(t: &TargetRef, policy: &str, hash: &str, gateway: &GatewayVerdict) -> String {
+    let said = match gateway {
+        GatewayVerdict::Accepted => "accepted by Envoy Gateway",
+        _ => "Envoy Gateway has not reported on it yet",
+    };
+    format!("{t} ({policy}, {hash}; {said})")
+}
+
+/// `Programmed` for one target.
+fn target_programmed(
+    t: &TargetRef,
+    outcome: &Outcome,
+    has_errors: bool,
+    namespace: &str,
+    gen: Option<i64>,
+) -> Condition {
+    match outcome {
+        Outcome::Applied {
+            policy,
+            gateway:
+                GatewayVerdict::NotAccepted {
+                    ancestor,
+                    reason,
+                    message,
+                },
+            ..
+        } => {
+            let msg = format!(
+                "{t}: Envoy Gateway does not accept EnvoyExtensionPolicy {policy} on {ancestor} ({reason}): {message}"
+            );
+            cond(PROGRAMMED, false, REASON_NOT_ACCEPTED, msg, gen)
+        }
+        Outcome::Applied {
+            policy,
+            gateway: GatewayVerdict::Overridden { ancestor, message },
+            ..
+        } => {
+            let msg = format!(
+                "{t}: Envoy Gateway reports EnvoyExtensionPolicy {policy} overridden on {ancestor}: {message}"
+            );
+            cond(PROGRAMMED, false, REASON_OVERRIDDEN, msg, gen)
+        }
+        Outcome::Applied {
+            policy,
+            hash,
+            gateway,
+        } => {
+            let msg = format!("in force on {}", applied_text(t, policy, hash, gateway));
+            cond(PROGRAMMED, true, "Programmed", msg, gen)
+        }
+        Outcome::TargetNotFound => cond(
+            PROGRAMMED,
+            false,
+            REASON_TARGET_NOT_FOUND,
+            target_not_found(t, namespace),
+            gen,
+        ),
+        Outcome::Invalid(findings) => {
+            let msg = if has_errors {
+                format!("{t} keeps its last good configuration until the errors above are fixed")
+            } else {
+                let first = findings
+                    .iter()
+                    .find(|f| f.severity == Severity::Error)
+                    .map(|f| f.to_string())
+                    .unwrap_or_default();
+                format!("{t} keeps its last good configuration: {first}")
+            };
+            cond(PROGRAMMED, false, REASON_INVALID, msg, gen)
+        }
+        Outcome::Conflicted(msg) => {
+            let msg = format!("{t}: {msg}");
+            cond(PROGRAMMED, false, "Conflicted", msg, gen)
+        }
+        Outcome::Failed(msg) => {
+            let msg = format!("{t}: {msg} (retrying)");
+            cond(PROGRAMMED, false, "Pending", msg, gen)
+        }
+    }
+}
+
 fn programmed(object: &Object, outcomes: &Outcomes, has_errors: bool) -> Condition {
     let gen = object.generation;
     let targets = targets_of(object, outcomes);
@@ -161,33 +447,38 @@ fn programmed(object: &Object, outcomes: &Outcomes, has_errors: bool) -> Conditi
         let msg = "no InferenceSettings or InferencePolicy of this namespace targets a Gateway or HTTPRoute that compiles here";
         return cond(PROGRAMMED, false, "NoTarget", msg.into(), gen);
     }
+    // An object that serves every target of its namespace (a tenant, a
+    // provider) is not held back by a target someone misspelt: that is
+    // reported on the objects that name it. Only when no target exists at
+    // all is there nothing it is in force on.
+    let targets: Vec<&TargetRef> = if object.targets.is_none() {
+        let existing: Vec<&TargetRef> = targets
+            .iter()
+            .copied()
+            .filter(|t| !matches!(outcomes.targets[*t], Outcome::TargetNotFound))
+            .collect();
+        if existing.is_empty() {
+            targets.into_iter().take(1).collect()
+        } else {
+            existing
+        }
+    } else {
+        targets
+    };
     let mut applied = Vec::new();
     for t in targets {
-        match &outcomes.targets[t] {
-            Outcome::Applied { policy, hash } => applied.push(format!("{t} ({policy}, {hash})")),
-            Outcome::Invalid(findings) => {
-                let msg = if has_errors {
-                    format!(
-                        "{t} keeps its last good configuration until the errors above are fixed"
-                    )
-                } else {
-                    let first = findings
-                        .iter()
-                        .find(|f| f.severity == Severity::Error)
-                        .map(|f| f.to_string())
-                        .unwrap_or_default();
-                    format!("{t} keeps its last good configuration: {first}")
-                };
-                return cond(PROGRAMMED, false, REASON_INVALID, msg, gen);
-            }
-            Outcome::Conflicted(msg) => {
-                let msg = format!("{t}: {msg}");
-                return cond(PROGRAMMED, false, "Conflicted", msg, gen);
-            }
-            Outcome::Failed(msg) => {
-                let msg = format!("{t}: {msg} (retrying)");
-                return cond(PROGRAMMED, false, "Pending", msg, gen);
-            }
+        let outcome = &outcomes.targets[t];
+        let c = target_programmed(t, outcome, has_errors, &outcomes.namespace, gen);
+        if c.status != "True" {
+            return c;
+        }
+        if let Outcome::Applied {
+            policy,
+            hash,
+            gateway,
+        } = outcome
+        {
+            applied.push(applied_text(t, policy, hash, gateway));
         }
     }
     let msg = format!("in force on {}", applied.join(", "));
@@ -211,14 +502,30 @@ pub fn status_changed(old: &[Condition], new: &[Condition]) -> bool {
     a != b
 }
 
+/// [`status_changed`] for `status.ancestors`: by ancestor and controller,
+/// then their conditions.
+pub fn ancestors_changed(old: &[PolicyAncestorStatus], new: &[PolicyAncestorStatus]) -> bool {
+    if old.len() != new.len() {
+        return true;
+    }
+    new.iter().any(|n| {
+        old.iter()
+            .find(|o| o.ancestor_ref == n.ancestor_ref && o.controller_name == n.controller_name)
+            .is_none_or(|o| status_changed(&o.conditions, &n.conditions))
+    })
+}
+
 /// Whether a deleted object may drop its finalizer: every target it fed
 /// was applied without it, or is gone. While a target keeps its last good
 /// configuration (invalid, conflicted, failed), that configuration may
 /// still hold the object, so it stays visible until that ends.
 pub fn may_release(object: &Object, outcomes: &Outcomes) -> bool {
-    targets_of(object, outcomes)
-        .into_iter()
-        .all(|t| matches!(outcomes.targets[t], Outcome::Applied { .. }))
+    targets_of(object, outcomes).into_iter().all(|t| {
+        matches!(
+            outcomes.targets[t],
+            Outcome::Applied { .. } | Outcome::TargetNotFound
+        )
+    })
 }
 
 #[cfg(test)]
@@ -236,6 +543,7 @@ mod tests {
             deleting: false,
             finalized: true,
             conditions: vec![],
+            ancestors: vec![],
             targets: Some([target.clone()].into()),
         }
     }
@@ -248,6 +556,7 @@ mod tests {
         Outcome::Applied {
             policy: "kvasir-gateway-gw".into(),
             hash: "sha256:00".into(),
+            gateway: GatewayVerdict::NotReported,
         }
     }
 
@@ -272,6 +581,7 @@ mod tests {
         let o = Outcomes {
             targets: [(gw(), applied())].into(),
             warnings: vec![],
+            namespace: "serving".into(),
         };
         let c = conditions(&policy("p", &gw()), &o, "t1");
         assert!(c.iter().all(|c| c.status == "True"), "{c:?}");
@@ -287,6 +597,7 @@ mod tests {
         let o = Outcomes {
             targets: [(gw(), Outcome::Invalid(vec![bad]))].into(),
             warnings: vec![],
+            namespace: "serving".into(),
         };
         let c = conditions(&policy("bad", &gw()), &o, "t");
         let a = by_type(&c, ACCEPTED);
@@ -310,6 +621,7 @@ mod tests {
         let o = Outcomes {
             targets: [(gw(), Outcome::Invalid(vec![f]))].into(),
             warnings: vec![],
+            namespace: "serving".into(),
         };
         let c = conditions(&policy("p", &gw()), &o, "t");
         assert_eq!(by_type(&c, ACCEPTED).status, "True");
@@ -325,6 +637,7 @@ mod tests {
         let o = Outcomes {
             targets: [(gw(), applied())].into(),
             warnings: vec![],
+            namespace: "serving".into(),
         };
         let mut p = policy("p", &gw());
         p.conditions = conditions(&p, &o, "t1");
@@ -334,6 +647,7 @@ mod tests {
         let conflicted = Outcomes {
             targets: [(gw(), Outcome::Conflicted("owned by kubectl".into()))].into(),
             warnings: vec![],
+            namespace: "serving".into(),
         };
         let c = conditions(&p, &conflicted, "t3");
         assert_eq!(by_type(&c, PROGRAMMED).last_transition_time, "t3");
@@ -348,15 +662,162 @@ mod tests {
         let ok = Outcomes {
             targets: [(gw(), applied())].into(),
             warnings: vec![],
+            namespace: "serving".into(),
         };
         assert!(may_release(&p, &ok));
         let stuck = Outcomes {
             targets: [(gw(), Outcome::Invalid(vec![]))].into(),
             warnings: vec![],
+            namespace: "serving".into(),
         };
         assert!(!may_release(&p, &stuck));
         // Its target is gone: nothing can hold it.
         assert!(may_release(&p, &Outcomes::default()));
+    }
+
+    #[test]
+    fn envoy_gateways_verdict_is_read_for_the_current_generation_only() {
+        let eep = |generation: i64, conds: serde_json::Value| {
+            serde_json::json!({"metadata": {"generation": generation}, "status": {"ancestors": [{
+                "ancestorRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": "serving", "name": "gw"},
+                "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+                "conditions": conds}]}})
+        };
+        let c = |t: &str, st: &str, reason: &str, gen: i64| serde_json::json!({"type": t, "status": st, "reason": reason, "message": "m", "observedGeneration": gen});
+        assert_eq!(
+            gateway_verdict(&serde_json::json!({"metadata": {"generation": 1}})),
+            GatewayVerdict::NotReported
+        );
+        assert_eq!(
+            gateway_verdict(&eep(
+                2,
+                serde_json::json!([c("Accepted", "True", "Accepted", 2)])
+            )),
+            GatewayVerdict::Accepted
+        );
+        let refused = gateway_verdict(&eep(
+            2,
+            serde_json::json!([c("Accepted", "False", "Conflicted", 2)]),
+        ));
+        assert_eq!(
+            refused,
+            GatewayVerdict::NotAccepted {
+                ancestor: "Gateway serving/gw".into(),
+                reason: "Conflicted".into(),
+                message: "m".into()
+            }
+        );
+        // A refusal of generation 1 says nothing about generation 2.
+        assert_eq!(
+            gateway_verdict(&eep(
+                2,
+                serde_json::json!([c("Accepted", "False", "Invalid", 1)])
+            )),
+            GatewayVerdict::NotReported
+        );
+        assert!(matches!(
+            gateway_verdict(&eep(
+                3,
+                serde_json::json!([
+                    c("Accepted", "True", "Accepted", 3),
+                    c("Overridden", "True", "Overridden", 3)
+                ])
+            )),
+            GatewayVerdict::Overridden { .. }
+        ));
+    }
+
+    #[test]
+    fn a_refused_policy_is_not_programmed_and_its_ancestor_says_so() {
+        let mut o = Outcomes {
+            targets: [(
+                gw(),
+                Outcome::Applied {
+                    policy: "kvasir-gateway-gw".into(),
+                    hash: "sha256:00".into(),
+                    gateway: GatewayVerdict::NotAccepted {
+                        ancestor: "Gateway serving/gw".into(),
+                        reason: "Conflicted".into(),
+                        message: "another policy targets it".into(),
+                    },
+                },
+            )]
+            .into(),
+            warnings: vec![],
+            namespace: "serving".into(),
+        };
+        let p = policy("p", &gw());
+        let c = conditions(&p, &o, "t");
+        let prog = by_type(&c, PROGRAMMED);
+        assert_eq!(
+            (prog.status.as_str(), prog.reason.as_str()),
+            ("False", REASON_NOT_ACCEPTED)
+        );
+        assert!(prog.message.contains("Conflicted"), "{}", prog.message);
+        let a = ancestors(&p, &o, "t");
+        assert_eq!(a.len(), 1);
+        assert_eq!(a[0].controller_name, CONTROLLER_NAME);
+        assert_eq!(a[0].ancestor_ref.name, "gw");
+        assert_eq!(a[0].ancestor_ref.namespace.as_deref(), Some("serving"));
+        assert_eq!(by_type(&a[0].conditions, ACCEPTED).status, "True");
+        assert_eq!(by_type(&a[0].conditions, PROGRAMMED).status, "False");
+        // Accepted by Envoy Gateway: programmed, and the message says who.
+        o.targets.insert(gw(), applied());
+        if let Some(Outcome::Applied { gateway, .. }) = o.targets.get_mut(&gw()) {
+            *gateway = GatewayVerdict::Accepted;
+        }
+        let c = conditions(&p, &o, "t");
+        assert_eq!(by_type(&c, PROGRAMMED).status, "True");
+        assert!(by_type(&c, PROGRAMMED)
+            .message
+            .contains("accepted by Envoy Gateway"));
+    }
+
+    #[test]
+    fn a_missing_target_is_reported_everywhere_and_releases_finalizers() {
+        let o = Outcomes {
+            targets: [(gw(), Outcome::TargetNotFound)].into(),
+            warnings: vec![],
+            namespace: "serving".into(),
+        };
+        let mut p = policy("p", &gw());
+        let c = conditions(&p, &o, "t");
+        assert_eq!(by_type(&c, ACCEPTED).status, "True");
+        let r = by_type(&c, RESOLVED_REFS);
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("False", REASON_TARGET_NOT_FOUND)
+        );
+        assert!(r.message.contains("Gateway/gw"), "{}", r.message);
+        assert_eq!(by_type(&c, PROGRAMMED).reason, REASON_TARGET_NOT_FOUND);
+        let a = ancestors(&p, &o, "t");
+        assert_eq!(
+            by_type(&a[0].conditions, ACCEPTED).reason,
+            REASON_TARGET_NOT_FOUND
+        );
+        p.ancestors = a.clone();
+        assert!(!ancestors_changed(&p.ancestors, &ancestors(&p, &o, "t2")));
+        assert_eq!(
+            ancestors(&p, &o, "t2")[0].conditions[0].last_transition_time,
+            "t"
+        );
+        p.deleting = true;
+        assert!(may_release(&p, &o));
+        // A tenant (every target) is programmed wherever a target exists.
+        let mut both = Outcomes {
+            targets: [(gw(), Outcome::TargetNotFound)].into(),
+            warnings: vec![],
+            namespace: "serving".into(),
+        };
+        let mut tenant = policy("t", &gw());
+        tenant.targets = None;
+        let c = conditions(&tenant, &both, "t");
+        assert_eq!(by_type(&c, PROGRAMMED).reason, REASON_TARGET_NOT_FOUND);
+        both.targets
+            .insert(TargetRef::new(TargetKind::Gateway, "real"), applied());
+        let c = conditions(&tenant, &both, "t");
+        assert_eq!(by_type(&c, PROGRAMMED).status, "True", "{c:?}");
+        assert_eq!(by_type(&c, RESOLVED_REFS).status, "True");
     }
 
     #[test]

@@ -25,7 +25,7 @@ use serde_json::json;
 use serde_json::value::RawValue;
 
 use crate::metrics::Metrics;
-use crate::plan::{self, Object, Outcome, Outcomes, FINALIZER};
+use crate::plan::{self, GatewayVerdict, Object, Outcome, Outcomes, FINALIZER};
 
 /// Annotation on the indexer Deployment's pod template: the pools file's
 /// hash, so a change rolls the indexer (it reads the file at start).
@@ -68,10 +68,27 @@ impl Context {
     }
 }
 
-/// A namespace's objects as the watches hold them (deleted ones included
-/// until their finalizer goes): compilation's [`Resources`], its `secrets`
-/// left empty, since a reconcile reads only the Secrets tenants name.
-pub type Snapshot = Resources;
+/// A namespace as the watches hold it.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// The kvasir.dev objects (deleted ones included until their finalizer
+    /// goes) and the InferencePools: compilation's [`Resources`], its
+    /// `secrets` left empty, since a reconcile reads only the Secrets
+    /// tenants name.
+    pub resources: Resources,
+    /// The Gateways and HTTPRoutes that exist in the namespace: a target
+    /// not among them is reported `TargetNotFound` and nothing is applied
+    /// for it.
+    pub present: BTreeSet<TargetRef>,
+}
+
+impl Snapshot {
+    /// A snapshot in which every target the resources name exists.
+    pub fn with_all_targets(resources: Resources) -> Snapshot {
+        let present = kvasir_api::targets(&resources);
+        Snapshot { resources, present }
+    }
+}
 
 /// Why a reconcile must be retried. Invalid resources are not errors: they
 /// end in status conditions.
@@ -120,6 +137,7 @@ where
             deleting: meta.deletion_timestamp.is_some(),
             finalized: finalizers.iter().any(|f| f == FINALIZER),
             conditions: o.status().map(|s| s.conditions.clone()).unwrap_or_default(),
+            ancestors: o.status().map(|s| s.ancestors.clone()).unwrap_or_default(),
             targets: targets.map(|t| {
                 t.iter()
                     .map(|t| TargetRef::new(t.kind, t.name.clone()))
@@ -154,7 +172,7 @@ has_status!(
     InferenceSettings
 );
 
-fn entries(snap: &Snapshot) -> Vec<Entry> {
+fn entries(snap: &Resources) -> Vec<Entry> {
     let mut v = Vec::new();
     for o in &snap.policies {
         v.push(entry(o, "InferencePolicy", Some(&o.spec.target_refs)));
@@ -180,7 +198,7 @@ fn live<K: Resource + Clone>(v: &[K]) -> Vec<K> {
 }
 
 /// The resources compilation sees: deleted objects are already out.
-fn resources(snap: &Snapshot) -> Resources {
+fn resources(snap: &Resources) -> Resources {
     Resources {
         namespace: snap.namespace.clone(),
         policies: live(&snap.policies),
@@ -205,12 +223,12 @@ pub async fn reconcile(ctx: &Context, snap: &Snapshot, now: &str) -> Result<Outc
 }
 
 async fn run(ctx: &Context, snap: &Snapshot, now: &str) -> Result<Outcomes, Error> {
-    let ns = snap.namespace.as_str();
-    let entries = entries(snap);
+    let ns = snap.resources.namespace.as_str();
+    let entries = entries(&snap.resources);
     add_finalizers(ctx, ns, &entries).await?;
-    let mut res = resources(snap);
+    let mut res = resources(&snap.resources);
     read_secrets(ctx, &mut res).await?;
-    let outcomes = apply_targets(ctx, &res).await;
+    let outcomes = apply_targets(ctx, &res, &snap.present).await;
     delete_stale(ctx, ns, &outcomes).await?;
     // Only where Kvasir serves a target: a namespace with pools alone gets
     // no indexer configuration written into it.
@@ -234,6 +252,16 @@ async fn run(ctx: &Context, snap: &Snapshot, now: &str) -> Result<Outcomes, Erro
     }
 }
 
+/// Merge patches name the controller's field manager too, so that
+/// `managedFields` says who wrote the finalizers and the status (without
+/// it the API server records `unknown`).
+fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
 fn dynamic(ctx: &Context, ns: &str, ar: &ApiResource) -> Api<DynamicObject> {
     Api::namespaced_with(ctx.client.clone(), ns, ar)
 }
@@ -249,13 +277,9 @@ async fn set_finalizers(
 ) -> Result<(), Error> {
     let api = dynamic(ctx, ns, &e.resource);
     let patch = json!({"metadata": {"resourceVersion": e.resource_version, "finalizers": list}});
-    api.patch(
-        &e.object.id.name,
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(api_err(format!("finalizer of {}", e.object.id)))?;
+    api.patch(&e.object.id.name, &merge_params(), &Patch::Merge(&patch))
+        .await
+        .map_err(api_err(format!("finalizer of {}", e.object.id)))?;
     Ok(())
 }
 
@@ -321,10 +345,19 @@ fn eep_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(&gvk, "envoyextensionpolicies")
 }
 
-async fn apply_targets(ctx: &Context, res: &Resources) -> Outcomes {
-    let mut out = Outcomes::default();
+async fn apply_targets(ctx: &Context, res: &Resources, present: &BTreeSet<TargetRef>) -> Outcomes {
+    let mut out = Outcomes {
+        namespace: res.namespace.clone(),
+        ..Outcomes::default()
+    };
     for target in kvasir_api::targets(res) {
         let outcome = match kvasir_api::compile(res, &target, &ctx.settings.options) {
+            Ok(c) if !present.contains(&target) => {
+                out.warnings.extend(c.warnings.iter().cloned());
+                ctx.metrics.error("target");
+                tracing::warn!(namespace = %res.namespace, %target, "target does not exist; nothing applied for it");
+                Outcome::TargetNotFound
+            }
             Ok(c) => {
                 out.warnings.extend(c.warnings.iter().cloned());
                 apply_target(ctx, &res.namespace, &target, &c.bytes).await
@@ -360,14 +393,29 @@ async fn apply_target(ctx: &Context, ns: &str, target: &TargetRef, config: &[u8]
     let api = dynamic(ctx, ns, &eep_resource());
     let pp = PatchParams::apply(FIELD_MANAGER);
     match api.patch(&name, &pp, &Patch::Apply(&raw)).await {
-        Ok(_) => {
+        Ok(applied) => {
             let unix = jiff::Timestamp::now().as_millisecond() as f64 / 1000.0;
             ctx.metrics
                 .programmed(ns, &target.to_string(), config.len(), unix);
-            tracing::info!(namespace = ns, %target, policy = %name, bytes = config.len(), "programmed");
+            // The object the API server returns carries the status Envoy
+            // Gateway wrote on it: read back, so that a policy it refuses
+            // is not reported as in force.
+            let gateway = serde_json::to_value(&applied)
+                .map(|v| plan::gateway_verdict(&v))
+                .unwrap_or(GatewayVerdict::NotReported);
+            if matches!(
+                gateway,
+                GatewayVerdict::NotAccepted { .. } | GatewayVerdict::Overridden { .. }
+            ) {
+                ctx.metrics.error("gateway");
+                tracing::warn!(namespace = ns, %target, policy = %name, ?gateway, "Envoy Gateway does not run the policy as written");
+            } else {
+                tracing::info!(namespace = ns, %target, policy = %name, bytes = config.len(), ?gateway, "programmed");
+            }
             Outcome::Applied {
                 policy: name,
                 hash: eep::sha256_hex(config),
+                gateway,
             }
         }
         Err(kube::Error::Api(s)) if s.is_conflict() => {
@@ -382,7 +430,12 @@ async fn apply_target(ctx: &Context, ns: &str, target: &TargetRef, config: &[u8]
     }
 }
 
+/// The target of a policy this controller wrote: its `spec.targetRefs`
+/// (the label may hold a shortened name), else its labels.
 fn target_of(o: &DynamicObject) -> Option<TargetRef> {
+    if let Some(t) = eep::target_of(&o.data) {
+        return Some(t);
+    }
     let labels = o.labels();
     let kind = match labels.get(eep::TARGET_KIND_LABEL)?.as_str() {
         "Gateway" => TargetKind::Gateway,
@@ -404,7 +457,14 @@ async fn delete_stale(ctx: &Context, ns: &str, outcomes: &Outcomes) -> Result<()
         .list(&lp)
         .await
         .map_err(api_err("listing EnvoyExtensionPolicies"))?;
-    let wanted: BTreeSet<&TargetRef> = outcomes.targets.keys().collect();
+    // A target that does not exist keeps no policy: one written while it
+    // existed is deleted with it.
+    let wanted: BTreeSet<&TargetRef> = outcomes
+        .targets
+        .iter()
+        .filter(|(_, o)| !matches!(o, Outcome::TargetNotFound))
+        .map(|(t, _)| t)
+        .collect();
     for o in list.items {
         let Some(target) = target_of(&o) else {
             continue;
@@ -468,10 +528,7 @@ async fn write_pools(ctx: &Context, res: &Resources) {
         // A merge patch, not an apply: an apply would try to create the
         // Deployment where none runs, and then there is nothing to roll.
         let body = json!({"spec": {"template": {"metadata": {"annotations": {POOLS_HASH_ANNOTATION: hash}}}}});
-        let mp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
+        let mp = merge_params();
         let deps: Api<k8s_openapi::api::apps::v1::Deployment> =
             Api::namespaced(ctx.client.clone(), ns);
         match deps.patch(dep, &mp, &Patch::Merge(&body)).await {
@@ -501,17 +558,22 @@ async fn write_statuses(
     let mut first = None;
     for e in entries.iter().filter(|e| !e.object.deleting) {
         let conditions = plan::conditions(&e.object, outcomes, now);
-        if !plan::status_changed(&e.object.conditions, &conditions) {
+        let ancestors = plan::ancestors(&e.object, outcomes, now);
+        if !plan::status_changed(&e.object.conditions, &conditions)
+            && !plan::ancestors_changed(&e.object.ancestors, &ancestors)
+        {
             continue;
         }
         let api = dynamic(ctx, ns, &e.resource);
-        let patch = json!({"status": {"conditions": conditions}});
+        // A merge patch replaces both lists whole; kinds without targets
+        // carry no `ancestors`.
+        let patch = if e.object.targets.is_some() {
+            json!({"status": {"conditions": conditions, "ancestors": ancestors}})
+        } else {
+            json!({"status": {"conditions": conditions}})
+        };
         let r = api
-            .patch_status(
-                &e.object.id.name,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+            .patch_status(&e.object.id.name, &merge_params(), &Patch::Merge(&patch))
             .await;
         match r {
             Ok(_) => {}

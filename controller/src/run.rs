@@ -13,12 +13,16 @@ use std::time::Duration;
 
 use futures::{FutureExt as _, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Secret;
-use kube::core::PartialObjectMeta;
+use kube::api::DynamicObject;
+use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
+use kvasir_api::eep::{FIELD_MANAGER, MANAGED_BY_LABEL};
+use kvasir_api::routes::{Gateway, HttpRoute};
 use kvasir_api::{
     InferencePolicy, InferencePool, InferenceProvider, InferenceSettings, InferenceTenant,
+    TargetKind, TargetRef,
 };
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
@@ -58,6 +62,20 @@ pub struct Stores {
     providers: Store<InferenceProvider>,
     settings: Store<InferenceSettings>,
     pools: Store<InferencePool>,
+    gateways: Store<PartialObjectMeta<Gateway>>,
+    routes: Store<PartialObjectMeta<HttpRoute>>,
+}
+
+fn names_in<K: Resource + Clone>(store: &Store<K>, ns: &str) -> Vec<String>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store
+        .state()
+        .iter()
+        .filter(|o| o.meta().namespace.as_deref() == Some(ns))
+        .filter_map(|o| o.meta().name.clone())
+        .collect()
 }
 
 fn in_ns<K: Resource + Clone>(store: &Store<K>, ns: &str) -> Vec<K>
@@ -77,14 +95,23 @@ where
 impl Stores {
     /// A namespace's objects as cached now.
     pub fn snapshot(&self, ns: &str) -> Snapshot {
+        let gateways = names_in(&self.gateways, ns)
+            .into_iter()
+            .map(|n| TargetRef::new(TargetKind::Gateway, n));
+        let routes = names_in(&self.routes, ns)
+            .into_iter()
+            .map(|n| TargetRef::new(TargetKind::HttpRoute, n));
         Snapshot {
-            namespace: ns.to_owned(),
-            policies: in_ns(&self.policies, ns),
-            tenants: in_ns(&self.tenants, ns),
-            providers: in_ns(&self.providers, ns),
-            settings: in_ns(&self.settings, ns),
-            pools: in_ns(&self.pools, ns),
-            secrets: Default::default(),
+            resources: kvasir_api::Resources {
+                namespace: ns.to_owned(),
+                policies: in_ns(&self.policies, ns),
+                tenants: in_ns(&self.tenants, ns),
+                providers: in_ns(&self.providers, ns),
+                settings: in_ns(&self.settings, ns),
+                pools: in_ns(&self.pools, ns),
+                secrets: Default::default(),
+            },
+            present: gateways.chain(routes).collect(),
         }
     }
 
@@ -123,6 +150,8 @@ impl Stores {
             && self.providers.wait_until_ready().await.is_ok()
             && self.settings.wait_until_ready().await.is_ok()
             && self.pools.wait_until_ready().await.is_ok()
+            && self.gateways.wait_until_ready().await.is_ok()
+            && self.routes.wait_until_ready().await.is_ok()
     }
 }
 
@@ -176,6 +205,74 @@ where
     (reader, touched.boxed())
 }
 
+/// A metadata-only reflected watch of `K` (whether an object exists is
+/// all that is read): its store, and the namespaces its events touch.
+fn reflect_meta<K>(client: &Client, namespaces: &[String]) -> (Store<PartialObjectMeta<K>>, Touches)
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store::<PartialObjectMeta<K>>();
+    let streams = apis::<PartialObjectMeta<K>>(client, namespaces)
+        .into_iter()
+        .map(|api| {
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed()
+        });
+    let merged = futures::stream::select_all(streams);
+    let touched = reflector::reflector(writer, merged)
+        .touched_objects()
+        .filter_map(|r| async move {
+            match r {
+                Ok(o) => o.metadata.namespace.clone(),
+                Err(e) => {
+                    tracing::warn!("watch {}: {e}", K::kind(&()));
+                    None
+                }
+            }
+        });
+    (reader, touched.boxed())
+}
+
+/// The EnvoyExtensionPolicies this controller wrote (by label), metadata
+/// only: a deleted one, an edit by someone else, or a status Envoy Gateway
+/// wrote marks its namespace, so the policy is recreated and the verdict
+/// read back within a reconcile, not at the next resync.
+fn policy_touches(client: &Client, namespaces: &[String]) -> Touches {
+    let gvk = GroupVersionKind::gvk("gateway.envoyproxy.io", "v1alpha1", "EnvoyExtensionPolicy");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "envoyextensionpolicies");
+    let apis: Vec<Api<PartialObjectMeta<DynamicObject>>> = if namespaces.is_empty() {
+        vec![Api::all_with(client.clone(), &ar)]
+    } else {
+        namespaces
+            .iter()
+            .map(|ns| Api::namespaced_with(client.clone(), ns, &ar))
+            .collect()
+    };
+    let cfg = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"));
+    let streams = apis
+        .into_iter()
+        .map(|api| watcher(api, cfg.clone()).default_backoff().boxed());
+    futures::stream::select_all(streams)
+        .touched_objects()
+        .filter_map(|r| async move {
+            match r {
+                Ok(o) => o.metadata.namespace.clone(),
+                Err(e) => {
+                    tracing::warn!("watch EnvoyExtensionPolicy: {e}");
+                    None
+                }
+            }
+        })
+        .boxed()
+}
+
 /// Secrets: metadata only (the controller GETs the few it needs), and
 /// only changes to Secrets a tenant names mark a namespace.
 fn secret_touches(client: &Client, namespaces: &[String], stores: Stores) -> Touches {
@@ -207,15 +304,20 @@ pub fn watch_all(client: &Client, namespaces: &[String]) -> (Stores, Touches) {
     let (providers, c) = reflect::<InferenceProvider>(client, namespaces);
     let (settings, d) = reflect::<InferenceSettings>(client, namespaces);
     let (pools, e) = reflect::<InferencePool>(client, namespaces);
+    let (gateways, g) = reflect_meta::<Gateway>(client, namespaces);
+    let (routes, h) = reflect_meta::<HttpRoute>(client, namespaces);
     let stores = Stores {
         policies,
         tenants,
         providers,
         settings,
         pools,
+        gateways,
+        routes,
     };
     let f = secret_touches(client, namespaces, stores.clone());
-    let all = futures::stream::select_all([a, b, c, d, e, f]);
+    let i = policy_touches(client, namespaces);
+    let all = futures::stream::select_all([a, b, c, d, e, f, g, h, i]);
     (stores, all.boxed())
 }
 

@@ -49,6 +49,11 @@ fn list_for(path: &str) -> Value {
             "main",
             json!({"selector": {"matchLabels": {"app": "vllm"}}, "targetPorts": [{"number": 8000}]}),
         )]
+    } else if path.ends_with("/gateways") {
+        // The target exists (the controller applies nothing for one that
+        // does not).
+        vec![json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                    "metadata": {"name": "gw", "namespace": "serving", "uid": "uid-gw", "resourceVersion": "5"}})]
     } else {
         vec![]
     };
