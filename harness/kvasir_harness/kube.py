@@ -55,6 +55,17 @@ EG_FIXED_PORTS = (18000, 18002, 8081, 19003)
 EG_HEALTH_PORT = 8081
 EG_CONTROLLER = "gateway.envoyproxy.io/gatewayclass-controller"
 EG_LOCK = Path(os.environ.get("KVASIR_EG_LOCK", "/tmp/kvasir-envoy-gateway.lock"))
+# The kinds standalone Envoy Gateway's File provider reads (v1.9.1,
+# internal/gatewayapi/resource/load.go); any other kind in its file fails
+# the whole load. No EndpointSlice: a Service backendRef has no endpoints
+# there, so tests route to an Envoy Gateway Backend instead.
+EG_FILE_KINDS = frozenset({
+    "EnvoyProxy", "GatewayClass", "Gateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "UDPRoute", "TLSRoute",
+    "Namespace", "Service", "EnvoyPatchPolicy", "ClientTrafficPolicy", "BackendTrafficPolicy", "SecurityPolicy",
+    "HTTPRouteFilter", "Backend", "Secret", "ConfigMap", "BackendTLSPolicy", "EnvoyExtensionPolicy",
+    "ReferenceGrant"})
+# One status in the File provider's log: kind, the status (YAML), the key.
+_STATUS_LOG = re.compile(r'Got new status for (\w+)\n(.*?)\t\{"runner": "provider", "key": "([^"]+)"\}', re.S)
 
 # kube-apiserver is ready 3-4 s after start here (2 cores); the deadline
 # leaves room for a loaded machine.
@@ -406,6 +417,54 @@ class EnvoyGateway:
             parts.append(f"== {p}\n{p.read_text(errors='replace')}")
         return "\n".join(parts)
 
+    def statuses(self) -> dict[tuple[str, str], dict]:
+        """The latest status Envoy Gateway computed for each resource, by
+        (kind, "namespace/name"). Standalone mode has no API server to write
+        status to: its File provider logs each one ("Got new status for
+        <Kind>", the status as YAML, then the resource's key)."""
+        import yaml
+
+        out: dict[tuple[str, str], dict] = {}
+        for m in _STATUS_LOG.finditer(self.proc.log()):
+            try:
+                out[(m.group(1), m.group(3))] = yaml.safe_load(m.group(2)) or {}
+            except yaml.YAMLError:
+                continue
+        return out
+
+    def condition(self, kind: str, key: str, type_: str) -> dict | None:
+        """The latest condition `type_` of resource `kind` `key`
+        ("namespace/name"): a policy's first ancestor's, a route's first
+        parent's, else the resource's own."""
+        st = self.statuses().get((kind, key))
+        if st is None:
+            return None
+        conds = st.get("conditions") or []
+        for holder in ("ancestors", "parents"):
+            if st.get(holder):
+                conds = st[holder][0].get("conditions") or []
+        return next((c for c in conds if c.get("type") == type_), None)
+
+    def wait_condition(self, kind: str, key: str, type_: str, status: str = "True", reason: str | None = None,
+                       timeout: float = 30.0) -> dict:
+        """Until resource `kind` `key`'s condition `type_` has `status`
+        (and `reason`, when given); returns it (bounded)."""
+        def holds():
+            if not self.proc.alive():
+                raise Exited(f"envoy-gateway exited: {self.proc.log()[-4000:]}")
+            c = self.condition(kind, key, type_)
+            return c if c and c.get("status") == status and reason in (None, c.get("reason")) else None
+
+        return wait_until(f"{kind} {key} {type_}={status}{'/' + reason if reason else ''}", holds, timeout,
+                          interval=0.2)
+
+    def envoy_stats(self) -> dict[str, int]:
+        """The launched Envoy's counters and gauges by name."""
+        status, body = self.envoy_admin_get("/stats?format=json", timeout=5)
+        if status != 200:
+            raise RuntimeError(f"/stats answered {status}")
+        return {s["name"]: s["value"] for s in json.loads(body)["stats"] if "value" in s}
+
     def wait_listener(self, port: int, timeout: float = START_TIMEOUT_S) -> None:
         """Until the launched Envoy is LIVE (admin `/ready`; an Envoy whose
         first cluster update was rejected lists its listeners but never gets
@@ -492,8 +551,8 @@ def _take_eg_lock(timeout: float):
 
 def start_envoy_gateway(dir: Path, resources: str | Iterable[str] | None = None, name: str = "envoy-gateway",
                         envoy: Path = ENVOY_BIN, extra_versions: Iterable[str] = (), log_level: str = "info",
-                        extension_apis: dict | None = None, lock_timeout: float = 60.0,
-                        timeout: float = START_TIMEOUT_S) -> EnvoyGateway:
+                        extension_apis: dict | None = None, runtime_flags: dict | None = None,
+                        lock_timeout: float = 60.0, timeout: float = START_TIMEOUT_S) -> EnvoyGateway:
     """Envoy Gateway in standalone mode: File provider watching
     `dir/resources/` (`resources`, if given, is written there first; use
     `write_resources` later to change it), Host infrastructure with all its
@@ -505,6 +564,8 @@ def start_envoy_gateway(dir: Path, resources: str | Iterable[str] | None = None,
     names another) and made func-e's default, so nothing is downloaded.
     `extension_apis` adds to the EnvoyGateway's `extensionApis` (e.g.
     `{"enableEnvoyPatchPolicy": True}`; `enableBackend` is always on).
+    `runtime_flags` is its `runtimeFlags` (e.g. `{"disabled":
+    ["XDSNameSchemeV2"]}`; unset: Envoy Gateway's defaults).
 
     Returns once its admin answers and its File provider's `/readyz` (port
     8081) is 200 (bounded); the Envoy starts
@@ -548,6 +609,8 @@ def start_envoy_gateway(dir: Path, resources: str | Iterable[str] | None = None,
             "logging": {"level": {"default": log_level}},
             "extensionApis": {"enableBackend": True, **(extension_apis or {})},
         }
+        if runtime_flags is not None:
+            cfg["runtimeFlags"] = runtime_flags
         cfg_path = dir / "envoy-gateway.yaml"
         cfg_path.write_text(json.dumps(cfg, indent=2))
         proc = Proc(name, [str(ENVOY_GATEWAY_BIN), "server", "--config-path", str(cfg_path)], dir, env=env)
@@ -568,6 +631,21 @@ def start_envoy_gateway(dir: Path, resources: str | Iterable[str] | None = None,
         eg.stop()
         raise
     return eg
+
+
+# kustomize
+# ---------------------------------------------------------------------------
+
+
+def kustomize(dir: Path, timeout: float = 60.0) -> list[dict]:
+    """`kubectl kustomize dir`, parsed: the documents as the API server
+    would receive them from `kubectl apply -k`."""
+    import yaml
+
+    if m := missing(KUBECTL):
+        raise FileNotFoundError(f"{m[0]} missing (Debian: kubernetes-client)")
+    out = _run([KUBECTL, "kustomize", str(dir)], timeout=timeout).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
 
 
 # egctl x translate

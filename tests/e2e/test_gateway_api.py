@@ -1,15 +1,19 @@
 """gateway-api/: the manifests a platform engineer applies on a cluster with
-Envoy Gateway (issue 19 point 4), checked with no cluster:
+Envoy Gateway, checked with no cluster (tests/e2e/test_gateway_eg.py runs
+them in the real Envoy Gateway):
 
-- every document validates against its real schema: the upstream CRDs in
-  ../shared/upstream-crds/ (Gateway API, Envoy Gateway, InferencePool) and
-  ours (crds/), turned into JSON Schema with unknown fields refused (as
-  `kubectl apply`'s strict field validation does); core kinds against the
-  Kubernetes 1.34 OpenAPI schemas bundled in PyPI's `kubernetes-validate`
-  (offline, strict). CEL rules (`x-kubernetes-validations`) are skipped
-  here: crds/' own are evaluated by the Rust tests (kube-cel); the
-  upstream ones are not evaluated anywhere in this repository.
-- `kubectl kustomize` renders the base, the examples and both together;
+- every document validates against its real schema: Envoy Gateway v1.9.1's
+  own CRDs (from the Go module cache scripts/go-tools.sh filled, else the
+  copies in ../shared/upstream-crds/), Gateway API and InferencePool from
+  ../shared/upstream-crds/, ours (crds/), turned into JSON Schema with
+  unknown fields refused (as `kubectl apply`'s strict field validation
+  does); core kinds against the Kubernetes 1.34 OpenAPI schemas bundled in
+  PyPI's `kubernetes-validate` (offline, strict). CEL rules
+  (`x-kubernetes-validations`) are skipped here: crds/' own are evaluated
+  by the Rust tests (kube-cel); the upstream ones by Envoy Gateway itself
+  (test_gateway_eg.py).
+- `kubectl kustomize` renders base/, examples/, demo/ and the install
+  (with a route token);
 - `kvasirctl validate gateway-api/` passes; the EnvoyExtensionPolicy is
   not applied from git (the controller writes it); its reviewable copy,
   generated/envoyextensionpolicy.yaml, is exactly what `kvasirctl compile
@@ -17,8 +21,8 @@ Envoy Gateway (issue 19 point 4), checked with no cluster:
   `config` exactly `kvasirctl compile`'s output;
 - the controller's flags, RBAC, Service and image agree with each other and
   with the indexer's, the patch's and the generated policy's names;
-- the HTTPRoute's allowlist, the timeouts, retries and override-host field
-  say what issue 18 asks;
+- the HTTPRoute's allowlist and its closed rules, the timeouts, retries,
+  override-host field and the patch's xDS names agree with each other;
 - that compiled configuration loads in the real Envoy 1.40 with the built
   filter (`envoy --mode validate` runs its on_configure), and the four
   example policies do what they say on requests through a real Envoy, the
@@ -26,11 +30,8 @@ Envoy Gateway (issue 19 point 4), checked with no cluster:
   is in the EnvoyExtensionPolicy (cluster names unchanged: the bootstrap
   gets clusters of those names).
 
-Not proven here (no Envoy Gateway, no cluster, no controller run): that
-Envoy Gateway accepts these resources beyond their schemas, the xDS names
-the EnvoyPatchPolicy patches, header-matched re-routing by HTTPRoute rules,
-RBAC against a real API server, and the controller's behaviour; see
-docs/deploy.md, "Not proven here".
+Not proven here: RBAC against a real API server and the controller's
+behaviour on a cluster; see docs/deploy.md, "What is proven where".
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import copy
 import functools
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -61,6 +63,21 @@ from kvasir_harness import bootstrap as render  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 GW = REPO / "gateway-api"
 UPSTREAM = REPO.parent / "shared" / "upstream-crds"
+EG_VERSION = "v1.9.1"   # scripts/go-tools.sh EG_VERSION
+
+
+def eg_crd_dir() -> Path | None:
+    """Envoy Gateway's own CRDs of the release the tests run, from the Go
+    module cache scripts/go-tools.sh filled (its chart's generated CRDs),
+    when it is there."""
+    cache = os.environ.get("GOMODCACHE")
+    if not cache and shutil.which("go"):
+        cache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, timeout=30).stdout.strip()
+    if not cache:
+        return None
+    d = Path(cache) / "github.com" / "envoyproxy" / f"gateway@{EG_VERSION}" / "charts" / "gateway-helm" / "charts" \
+        / "crds" / "crds" / "generated"
+    return d if d.is_dir() else None
 KVASIRCTL = REPO / "target" / "release" / "kvasirctl"
 K8S_VERSION = "1.34"
 # What the controller writes, kept for review; applied by nobody from git.
@@ -109,8 +126,12 @@ def structural_to_json_schema(s: Any) -> Any:
 
 @functools.lru_cache(maxsize=1)
 def crd_schemas() -> dict[tuple[str, str], tuple[str, dict[str, Any]]]:
-    """(apiVersion, kind) -> (source file, JSON Schema) of every served version."""
-    files = sorted(UPSTREAM.glob("*.yaml")) + sorted((REPO / "crds").glob("*.yaml"))
+    """(apiVersion, kind) -> (source file, JSON Schema) of every served
+    version; a later file's kind replaces an earlier one's (Envoy Gateway's
+    release CRDs replace the upstream copies)."""
+    eg = eg_crd_dir()
+    files = sorted(UPSTREAM.glob("*.yaml")) + (sorted(eg.glob("*.yaml")) if eg else []) \
+        + sorted((REPO / "crds").glob("*.yaml"))
     out = {}
     for f in files:
         for d in yaml.safe_load_all(f.read_text()):
@@ -172,11 +193,12 @@ def test_every_manifest_validates_against_its_schema(where, doc):
         pytest.fail(f"{where}: {kind} against Kubernetes {K8S_VERSION}: {str(e)[:600]}")
 
 
-def test_every_kind_the_issue_asks_for_is_there():
+def test_every_kind_of_the_install_is_there():
     kinds = [d["kind"] for _, d in documents()]
-    for k in ("Gateway", "HTTPRoute", "InferencePool", "EnvoyExtensionPolicy", "EnvoyPatchPolicy", "ClientTrafficPolicy",
-              "BackendTrafficPolicy", "Deployment", "Service", "ServiceAccount", "ClusterRole", "Role", "ConfigMap",
-              "InferencePolicy", "InferenceTenant", "InferenceSettings", "InferenceProvider"):
+    for k in ("Gateway", "HTTPRoute", "HTTPRouteFilter", "Backend", "InferencePool", "EnvoyExtensionPolicy",
+              "EnvoyPatchPolicy", "ClientTrafficPolicy", "BackendTrafficPolicy", "Deployment", "Service",
+              "ServiceAccount", "Role", "ConfigMap", "InferencePolicy", "InferenceTenant", "InferenceSettings",
+              "InferenceProvider"):
         assert k in kinds, k
     policies = {d["metadata"]["name"] for _, d in documents() if d["kind"] == "InferencePolicy"}
     assert {"cheaper-model-for-easy-prompts", "batch-when-idle", "burst-to-provider", "pii-stays-inside"} <= policies
@@ -199,7 +221,7 @@ def eep_wasm() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
-# What the manifests say (issue 18 on Envoy Gateway)
+# What the manifests say
 # ---------------------------------------------------------------------------
 
 INFERENCE_MATCHES = {
@@ -212,16 +234,26 @@ INFERENCE_MATCHES = {
     ("POST", "RegularExpression", "^/v1/responses/[^/]+/cancel$"),
 }
 INFERENCE_PATHS = {p for _, _, p in INFERENCE_MATCHES}
+ROUTE_HEADER = "x-kvasir-cluster"
+ENDPOINT_HEADER = "x-gateway-destination-endpoint"
+
+
+def route_filter(ref: dict[str, Any]) -> dict[str, Any]:
+    """The HTTPRouteFilter an ExtensionRef filter names."""
+    assert ref["type"] == "ExtensionRef" and ref["extensionRef"]["kind"] == "HTTPRouteFilter", ref
+    return doc("HTTPRouteFilter", ref["extensionRef"]["name"])
 
 
 def test_the_route_lets_only_the_inference_apis_through():
     route = doc("HTTPRoute", "inference")
+    rules = {r["name"]: r for r in route["spec"]["rules"]}
+    backends = {n for n, r in rules.items() if r.get("backendRefs")}
     seen = set()
-    for rule in route["spec"]["rules"]:
-        assert rule["matches"], "a rule without matches matches every path"
-        for m in rule["matches"]:
+    for name in backends:
+        assert rules[name]["matches"], "a rule without matches matches every path"
+        for m in rules[name]["matches"]:
             seen.add((m["method"], m["path"]["type"], m["path"]["value"]))
-    assert seen == INFERENCE_MATCHES | {("GET", "Exact", "/v1/models")}
+    assert seen == INFERENCE_MATCHES
     # The regular expressions are anchored and cannot reach another path.
     for _, typ, value in INFERENCE_MATCHES:
         if typ == "RegularExpression":
@@ -230,16 +262,112 @@ def test_the_route_lets_only_the_inference_apis_through():
             for other in ("/v1/responses/a/b", "/v1/responses/", "/v1/responses/a/../../metrics", "/metrics"):
                 assert not rx.fullmatch(other), (value, other)
     # Each cluster the compiled configuration can name has a rule that
-    # matches it in x-kvasir-cluster, for every inference path.
+    # matches it in x-kvasir-cluster, for every inference path, and only
+    # such rules reach a backend.
     cfg = eep_wasm()["config"]
     clusters = {p["cluster"] for p in cfg["pools"]} | {p["cluster"] for p in cfg["providers"]}
     by_header: dict[str, set[str]] = {}
-    for rule in route["spec"]["rules"]:
-        for m in rule["matches"]:
-            for h in m.get("headers", []):
-                assert h["name"] == "x-kvasir-cluster" and h["type"] == "Exact"
-                by_header.setdefault(h["value"], set()).add(m["path"]["value"])
+    for name in backends:
+        for m in rules[name]["matches"]:
+            (h,) = m["headers"]
+            assert h["name"] == ROUTE_HEADER and h["type"] == "Exact"
+            by_header.setdefault(h["value"], set()).add(m["path"]["value"])
     assert by_header == {c: INFERENCE_PATHS for c in clusters}
+
+
+def test_without_the_filter_no_rule_reaches_a_backend():
+    """The rules a request matches before the filter ran (no route header)
+    reach nothing: each inference path answers 503 in its API's shape, GET
+    /v1/models the gateway's own list of the pools' models, any other path
+    404 in its API's shape. Every value that selects a backend ends in the
+    route token (ROUTE-TOKEN, replaced at build time: test_gateway_eg.py
+    renders it), and the edge removes a client's route header and endpoint
+    list before any route is matched."""
+    route = doc("HTTPRoute", "inference")
+    headerless = [r for r in route["spec"]["rules"] if not any(m.get("headers") for m in r["matches"])]
+    assert {r["name"] for r in headerless} == {"unavailable", "unavailable-anthropic", "models", "not-found",
+                                               "not-found-anthropic"}
+    shapes = {}
+    for r in headerless:
+        assert not r.get("backendRefs"), r["name"]
+        (f,) = r["filters"]
+        resp = route_filter(f)["spec"]["directResponse"]
+        body = json.loads(resp["body"]["inline"])
+        assert resp["contentType"] == "application/json"
+        shapes[r["name"]] = (resp["statusCode"], "openai" if "error" in body and "type" not in body else "anthropic",
+                             {(m.get("method"), m["path"]["value"]) for m in r["matches"]})
+    anthropic = {("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")}
+    assert shapes["unavailable"] == (503, "openai", {(m, p) for m, _, p in INFERENCE_MATCHES} - anthropic)
+    assert shapes["unavailable-anthropic"] == (503, "anthropic", anthropic)
+    assert shapes["not-found"] == (404, "openai", {(None, "/")})
+    assert shapes["not-found-anthropic"] == (404, "anthropic", {(None, "/v1/messages")})
+    assert shapes["models"][0] == 200 and shapes["models"][2] == {("GET", "/v1/models")}
+    models = json.loads(route_filter(next(r for r in headerless if r["name"] == "models")["filters"][0])
+                        ["spec"]["directResponse"]["body"]["inline"])
+    served = {m for _, d in documents() if d["kind"] == "InferencePool"
+              for m in d["metadata"]["annotations"]["kvasir.dev/models"].split(",")}
+    assert {m["id"] for m in models["data"]} == served
+    for r in route["spec"]["rules"]:
+        for m in r["matches"]:
+            for h in m.get("headers", []):
+                assert h["value"].endswith("/ROUTE-TOKEN"), h
+    for _, d in documents():
+        if d["kind"] in ("InferencePool", "InferenceProvider"):
+            assert d["metadata"]["annotations"]["kvasir.dev/cluster"].endswith("/ROUTE-TOKEN"), d["metadata"]
+    early = doc("ClientTrafficPolicy", "inference-gateway")["spec"]["headers"]["earlyRequestHeaders"]
+    assert set(early["remove"]) == {ROUTE_HEADER, ENDPOINT_HEADER}
+
+
+def test_internal_headers_and_credentials_stop_at_the_gateway():
+    """Rules that reach a backend remove the route header (it carries the
+    token); the provider's rules remove the endpoint list too and rewrite
+    the host themselves (the provider sets no `authority`: a filter-side
+    rewrite happens before the re-match and would select another virtual
+    host once the route has hostnames); the provider's credential is an
+    upstream filter of its cluster (a backendRef filter), never a route
+    filter (which would not run after the re-match); the pools' clusters
+    remove the endpoint list after load balancing (the patch)."""
+    rules = {r["name"]: r for r in doc("HTTPRoute", "inference")["spec"]["rules"]}
+    for name, r in rules.items():
+        if not r.get("backendRefs"):
+            continue
+        mods = [f["requestHeaderModifier"] for f in r["filters"] if f["type"] == "RequestHeaderModifier"]
+        removed = {h for m in mods for h in m.get("remove", [])}
+        assert ROUTE_HEADER in removed, name
+        assert not [f for f in r["filters"] if f["type"] == "ExtensionRef"], name
+        (ref,) = r["backendRefs"]
+        if ref.get("kind") == "Backend":
+            assert ENDPOINT_HEADER in removed, name
+            rewrite = [f["urlRewrite"]["hostname"] for f in r["filters"] if f["type"] == "URLRewrite"]
+            assert rewrite == ["api.openai.com"], name
+            (cred,) = ref["filters"]
+            spec = route_filter(cred)["spec"]["credentialInjection"]
+            assert spec["overwrite"] is True and spec["credential"]["valueRef"]["name"] == "openai-credential"
+        else:
+            # A route-level removal runs before load balancing and would
+            # turn the pick off: the cluster removes it.
+            assert ENDPOINT_HEADER not in removed, name
+    assert [p for p in eep_wasm()["config"]["providers"] if p.get("authority")] == []
+    assert doc("Backend", "openai")["spec"]["tls"]["wellKnownCACertificates"] == "System"
+
+
+def test_the_pools_services_select_what_their_inferencepools_select():
+    """Envoy Gateway routes to a Service per pool (it accepts no
+    InferencePool backend); the InferencePool stays the source of truth
+    for Kvasir (controller, indexer discovery): both select the same pods
+    on the same port, and each pool rule routes to its pool's Service."""
+    rules = {r["name"]: r for r in doc("HTTPRoute", "inference")["spec"]["rules"]}
+    for _, pool in documents():
+        if pool["kind"] != "InferencePool":
+            continue
+        name = pool["metadata"]["name"]
+        svc = doc("Service", f"kvasir-pool-{name}")
+        assert svc["spec"]["selector"] == pool["spec"]["selector"]["matchLabels"]
+        assert [p["targetPort"] for p in svc["spec"]["ports"]] == [p["number"] for p in pool["spec"]["targetPorts"]]
+        for rule in (name, f"{name}-stored"):
+            assert rules[rule]["backendRefs"] == [{"name": svc["metadata"]["name"], "port": svc["spec"]["ports"][0]["port"]}]
+        value = pool["metadata"]["annotations"]["kvasir.dev/cluster"]
+        assert {h["value"] for m in rules[name]["matches"] for h in m["headers"]} == {value}
 
 
 def test_client_and_backend_traffic_policies_carry_the_safe_defaults():
@@ -255,19 +383,23 @@ def test_client_and_backend_traffic_policies_carry_the_safe_defaults():
     assert btp["retry"]["numRetries"] == 1
     stored = doc("BackendTrafficPolicy", "inference-stored")["spec"]
     assert stored["retry"] == {"numRetries": 0}
-    rules = {r["name"] for r in doc("HTTPRoute", "inference")["spec"]["rules"]}
+    rules = {r["name"] for r in doc("HTTPRoute", "inference")["spec"]["rules"] if r.get("backendRefs")}
     assert sorted(t["sectionName"] for p in (btp, stored) for t in p["targetRefs"]) == sorted(rules)
-    assert btp["loadBalancer"]["endpointOverride"]["extractFrom"] == [{"header": "x-gateway-destination-endpoint"}]
-    errors = doc("BackendTrafficPolicy", "inference-gateway-errors")["spec"]["responseOverride"]
-    for o in errors:
-        json.loads(o["response"]["body"]["inline"])
-        assert o["response"]["contentType"] == "application/json"
+    assert sorted(t["sectionName"] for t in stored["targetRefs"]) == sorted(r for r in rules if r.endswith("-stored"))
+    for p in (btp, stored):
+        assert p["loadBalancer"]["endpointOverride"]["extractFrom"] == [{"header": ENDPOINT_HEADER}]
+        assert p["routingType"] == "Endpoint"
+    # No override of answers by status: it would replace the filter's own
+    # JSON replies and the Anthropic shape.
+    assert not [d for _, d in documents() if d["kind"] == "BackendTrafficPolicy" and "responseOverride" in d["spec"]]
 
 
 def test_the_extension_policy_does_not_fail_open_and_pins_the_module():
     w = eep()["spec"]["wasm"]
     assert len(w) == 1 and w[0]["failOpen"] is False
     assert w[0]["code"]["type"] == "HTTP" and re.fullmatch(r"[0-9a-f]{64}", w[0]["code"]["http"]["sha256"])
+    # Content-addressed: the URL names the digest it must have.
+    assert w[0]["code"]["http"]["url"].endswith(f"/kvasir_filter-{w[0]['code']['http']['sha256']}.wasm")
     # The digest is of a build, not necessarily of the one in target/ now
     # (other work changes the filter); the controller writes the served one.
     patch = doc("EnvoyPatchPolicy", "kvasir")["spec"]["jsonPatches"]
@@ -280,21 +412,35 @@ def test_the_extension_policy_does_not_fail_open_and_pins_the_module():
     assert {p["indexerCluster"] for p in cfg["pools"]} == {"kvasir-indexer"}
 
 
-def test_the_patch_names_follow_the_gateway_and_the_extension_policy():
-    """Envoy Gateway's xDS names (read from its translator's test data, not
-    run here): listener `<ns>/<gateway>/<listener>`, wasm filter
-    `envoy.filters.http.wasm/envoyextensionpolicy/<ns>/<policy>/wasm/<i>`.
-    The policy's name is the controller's (`kvasir-gateway-<gateway>`):
-    renaming the Gateway or its listener must update the patch."""
+def test_the_patch_names_follow_the_gateway_the_route_and_the_extension_policy():
+    """Envoy Gateway's xDS names under the name scheme the install pins
+    (docs/deploy.md: XDSNameSchemeV2 disabled): listener
+    `<ns>/<gateway>/<listener>`, rule i's cluster `httproute/<ns>/<route>/rule/<i>`;
+    the wasm filter is found by the policy's root id, not its name.
+    Renaming the Gateway, its listener or reordering the rules must update
+    the patch (test_gateway_eg.py checks them in Envoy Gateway itself)."""
     gw = doc("Gateway", "inference-gateway")
-    policy = eep()
+    ns = gw["metadata"]["namespace"]
     patch = doc("EnvoyPatchPolicy", "kvasir")["spec"]
-    listener = f"{gw['metadata']['namespace']}/{gw['metadata']['name']}/{gw['spec']['listeners'][0]['name']}"
-    wasm = f"envoy.filters.http.wasm/envoyextensionpolicy/{policy['metadata']['namespace']}/{policy['metadata']['name']}/wasm/0"
+    listener = f"{ns}/{gw['metadata']['name']}/{gw['spec']['listeners'][0]['name']}"
     op = next(p for p in patch["jsonPatches"] if p["type"].endswith("Listener"))
     assert op["name"] == listener
-    assert op["operation"]["jsonPath"] == f"..http_filters[?(@.name=='{wasm}')]"
+    assert op["operation"]["jsonPath"] == f"..http_filters[?(@.typed_config.config.root_id=='{eep_wasm()['rootID']}')]"
     assert patch["targetRef"]["name"] == gw["metadata"]["name"]
+    route = doc("HTTPRoute", "inference")
+    to_pools = [i for i, r in enumerate(route["spec"]["rules"])
+                if any(b.get("kind", "Service") == "Service" for b in r.get("backendRefs", []))]
+    clusters = [p["name"] for p in patch["jsonPatches"] if p["name"].startswith("httproute/")]
+    assert clusters == [f"httproute/{ns}/{route['metadata']['name']}/rule/{i}" for i in to_pools]
+    for p in patch["jsonPatches"]:
+        if p["name"] in clusters:
+            opts = p["operation"]["value"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+            names = [f["name"] for f in opts["http_filters"]]
+            assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.upstream_codec"]
+            assert opts["http_filters"][0]["typed_config"]["mutations"]["request_mutations"] == [{"remove": ENDPOINT_HEADER}]
+    # The deploy page pins the scheme these names are written for.
+    deploy = (REPO / "docs" / "deploy.md").read_text()
+    assert "runtimeFlags.disabled[0]=XDSNameSchemeV2" in deploy
 
 
 def indexer_deployment() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -342,14 +488,16 @@ def test_the_indexer_reads_its_pools_from_the_controllers_configmap():
 
 
 def test_the_indexer_replicas_share_budgets_load_and_responses_through_the_redis_shipped():
-    """Two replicas must act as one (issue 23: one budget per tenant, not one
-    per replica): budgets, shared load and the Responses store all point at
-    the Service of the Redis Deployment base/ ships, which keeps nothing on
-    disk (soft state) and runs unprivileged."""
+    """Two replicas must act as one (one budget per tenant, not one per
+    replica): budgets, shared load and the Responses store all point at the
+    Service of the Redis Deployment base/ ships (by its short name: same
+    namespace, whichever the install's is), which keeps nothing on disk
+    (soft state) and runs unprivileged."""
     cfg = yaml.safe_load(doc("ConfigMap", "kvasir-indexer")["data"]["indexer.yaml"])
     svc = doc("Service", "kvasir-redis")
     port = svc["spec"]["ports"][0]["port"]
-    url = f"redis://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local:{port}"
+    assert svc["metadata"]["namespace"] == doc("Deployment", "kvasir-indexer")["metadata"]["namespace"]
+    url = f"redis://{svc['metadata']['name']}:{port}"
     assert cfg["budgets"] == {"store": "redis", "redisUrl": url}
     assert cfg["sharedLoad"]["redisUrl"] == url
     assert cfg["responses"] == {"store": "redis", "redisUrl": url}
@@ -459,8 +607,8 @@ def test_the_controller_runs_with_the_decided_flags():
     f = controller_flags()
     assert f == {
         "--http-addr": ["0.0.0.0:8080"], "--metrics-addr": ["0.0.0.0:9090"], "--wasm-file": ["/kvasir_filter.wasm"],
-        "--wasm-url": ["http://kvasir-controller.kvasir-system.svc.cluster.local:8080/kvasir_filter.wasm"],
-        "--namespace": ["serving"], "--lease-namespace": ["$(POD_NAMESPACE)"], "--lease-name": ["kvasir-controller"],
+        "--wasm-url": ["http://kvasir-controller.$(POD_NAMESPACE).svc.cluster.local:8080/kvasir_filter-{sha256}.wasm"],
+        "--namespace": ["$(POD_NAMESPACE)"], "--lease-namespace": ["$(POD_NAMESPACE)"], "--lease-name": ["kvasir-controller"],
         "--identity": ["$(POD_NAME)"], "--indexer-cluster": ["kvasir-indexer"],
         "--indexer-deployment": ["kvasir-indexer"], "--indexer-pools-configmap": ["kvasir-indexer-pools"]}
     c = controller_container()
@@ -476,14 +624,20 @@ def test_the_controller_runs_with_the_decided_flags():
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
     assert {(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {("http", 8080, "http"),
                                                                                        ("metrics", 9090, "metrics")}
+    # The controller serves its own namespace (the downward API's), where
+    # everything else of the install is too.
+    ns = dep["metadata"]["namespace"]
+    assert {d["metadata"].get("namespace") for _, d in documents() if d["kind"] not in ("GatewayClass", "Namespace")} \
+        == {ns}
     url = f["--wasm-url"][0]
-    assert url == f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local:8080/kvasir_filter.wasm"
-    # The generated policy fetches the module from there; the compiled
-    # configuration names the same indexer cluster; the indexer the
-    # controller rolls is the shipped one.
-    assert eep_wasm()["code"]["http"]["url"] == url
+    assert url == f"http://{svc['metadata']['name']}.$(POD_NAMESPACE).svc.cluster.local:8080/kvasir_filter-{{sha256}}.wasm"
+    # The generated policy fetches the module from there, at the URL of its
+    # digest; the compiled configuration names the same indexer cluster;
+    # the indexer the controller rolls is the shipped one.
+    code = eep_wasm()["code"]["http"]
+    assert code["url"] == url.replace("$(POD_NAMESPACE)", ns).replace("{sha256}", code["sha256"])
     assert {p["indexerCluster"] for p in eep_wasm()["config"]["pools"]} == set(f["--indexer-cluster"])
-    assert doc("Deployment", f["--indexer-deployment"][0])["metadata"]["namespace"] in f["--namespace"]
+    assert doc("Deployment", f["--indexer-deployment"][0])["metadata"]["namespace"] == ns
     # The image has the module where --wasm-file says and runs as the pod's user.
     dockerfile = (GW / "Dockerfile.controller").read_text()
     assert re.search(r"^COPY --from=build \S+ " + re.escape(f["--wasm-file"][0]) + "$", dockerfile, re.M), dockerfile
@@ -522,21 +676,23 @@ KINDS = ["inferencepolicies", "inferencetenants", "inferenceproviders", "inferen
 
 
 def test_the_controller_rbac_is_least_privilege():
-    """Exactly the calls the controller makes, per namespace: nothing
-    cluster-wide, no wildcard, no Secret outside the served namespaces, no
-    delete but of its own EnvoyExtensionPolicies, names wherever RBAC can
-    limit them (not `create`: the API server checks it before a name is
-    known)."""
-    bindings = bindings_of("kvasir-system", "kvasir-controller")
+    """Exactly the calls the controller makes, in its own namespace (the one
+    it serves): nothing cluster-wide, no wildcard, no delete but of its own
+    EnvoyExtensionPolicies, names wherever RBAC can limit them (not
+    `create`: the API server checks it before a name is known)."""
+    ns = doc("Deployment", "kvasir-controller")["metadata"]["namespace"]
+    bindings = bindings_of(ns, "kvasir-controller")
     assert bindings and all(b["kind"] == "RoleBinding" for b in bindings), "nothing is bound cluster-wide"
-    served = set(controller_flags()["--namespace"])
+    assert all(b["roleRef"]["kind"] == "Role" for b in bindings)
+    assert controller_flags()["--namespace"] == ["$(POD_NAMESPACE)"]
+    served = {ns}
     per_ns: dict[str, set] = {}
     for b in bindings:
         for r in rules_of(b):
             for field in ("apiGroups", "resources", "verbs", "resourceNames"):
                 assert "*" not in r.get(field, []), r
         per_ns.setdefault(b["metadata"]["namespace"], set()).update(grants(b))
-    assert set(per_ns) == served | {"kvasir-system"}
+    assert set(per_ns) == served
     want_served = {("kvasir.dev", k, v, None) for k in KINDS for v in ("get", "list", "watch", "patch")} \
         | {("kvasir.dev", f"{k}/status", "patch", None) for k in KINDS} \
         | {("inference.networking.k8s.io", "inferencepools", v, None) for v in ("get", "list", "watch")} \
@@ -546,23 +702,19 @@ def test_the_controller_rbac_is_least_privilege():
         | {("", "configmaps", "create", None)} \
         | {("", "configmaps", v, "kvasir-indexer-pools") for v in ("get", "patch")} \
         | {("apps", "deployments", v, "kvasir-indexer") for v in ("get", "patch")}
-    for ns in served:
-        assert per_ns[ns] == want_served, (ns, sorted(per_ns[ns] ^ want_served, key=str))
-    assert per_ns["kvasir-system"] == {("coordination.k8s.io", "leases", "create", None),
-                                       ("coordination.k8s.io", "leases", "get", "kvasir-controller"),
-                                       ("coordination.k8s.io", "leases", "update", "kvasir-controller")}
+    want_served |= {("coordination.k8s.io", "leases", "create", None),
+                    ("coordination.k8s.io", "leases", "get", "kvasir-controller"),
+                    ("coordination.k8s.io", "leases", "update", "kvasir-controller")}
+    assert per_ns[ns] == want_served, (ns, sorted(per_ns[ns] ^ want_served, key=str))
     assert controller_flags()["--lease-name"] == ["kvasir-controller"]
-    # Secrets are never in a ClusterRole (binding one cluster-wide by
-    # mistake must not open every Secret); their Role is per namespace.
-    for _, d in documents():
-        if d["kind"] == "ClusterRole":
-            assert not [r for r in d["rules"] if "secrets" in r["resources"]], d["metadata"]["name"]
+    # No ClusterRole at all: nothing to bind cluster-wide by mistake.
+    assert not [d for _, d in documents() if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
     # The names RBAC limits are the objects the flags name.
     f = controller_flags()
     assert ("", "configmaps", "patch", f["--indexer-pools-configmap"][0]) in want_served
     assert ("apps", "deployments", "patch", f["--indexer-deployment"][0]) in want_served
     # The indexer's own ServiceAccount reads pools and pods, nothing else.
-    idx = bindings_of("serving", "kvasir-indexer")
+    idx = bindings_of(ns, "kvasir-indexer")
     assert set().union(*(grants(b) for b in idx)) == {
         ("inference.networking.k8s.io", "inferencepools", v, None) for v in ("get", "list", "watch")} | {
         ("", "pods", v, None) for v in ("get", "list", "watch")}
@@ -573,18 +725,35 @@ def test_the_controller_rbac_is_least_privilege():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("root", ["base", "examples", "."])
+@pytest.mark.parametrize("root", ["base", "examples", "demo"])
 def test_kustomize_renders(root):
     kubectl = shutil.which("kubectl")
     assert kubectl, "kubectl is not installed: `make setup` installs Debian's kubernetes-client"
     r = subprocess.run([kubectl, "kustomize", str(GW / root)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     rendered = [d for d in yaml.safe_load_all(r.stdout) if d]
-    # Every file of the directory (or directories) is in the kustomization.
-    dirs = [GW / "base", GW / "examples"] if root == "." else [GW / root]
-    want = sorted((d["kind"], d["metadata"]["name"]) for p in dirs for f in sorted(p.glob("*.yaml"))
+    # Every file of the directory is in the kustomization.
+    want = sorted((d["kind"], d["metadata"]["name"]) for f in sorted((GW / root).glob("*.yaml"))
                   if f.name != "kustomization.yaml" for d in yaml.safe_load_all(f.read_text()) if d)
     assert sorted((d["kind"], d["metadata"]["name"]) for d in rendered) == want
+
+
+def test_the_install_is_base_and_examples_with_the_route_token(tmp_path):
+    """`kubectl kustomize gateway-api/` (with a route token) is base/ and
+    examples/, nothing more (the token's ConfigMap is never applied; demo/
+    and generated/ are not in it)."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is not installed: `make setup` installs Debian's kubernetes-client"
+    gw = tmp_path / "gateway-api"
+    shutil.copytree(GW, gw, ignore=shutil.ignore_patterns("route-token.env"))
+    (gw / "install" / "route-token.env").write_text("routeToken=abc123\n")
+    r = subprocess.run([kubectl, "kustomize", str(gw)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rendered = sorted((d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(r.stdout) if d)
+    want = sorted((d["kind"], d["metadata"]["name"]) for p in (GW / "base", GW / "examples")
+                  for f in sorted(p.glob("*.yaml")) if f.name != "kustomization.yaml"
+                  for d in yaml.safe_load_all(f.read_text()) if d)
+    assert rendered == want
 
 
 def kvasirctl(*args: str) -> subprocess.CompletedProcess:
@@ -678,7 +847,7 @@ def test_the_extension_policy_is_not_applied_from_git():
 MAIN_MODEL = "llama-3.1-8b-instruct"
 SMALL_MODEL = "llama-3.2-1b-instruct"
 PROVIDER_MODEL = "gpt-4o-mini"
-ACME = "sk-acme-example-1"      # gateway-api/examples/tenants-and-provider.yaml
+ACME = "sk-acme-example-1"      # gateway-api/demo/demo-keys.yaml
 BATCH = "sk-eval-example"       # nightly-eval's key (base64 in the example Secret)
 
 
@@ -689,9 +858,8 @@ def eep_config() -> str:
 def bootstrap(tmp: Path, main: list[str], small: list[str], indexer: str, provider: str) -> tuple[str, int, int]:
     """The shipped bootstrap (envoy/render.py) with the EnvoyExtensionPolicy's
     config as the plugin configuration, unchanged, and clusters named as
-    in it: the pool cluster copied to `kvasir/serving/pool/{main,small}`,
-    the provider's renamed `kvasir/serving/provider/openai`, the indexer's
-    `kvasir-indexer`."""
+    in it: the pool cluster copied to the pools' cluster values, the
+    provider's renamed to its value, the indexer's `kvasir-indexer`."""
     s = secrets_for(tmp)
     port, admin = free_port(), free_port()
     text = render.render(render.TEMPLATE.read_text(), listen_port=port, admin_port=admin, pool_endpoints=main,
@@ -814,8 +982,9 @@ def test_the_four_example_policies_do_what_they_say(artifacts, logdir, tmp_path)
                                            "-l", "info"], logdir))
         envoy = Envoy(proc, port, admin, cfg)
         wait_until("envoy /ready", lambda: proc.alive() and request("GET", admin, "/ready", timeout=2)[0] == 200)
-        wait_until("pools and indexer healthy", lambda: envoy.healthy("kvasir/serving/pool/main", [main.address])
-                   and envoy.healthy("kvasir/serving/pool/small", [small.address])
+        cluster = {p["name"]: p["cluster"] for p in eep_wasm()["config"]["pools"]}
+        wait_until("pools and indexer healthy", lambda: envoy.healthy(cluster["main"], [main.address])
+                   and envoy.healthy(cluster["small"], [small.address])
                    and envoy.healthy("kvasir-indexer", [f"127.0.0.1:{grpc}"]))
 
         # 1. Cheaper model for easy prompts: a short prompt for the 8B model
@@ -836,7 +1005,7 @@ def test_the_four_example_policies_do_what_they_say(artifacts, logdir, tmp_path)
         # the HTTPRoute's rules match under Envoy Gateway).
         p0 = served(provider)
         status, _, b = post(envoy, ACME, HARD + uuid.uuid4().hex,
-                            headers={"x-kvasir-cluster": "kvasir/serving/provider/openai"})
+                            headers={"x-kvasir-cluster": eep_wasm()["config"]["providers"][0]["cluster"]})
         assert status == 200 and json.loads(b)["model"] == MAIN_MODEL, b
         assert served(provider) == p0
 
