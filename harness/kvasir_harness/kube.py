@@ -1,7 +1,9 @@
 """Real control planes, off-cluster: etcd and kube-apiserver on 127.0.0.1
 with a kubeconfig `kubectl` uses, Envoy Gateway in standalone mode (File
-provider, Host infrastructure) running the project's own Envoy, and
-`egctl x translate` (Gateway API YAML in, xDS out, no control plane).
+provider, Host infrastructure) running the project's own Envoy (with the
+statuses it computes, read from its log, and its Envoy's stats), `egctl x
+translate` (Gateway API YAML in, xDS out, no control plane), and `kubectl
+kustomize`.
 
 The binaries are built from Go modules by `scripts/go-tools.sh` into
 `.tools/bin/` (tools/README.md); each path can be overridden by its
