@@ -22,6 +22,7 @@ resourceVersion) is in controller/tests/mock_api.rs.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import re
@@ -43,8 +44,9 @@ from kvasir_harness.kube import (ETCD_BIN, KUBE_APISERVER_BIN, KUBECTL, ApiServe
 from kvasir_harness.procs import Exited
 
 REPO = Path(__file__).resolve().parents[2]
-CONTROLLER = REPO / "target" / "release" / "kvasir-controller"
-KVASIRCTL = REPO / "target" / "release" / "kvasirctl"
+# Overridable, to run these tests against another build of the binaries.
+CONTROLLER = Path(os.environ.get("KVASIR_CONTROLLER_BIN", REPO / "target" / "release" / "kvasir-controller"))
+KVASIRCTL = Path(os.environ.get("KVASIRCTL_BIN", REPO / "target" / "release" / "kvasirctl"))
 EXAMPLES = REPO / "crds" / "examples"
 UPSTREAM = REPO / "tests" / "upstream-crds"
 SHARED_UPSTREAM = REPO.parent / "shared" / "upstream-crds"
@@ -308,6 +310,25 @@ def wait_eep(c: Cluster, ns: str, name: str = EEP, present: bool = True, timeout
     return None
 
 
+def settle(c: Cluster, ns: str, quiet: float = 1.0) -> None:
+    """Until no kvasir.dev object and no EnvoyExtensionPolicy of `ns`
+    changes for `quiet` seconds: the controller has finished reacting, so
+    what happens next is a reaction to what the test does next."""
+    def versions():
+        out = {}
+        for kind in (*KVASIR_KINDS, "eep"):
+            for o in json.loads(c.kubectl("get", kind, "-n", ns, "-o", "json").stdout)["items"]:
+                out[(kind, o["metadata"]["name"])] = o["metadata"]["resourceVersion"]
+        return out
+
+    def settled():
+        a = versions()
+        time.sleep(quiet)
+        return a == versions()
+
+    wait_until(f"{ns} settled", settled, timeout=3 * PROMPT, interval=0)
+
+
 def eg_status(c: Cluster, ns: str, accepted: bool, reason: str, message: str, name: str = EEP) -> None:
     """Writes `status.ancestors` on the EnvoyExtensionPolicy as Envoy
     Gateway does (the status subresource, its controllerName, the
@@ -447,19 +468,7 @@ def test_the_controller_applies_the_policy_server_side_and_reports_status(cluste
 
     # Settled: a quiet second later no kvasir.dev object or policy changes
     # (no status rewritten every reconcile, no apply that is not a no-op).
-    def versions():
-        out = {}
-        for kind in (*KVASIR_KINDS, "eep"):
-            for o in json.loads(c.kubectl("get", kind, "-n", ns, "-o", "json").stdout)["items"]:
-                out[(kind, o["metadata"]["name"])] = o["metadata"]["resourceVersion"]
-        return out
-
-    def settled():
-        a = versions()
-        time.sleep(1.0)
-        return a == versions()
-
-    wait_until("objects settled", settled, timeout=PROMPT, interval=0)
+    settle(c, ns)
 
 
 def test_a_deleted_policy_is_recreated_at_once(cluster, controllers):
@@ -467,6 +476,7 @@ def test_a_deleted_policy_is_recreated_at_once(cluster, controllers):
     setup_namespace(c, ns)
     controllers(ns)
     first = wait_eep(c, ns)
+    settle(c, ns)
     c.kubectl("delete", "eep", EEP, "-n", ns)
     t0 = time.monotonic()
     again = wait_until("EnvoyExtensionPolicy recreated",
@@ -542,6 +552,7 @@ def test_envoy_gateways_verdict_is_read_back(cluster, controllers):
     wait_eep(c, ns)
     prog = wait_condition(c, "inferencepolicy", "pii-stays-inside", ns, "Programmed", "True")
     assert "Envoy Gateway has not reported" in prog["message"], prog
+    settle(c, ns)
     msg = "Unable to target Gateway inference-gateway, another EnvoyExtensionPolicy has already attached to it"
     eg_status(c, ns, accepted=False, reason="Conflicted", message=msg)
     prog = wait_condition(c, "inferencepolicy", "pii-stays-inside", ns, "Programmed", "False", "NotAccepted")
@@ -560,6 +571,7 @@ def test_a_conflicting_field_manager_is_reported_not_forced(cluster, controllers
     setup_namespace(c, ns)
     controllers(ns)
     eep = wait_eep(c, ns)
+    settle(c, ns)
     # Someone applies their own copy of the filter list (failOpen: true).
     theirs = {"apiVersion": "gateway.envoyproxy.io/v1alpha1", "kind": "EnvoyExtensionPolicy",
               "metadata": {"name": EEP, "namespace": ns},
@@ -655,8 +667,10 @@ def test_watches_resume_after_an_apiserver_restart(cluster, controllers):
     c.restart_apiserver()
     print(f"kube-apiserver back in {time.monotonic() - t0:.2f} s")
     assert ctl.proc.alive(), ctl.proc.log()[-3000:]
-    # An event after the restart reaches the controller: the policy is
+    # Once the watches have relisted (and what that triggered is done), an
+    # event after the restart reaches the controller: the policy is
     # recreated promptly, and an edit is applied.
+    settle(c, ns)
     c.kubectl("delete", "eep", EEP, "-n", ns)
     t1 = time.monotonic()
     wait_until("EnvoyExtensionPolicy recreated after the restart",
@@ -747,3 +761,58 @@ def test_the_shipped_rbac_is_enough(cluster, controllers):
     log = ctl.proc.log()
     assert "forbidden" not in log.lower(), log[-4000:]
 
+
+
+IMAGE = os.environ.get("KVASIR_CONTROLLER_IMAGE", "localhost/kvasir/kvasir-controller:dev")
+
+
+def test_the_controller_image_programs_the_api_server(cluster, tmp_path):
+    """The image `make images` builds (skipped when it has not been built,
+    or without buildah): its entrypoint, run inside the image's own root
+    filesystem as the image's user (buildah's chroot isolation, sharing
+    the host's network), programs the API server and serves the module it
+    carries at the URL it writes."""
+    c, ns = cluster, "t-image"
+    buildah = shutil.which("buildah")
+    sd = ["--storage-driver", os.environ.get("STORAGE_DRIVER", "vfs")]
+    if buildah is None or os.geteuid() != 0:
+        pytest.skip("needs buildah, as root")
+    if subprocess.run([buildah, *sd, "inspect", IMAGE], capture_output=True, timeout=60).returncode != 0:
+        pytest.skip(f"{IMAGE} not built (make images)")
+    setup_namespace(c, ns)
+    # The image runs as uid 65532: it gets a readable copy of the kubeconfig.
+    d = tmp_path / "kube"
+    d.mkdir()
+    (d / "ca.crt").write_bytes(c.api.pki.ca.read_bytes())
+    cfg = json.loads(c.api.kubeconfig.read_text())
+    cfg["clusters"][0]["cluster"]["certificate-authority"] = str(d / "ca.crt")
+    (d / "kubeconfig").write_text(json.dumps(cfg))
+    for p in (tmp_path, d):
+        p.chmod(0o755)
+    for f in d.iterdir():
+        f.chmod(0o644)
+    ctr = subprocess.run([buildah, *sd, "from", "--pull=never", IMAGE], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    http, metrics = free_port(), free_port()
+    proc = Proc("controller-image", [buildah, *sd, "run", "--isolation", "chroot", "--user", "65532:65532",
+                                     "-v", f"{d}:{d}:ro", "--env", f"KUBECONFIG={d / 'kubeconfig'}", ctr, "--",
+                                     "/kvasir-controller", "--wasm-file", "/kvasir_filter.wasm", "--wasm-url", WASM_URL,
+                                     "--namespace", ns, "--identity", "image", "--lease-namespace", "kvasir-system",
+                                     "--lease-name", f"kvasir-{ns}", "--http-addr", f"127.0.0.1:{http}",
+                                     "--metrics-addr", f"127.0.0.1:{metrics}", "--indexer-deployment", ""], c.dir)
+    try:
+        def ready():
+            if not proc.alive():
+                raise Exited(f"the image's controller exited: {proc.log()[-3000:]}")
+            return request("GET", http, "/readyz", timeout=2)[0] == 200
+
+        wait_until("the image's controller /readyz", ready, timeout=60, interval=0.2)
+        eep = wait_eep(c, ns)
+        wait_condition(c, "inferencepolicy", "burst-to-provider", ns, "Programmed", "True")
+        code = eep["spec"]["wasm"][0]["code"]["http"]
+        status, _, body = request("GET", http, "/" + code["url"].rsplit("/", 1)[1], timeout=10)
+        assert status == 200 and body.startswith(b"\0asm")
+        assert hashlib.sha256(body).hexdigest() == code["sha256"]
+    finally:
+        proc.stop()
+        subprocess.run([buildah, *sd, "rm", ctr], capture_output=True, timeout=60)
