@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH};
+use axum::http::header::{
+    CACHE_CONTROL, CONNECTION, CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER,
+};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -34,7 +36,11 @@ pub const WASM_PATH: &str = "/kvasir_filter.wasm";
 
 /// The content-addressed path of a module: `/kvasir_filter-<sha256>.wasm`
 /// ([`kvasir_api::eep::module_file_name`]). A replica answers it only for
-/// the module it has; any other digest is 404, never other bytes.
+/// the module it has, never with other bytes. Any other digest is a 503
+/// with `Connection: close` and `Retry-After: 1`: during a rollout the
+/// Service mixes replicas of two versions, and Envoy Gateway's fetcher
+/// retries a 5xx (not a 404) with backoff, on a new connection that may
+/// reach a replica holding that module.
 pub fn content_addressed_path(sha256: &str) -> String {
     format!("/{}", kvasir_api::eep::module_file_name(sha256))
 }
@@ -98,7 +104,8 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-/// `GET`/`HEAD /kvasir_filter-<sha256>.wasm` for this replica's module;
+/// `GET`/`HEAD /kvasir_filter-<sha256>.wasm`: this replica's module, or a
+/// retryable 503 for another digest ([`content_addressed_path`]);
 /// everything else that no route took: 404.
 async fn content_addressed(
     State(state): State<HttpState>,
@@ -129,15 +136,24 @@ async fn content_addressed(
             }
             r
         }
-        Some(m) => (
-            StatusCode::NOT_FOUND,
-            format!(
-                "this replica serves the module {} only\n",
-                content_addressed_path(&m.sha256)
-            ),
-        )
-            .into_response(),
-        None => (StatusCode::NOT_FOUND, "no filter module configured\n").into_response(),
+        held => {
+            let msg = match held {
+                Some(m) => format!(
+                    "this replica holds the module {} only; another may hold this one\n",
+                    content_addressed_path(&m.sha256)
+                ),
+                None => "this replica holds no filter module; another may\n".to_owned(),
+            };
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [
+                    (CONNECTION, HeaderValue::from_static("close")),
+                    (RETRY_AFTER, HeaderValue::from_static("1")),
+                ],
+                msg,
+            )
+                .into_response()
+        }
     }
 }
 
@@ -524,11 +540,14 @@ mod tests {
             assert_eq!(response.status(), 200);
             assert!(response.bytes().await.expect("body").is_empty());
 
-            // Another digest (an older or newer module): 404, never these
-            // bytes under a name that promises others.
+            // Another digest (an older or newer module during a rollout):
+            // never these bytes under a name that promises others, but a
+            // 5xx Envoy Gateway retries, on a new connection.
             let other = format!("{}{}", server.base, content_addressed_path(&"0".repeat(64)));
             let response = client.get(&other).send().await.expect("GET other");
-            assert_eq!(response.status(), 404);
+            assert_eq!(response.status(), 503);
+            assert_eq!(response.headers()[CONNECTION], "close");
+            assert_eq!(response.headers()[RETRY_AFTER], "1");
             let text = response.text().await.expect("body");
             assert!(text.contains(&sha256), "{text}");
 
