@@ -407,11 +407,24 @@ def test_vendored_upstream_crds_match_shared():
 # ---------------------------------------------------------------------------
 
 
+INDEXER_DEPLOYMENT = {
+    "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "kvasir-indexer"},
+    "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "kvasir-indexer"}},
+             "template": {"metadata": {"labels": {"app": "kvasir-indexer"}},
+                          "spec": {"containers": [{"name": "indexer", "image": "cache-indexer:dev"}]}}},
+}
+
+
 def test_the_controller_applies_the_policy_server_side_and_reports_status(cluster, controllers, tmp_path):
     c, ns = cluster, "t-apply"
     docs = setup_namespace(c, ns)
+    # The indexer's Deployment (stored only: no controller-manager runs
+    # it), so the roll on a pools change is a real patch of a real object.
+    dep = copy.deepcopy(INDEXER_DEPLOYMENT)
+    dep["metadata"]["namespace"] = ns
+    c.apply([dep])
     t0 = time.monotonic()
-    ctl = controllers(ns)
+    ctl = controllers(ns, extra=("--indexer-deployment", "kvasir-indexer"))
     eep = wait_eep(c, ns)
     programmed = wait_condition(c, "inferencepolicy", "burst-to-provider", ns, "Programmed", "True")
     print(f"programmed {time.monotonic() - t0:.2f} s after the controller started")
@@ -460,9 +473,18 @@ def test_the_controller_applies_the_policy_server_side_and_reports_status(cluste
     # The status is written by the controller's manager, on the subresource.
     status_managers = [m for m in pol["metadata"]["managedFields"] if m.get("subresource") == "status"]
     assert status_managers and all(m["manager"] == "kvasir-controller" for m in status_managers), status_managers
-    # The indexer's pools, applied beside it.
+    # The indexer's pools, applied beside it, and the indexer rolled: the
+    # pod template's annotation is the pools file's hash, written by a
+    # merge patch of that one field.
     cm = c.get("configmap", "kvasir-indexer-pools", ns)
     assert "inferencePool: main" in cm["data"]["pools.yaml"]
+    rolled = c.get("deployment", "kvasir-indexer", ns)
+    ann = rolled["spec"]["template"]["metadata"].get("annotations", {}).get("kvasir.dev/pools-sha256", "")
+    assert ann.startswith("sha256:"), rolled["spec"]["template"]["metadata"]
+    assert rolled["spec"]["replicas"] == 2 and rolled["spec"]["template"]["spec"]["containers"][0]["image"] == \
+        "cache-indexer:dev"
+    assert any(m["manager"] == "kvasir-controller" and m["operation"] == "Update"
+               for m in rolled["metadata"]["managedFields"])
     # Leader: the Lease and the metric.
     lease = c.get("lease", f"kvasir-{ns}", "kvasir-system")
     assert lease["spec"]["holderIdentity"] == "a"
@@ -472,6 +494,15 @@ def test_the_controller_applies_the_policy_server_side_and_reports_status(cluste
     # Settled: a quiet second later no kvasir.dev object or policy changes
     # (no status rewritten every reconcile, no apply that is not a no-op).
     settle(c, ns)
+    # A pools change (an InferencePool's annotation) rolls the indexer again.
+    c.kubectl("annotate", "inferencepool", "small", "-n", ns, "kvasir.dev/block-size=32")
+
+    def rolled_again():
+        d = c.get("deployment", "kvasir-indexer", ns)
+        return d["spec"]["template"]["metadata"]["annotations"]["kvasir.dev/pools-sha256"] != ann
+
+    wait_until("the indexer rolled on a pools change", rolled_again, timeout=PROMPT, interval=0.1)
+    assert "blockSize: 32" in c.get("configmap", "kvasir-indexer-pools", ns)["data"]["pools.yaml"]
 
 
 def test_a_deleted_policy_is_recreated_at_once(cluster, controllers):
