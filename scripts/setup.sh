@@ -98,3 +98,40 @@ log "ok: envoy $("$TOOLS/bin/envoy" --version 2>/dev/null | grep -o 'version: [^
 #    busy one); a warm run, where every stamp matches, well under a second.
 #    Fails naming the tool that did not build.
 bash scripts/go-tools.sh
+
+# 5. The browser playground, its browser tests and the dashboards' test:
+#    - the wasm32-unknown-unknown target and wasm-bindgen-cli at exactly the
+#      version of the workspace's `wasm-bindgen` crate (the two must agree),
+#      into .tools/bin (make playground);
+#    - Debian's chromium, driven by npm's playwright-core installed into
+#      .tools/node (no browser is ever downloaded; tests/e2e/test_playground.py);
+#    - Debian's prometheus with promtool, and matplotlib in the venv to
+#      render the dashboard's queries to PNG (tests/e2e/test_dashboards.py).
+#    Each is installed only when missing or at another version.
+if ! rustup target list --installed | grep -qx wasm32-unknown-unknown; then
+  log "adding rust target wasm32-unknown-unknown"
+  rustup target add wasm32-unknown-unknown
+fi
+WASM_BINDGEN=$(sed -n 's/^wasm-bindgen = "=\([0-9.]*\)".*/\1/p' Cargo.toml)
+if [ "$("$TOOLS/bin/wasm-bindgen" --version 2>/dev/null | awk '{print $2}')" != "$WASM_BINDGEN" ]; then
+  log "installing wasm-bindgen-cli $WASM_BINDGEN into $TOOLS/bin (a few minutes, once)"
+  cargo install --quiet wasm-bindgen-cli --version "$WASM_BINDGEN" --root "$TOOLS"
+fi
+need_deb chromium chromium
+need_deb prometheus prometheus
+need_deb promtool prometheus
+PLAYWRIGHT_CORE=1.65.2
+if [ "$(cat "$TOOLS/node/.kvasir-playwright-core" 2>/dev/null)" != "$PLAYWRIGHT_CORE" ]; then
+  log "installing playwright-core $PLAYWRIGHT_CORE into $TOOLS/node (drives Debian's chromium)"
+  mkdir -p "$TOOLS/node"
+  [ -f "$TOOLS/node/package.json" ] || echo '{"private": true}' > "$TOOLS/node/package.json"
+  (cd "$TOOLS/node" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm install --silent --no-audit --no-fund \
+    "playwright-core@$PLAYWRIGHT_CORE" >/dev/null)
+  echo "$PLAYWRIGHT_CORE" > "$TOOLS/node/.kvasir-playwright-core"
+fi
+PLOT_REQS="matplotlib==3.10.7"
+if [ "$(cat "$TOOLS/venv/.kvasir-plot-reqs" 2>/dev/null)" != "$PLOT_REQS" ]; then
+  log "installing python packages: $PLOT_REQS"
+  "$TOOLS/venv/bin/pip" install --quiet --disable-pip-version-check $PLOT_REQS
+  echo "$PLOT_REQS" > "$TOOLS/venv/.kvasir-plot-reqs"
+fi

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod commands;
 pub mod explain;
 pub mod input;
 pub mod yaml;

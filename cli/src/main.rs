@@ -1,7 +1,6 @@
 //! `kvasirctl`: validate, compile and explain Kvasir resources offline.
 #![forbid(unsafe_code)]
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -9,11 +8,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use kvasir_api::eep::WasmCode;
 use kvasir_api::Options;
 use kvasir_policy::ApiKind;
-use kvasirctl::explain::{explain, Sample};
-use kvasirctl::{
-    choose_target, parse_target, validate_with, wasm_code, wasm_file_sha256, Checks, Input,
-    Outcome, EXIT_OK, EXIT_USAGE,
-};
+use kvasirctl::commands;
+use kvasirctl::explain::Sample;
+use kvasirctl::{wasm_code, wasm_file_sha256, Checks, Input, Outcome, EXIT_OK, EXIT_USAGE};
 
 /// Validate, compile and explain Kvasir policy resources (kvasir.dev/v1alpha1)
 /// offline: no cluster, no network.
@@ -226,36 +223,16 @@ fn read(c: &Common) -> Result<(Input, Options), Outcome> {
     Ok((input, opts))
 }
 
-fn json_line<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    let mut b = serde_json::to_vec_pretty(v).unwrap_or_default();
-    b.push(b'\n');
-    b
+fn format_of(f: Format) -> commands::Format {
+    match f {
+        Format::Text => commands::Format::Text,
+        Format::Json => commands::Format::Json,
+    }
 }
 
 fn run_validate(common: &Common, output: Format, checks: Checks) -> Result<Outcome, Outcome> {
     let (input, opts) = read(common)?;
-    let report = validate_with(&input, &opts, checks);
-    let (stdout, stderr) = match output {
-        Format::Json => (json_line(&report), String::new()),
-        Format::Text => (report.text().into_bytes(), String::new()),
-    };
-    Ok(Outcome {
-        stdout,
-        stderr,
-        code: report.code(),
-    })
-}
-
-fn target_of(
-    input: &Input,
-    common: &Common,
-    target: Option<&str>,
-) -> Result<kvasirctl::Scoped, Outcome> {
-    let t = target
-        .map(parse_target)
-        .transpose()
-        .map_err(Outcome::usage)?;
-    choose_target(input, t.as_ref(), common.namespace.as_deref()).map_err(Outcome::usage)
+    Ok(commands::validate(&input, &opts, checks, format_of(output)))
 }
 
 struct CompileArgs<'a> {
@@ -300,49 +277,23 @@ fn wasm_of(a: &CompileArgs<'_>) -> Result<Option<WasmCode>, Outcome> {
     wasm_code(url, &sha256).map(Some).map_err(Outcome::usage)
 }
 
-/// The JSON object as YAML, in the same key order: serde_yaml's `Value`
-/// keeps insertion order where serde_json's sorts.
-fn yaml_of(json: &[u8]) -> Result<Vec<u8>, Outcome> {
-    use serde::Deserialize;
-    let mut de = serde_json::Deserializer::from_slice(json);
-    serde_yaml::Value::deserialize(&mut de)
-        .and_then(|v| serde_yaml::to_string(&v).map_err(serde::de::Error::custom))
-        .map(String::into_bytes)
-        .map_err(|e| Outcome::usage(format!("cannot write YAML: {e}")))
-}
-
 fn run_compile(common: &Common, a: CompileArgs<'_>) -> Result<Outcome, Outcome> {
     let code = wasm_of(&a)?;
     let (input, opts) = read(common)?;
-    let scoped = target_of(&input, common, a.target)?;
-    let built = match &code {
-        None => kvasirctl::compile(&input, &scoped, &opts).map(|c| c.bytes),
-        Some(code) => kvasirctl::extension_policy(&input, &scoped, &opts, code),
-    };
-    let bytes = match built {
-        Ok(b) if a.format == Encoding::Yaml => yaml_of(&b)?,
-        Ok(b) => b,
-        Err(report) => {
-            return Ok(Outcome {
-                stdout: Vec::new(),
-                stderr: report.text(),
-                code: report.code().max(1),
-            })
-        }
-    };
-    let stdout = match a.out {
-        Some(path) => {
-            std::fs::write(path, &bytes)
-                .map_err(|e| Outcome::usage(format!("{}: {e}", path.display())))?;
-            Vec::new()
-        }
-        None => bytes,
-    };
-    Ok(Outcome {
-        stdout,
-        stderr: String::new(),
-        code: EXIT_OK,
-    })
+    let mut out = commands::compile(
+        &input,
+        &opts,
+        common.namespace.as_deref(),
+        a.target,
+        code.as_ref(),
+        a.format == Encoding::Yaml,
+    );
+    if let (EXIT_OK, Some(path)) = (out.code, a.out) {
+        std::fs::write(path, &out.stdout)
+            .map_err(|e| Outcome::usage(format!("{}: {e}", path.display())))?;
+        out.stdout.clear();
+    }
+    Ok(out)
 }
 
 struct ExplainArgs<'a> {
@@ -352,44 +303,6 @@ struct ExplainArgs<'a> {
 }
 
 fn sample_of(r: RequestArgs) -> Result<Sample, Outcome> {
-    let mut hs = Vec::new();
-    for h in &r.headers {
-        let (k, v) = h
-            .split_once(':')
-            .ok_or_else(|| Outcome::usage(format!("--header `{h}`: expected `name: value`")))?;
-        hs.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
-    }
-    if let Some(k) = r.api_key {
-        hs.push(("authorization".into(), format!("Bearer {k}")));
-    }
-    let body = match (&r.body, r.prompt) {
-        (Some(p), _) => {
-            let text =
-                std::fs::read(p).map_err(|e| Outcome::usage(format!("{}: {e}", p.display())))?;
-            Some(
-                serde_json::from_slice(&text)
-                    .map_err(|e| Outcome::usage(format!("{}: not JSON: {e}", p.display())))?,
-            )
-        }
-        (None, Some(t)) => Some(serde_json::json!({"messages": [{"role": "user", "content": t}]})),
-        (None, None) => None,
-    };
-    let mut sat = BTreeMap::new();
-    for s in &r.saturation {
-        let parsed = s
-            .split_once('=')
-            .and_then(|(p, v)| Some((p.to_owned(), v.parse::<f64>().ok()?)));
-        match parsed {
-            Some((p, v)) if (0.0..=1.0).contains(&v) => {
-                sat.insert(p, v);
-            }
-            _ => {
-                return Err(Outcome::usage(format!(
-                    "--saturation `{s}`: expected POOL=VALUE with VALUE in 0..1"
-                )))
-            }
-        }
-    }
     let api = match r.api {
         Api::Chat => ApiKind::Chat,
         Api::Completions => ApiKind::Completions,
@@ -397,40 +310,31 @@ fn sample_of(r: RequestArgs) -> Result<Sample, Outcome> {
         Api::AnthropicCountTokens => ApiKind::AnthropicCountTokens,
         Api::Responses => ApiKind::Responses,
     };
-    Ok(Sample {
+    let args = commands::RequestArgs {
         tenant: r.tenant,
-        headers: hs,
+        api_key: r.api_key,
+        headers: r.headers,
         jwt_claim: r.jwt_claim,
-        api: Some(api),
         model: r.model,
-        body,
-        saturation: sat,
-    })
+        api: Some(api),
+        body: r.body.map(|p| p.display().to_string()),
+        prompt: r.prompt,
+        saturation: r.saturation,
+    };
+    let read_body = |p: &str| std::fs::read(p).map_err(|e| format!("{p}: {e}"));
+    commands::sample(args, &read_body).map_err(Outcome::usage)
 }
 
 fn run_explain(common: &Common, a: ExplainArgs<'_>) -> Result<Outcome, Outcome> {
     let (input, opts) = read(common)?;
-    let scoped = target_of(&input, common, a.target)?;
-    let c = match kvasirctl::compile(&input, &scoped, &opts) {
-        Ok(c) => c,
-        Err(report) => {
-            return Ok(Outcome {
-                stdout: Vec::new(),
-                stderr: report.text(),
-                code: report.code().max(1),
-            })
-        }
-    };
-    let e = explain(&scoped.to_string(), &c, &a.sample).map_err(Outcome::usage)?;
-    let stdout = match a.output {
-        Format::Json => json_line(&e),
-        Format::Text => e.text().into_bytes(),
-    };
-    Ok(Outcome {
-        stdout,
-        stderr: String::new(),
-        code: EXIT_OK,
-    })
+    Ok(commands::explain_request(
+        &input,
+        &opts,
+        common.namespace.as_deref(),
+        a.target,
+        &a.sample,
+        format_of(a.output),
+    ))
 }
 
 fn run_crds(dir: Option<&PathBuf>) -> Result<Outcome, Outcome> {
