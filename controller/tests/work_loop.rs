@@ -52,8 +52,10 @@ fn list_for(path: &str) -> Value {
     } else if path.ends_with("/gateways") {
         // The target exists (the controller applies nothing for one that
         // does not).
-        vec![json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-                    "metadata": {"name": "gw", "namespace": "serving", "uid": "uid-gw", "resourceVersion": "5"}})]
+        vec![
+            json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                    "metadata": {"name": "gw", "namespace": "serving", "uid": "uid-gw", "resourceVersion": "5"}}),
+        ]
     } else {
         vec![]
     };
