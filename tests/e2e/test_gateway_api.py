@@ -701,7 +701,8 @@ def test_the_controller_rbac_is_least_privilege():
            for v in ("get", "list", "watch", "create", "patch", "delete")} \
         | {("", "configmaps", "create", None)} \
         | {("", "configmaps", v, "kvasir-indexer-pools") for v in ("get", "patch")} \
-        | {("apps", "deployments", v, "kvasir-indexer") for v in ("get", "patch")}
+        | {("apps", "deployments", v, "kvasir-indexer") for v in ("get", "patch")} \
+        | {("gateway.networking.k8s.io", r, v, None) for r in ("gateways", "httproutes") for v in ("list", "watch")}
     want_served |= {("coordination.k8s.io", "leases", "create", None),
                     ("coordination.k8s.io", "leases", "get", "kvasir-controller"),
                     ("coordination.k8s.io", "leases", "update", "kvasir-controller")}
