@@ -69,6 +69,9 @@ pub enum AppError {
     /// The gRPC token file is unusable.
     #[error(transparent)]
     Token(#[from] TokenError),
+    /// An endpoint picker could not start.
+    #[error(transparent)]
+    Picker(#[from] crate::picker::PickerError),
 }
 
 /// Builds the pools of a config (no tasks yet). Pools sharing a tokenizer
@@ -161,6 +164,8 @@ pub struct Indexer {
     pub http_addr: SocketAddr,
     /// Warm-up and shutdown state of the gRPC side.
     pub lifecycle: Arc<Lifecycle>,
+    /// Where each endpoint picker listens: (pool, bound address).
+    pub picker_addrs: Vec<(String, SocketAddr)>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -310,6 +315,8 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
         unhealthy,
     )));
 
+    let picker_addrs = start_pickers(cfg, &pools, &cancel, &mut tasks).await?;
+
     let router = crate::http::router(Arc::clone(&pools), Arc::clone(&life));
     let http_cancel = cancel.clone();
     let grace = Duration::from_millis(cfg.shutdown_grace_ms);
@@ -334,9 +341,60 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
         grpc_addr,
         http_addr,
         lifecycle: life,
+        picker_addrs,
         cancel,
         tasks,
     })
+}
+
+/// Starts each configured endpoint picker on its own port (the
+/// Inference Extension's ext_proc service and grpc.health.v1, its
+/// `envoy.service.ext_proc.v3.ExternalProcessor` service SERVING).
+async fn start_pickers(
+    cfg: &Config,
+    pools: &Arc<Pools>,
+    cancel: &CancellationToken,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<Vec<(String, SocketAddr)>, AppError> {
+    use kvasir_proto::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+    let mut addrs = Vec::new();
+    for pc in &cfg.pickers {
+        let svc = crate::picker::PickerService::start(pc, Arc::clone(pools))?;
+        let listener = tokio::net::TcpListener::bind(pc.addr)
+            .await
+            .map_err(|source| AppError::Bind {
+                what: "picker",
+                addr: pc.addr,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| AppError::Bind {
+            what: "picker",
+            addr: pc.addr,
+            source,
+        })?;
+        let (reporter, health) = tonic_health::server::health_reporter();
+        reporter
+            .set_service_status(
+                "envoy.service.ext_proc.v3.ExternalProcessor",
+                tonic_health::ServingStatus::Serving,
+            )
+            .await;
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let router = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(ExternalProcessorServer::new(svc));
+        tasks.push(tokio::spawn(crate::lifecycle::serve_bounded(
+            router,
+            incoming,
+            cancel.clone().cancelled_owned(),
+            cancel.clone(),
+            Duration::from_millis(cfg.shutdown_grace_ms),
+        )));
+        tracing::info!(pool = %pc.pool, %addr, "endpoint picker started");
+        addrs.push((pc.pool.clone(), addr));
+    }
+    Ok(addrs)
 }
 
 /// The endpoint's KV-event subscriber; none when the pool's index is its

@@ -28,6 +28,7 @@ pub mod events;
 pub mod flow;
 pub mod index;
 pub mod load;
+pub mod picker;
 pub mod responses;
 pub mod scoring;
 mod service;

@@ -103,6 +103,8 @@ pub struct Pool {
     /// Requests admitted without their pick's answer (see
     /// [`crate::abandoned`]).
     pub abandoned: crate::abandoned::Abandoned,
+    /// What the pool's endpoint picker counted (see [`crate::picker`]).
+    pub picker: crate::picker::PickerMetrics,
 }
 
 impl std::fmt::Debug for Pool {
@@ -160,6 +162,7 @@ impl Pool {
             flow: crate::flow::PoolFlow::new(Default::default()),
             liveness: Arc::new(Liveness::default()),
             abandoned: crate::abandoned::Abandoned::default(),
+            picker: crate::picker::PickerMetrics::default(),
         }
     }
 

@@ -114,6 +114,7 @@ pub fn pick_request(req: &ParsedRequest<'_>, input: &PickInput<'_>) -> Option<Ve
             .map(|b| budget_message(input.tenant, b, req.max_tokens)),
         max_wait_ms: input.max_wait_ms,
         weight: input.weight,
+        subset: None,
     };
     Some(msg.encode_to_vec())
 }

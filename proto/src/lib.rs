@@ -19,6 +19,80 @@ pub mod v1 {
 
 pub mod budget;
 
+/// Envoy's external processing service and the types it uses, as their
+/// packages lay them out (generated code names each other by these paths).
+#[cfg(feature = "ext-proc")]
+#[allow(missing_docs, clippy::all, clippy::pedantic, rustdoc::all)]
+pub mod envoy {
+    macro_rules! package {
+        ($file:literal) => {
+            include!(concat!(env!("OUT_DIR"), "/", $file));
+        };
+    }
+    pub mod config {
+        pub mod core {
+            pub mod v3 {
+                package!("envoy.config.core.v3.rs");
+            }
+        }
+    }
+    pub mod extensions {
+        pub mod filters {
+            pub mod http {
+                pub mod ext_proc {
+                    pub mod v3 {
+                        package!("envoy.extensions.filters.http.ext_proc.v3.rs");
+                    }
+                }
+            }
+        }
+    }
+    pub mod r#type {
+        pub mod v3 {
+            package!("envoy.r#type.v3.rs");
+        }
+    }
+    pub mod service {
+        pub mod ext_proc {
+            pub mod v3 {
+                package!("envoy.service.ext_proc.v3.rs");
+            }
+        }
+    }
+}
+
+/// The `xds` packages Envoy's protos import.
+#[cfg(feature = "ext-proc")]
+#[allow(missing_docs, clippy::all, rustdoc::all)]
+pub mod xds {
+    pub mod annotations {
+        pub mod v3 {
+            include!(concat!(env!("OUT_DIR"), "/xds.annotations.v3.rs"));
+        }
+    }
+    pub mod core {
+        pub mod v3 {
+            include!(concat!(env!("OUT_DIR"), "/xds.core.v3.rs"));
+        }
+    }
+}
+
+/// The `udpa` annotations Envoy's protos import.
+#[cfg(feature = "ext-proc")]
+#[allow(missing_docs, clippy::all, rustdoc::all)]
+pub mod udpa {
+    pub mod annotations {
+        include!(concat!(env!("OUT_DIR"), "/udpa.annotations.rs"));
+    }
+}
+
+/// protoc-gen-validate's rules, imported by Envoy's protos.
+#[cfg(feature = "ext-proc")]
+#[allow(missing_docs, clippy::all, rustdoc::all)]
+pub mod validate {
+    include!(concat!(env!("OUT_DIR"), "/validate.rs"));
+}
+
 /// The fully qualified name of the `Indexer` service, as gRPC health
 /// checks and Envoy's `dispatch_grpc_call` name it.
 pub const INDEXER_SERVICE: &str = "kvasir.v1.Indexer";

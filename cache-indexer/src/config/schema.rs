@@ -67,6 +67,11 @@ pub struct Config {
     /// this process by default, or in Redis shared by replicas.
     #[serde(default)]
     pub budgets: BudgetsConfig,
+    /// Endpoint pickers (the Inference Extension's ext_proc protocol), one
+    /// per pool that gateways handling InferencePool themselves reach
+    /// (see [`crate::picker`]); none by default.
+    #[serde(default)]
+    pub pickers: Vec<crate::picker::PickerConfig>,
 }
 
 pub(super) fn default_grpc_addr() -> SocketAddr {
@@ -95,6 +100,7 @@ impl Default for Config {
             responses: ResponsesConfig::default(),
             shared_load: SharedLoadConfig::default(),
             budgets: BudgetsConfig::default(),
+            pickers: Vec::new(),
         }
     }
 }

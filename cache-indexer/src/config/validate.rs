@@ -35,6 +35,15 @@ impl Config {
         }
         self.responses.validate()?;
         self.budgets.validate()?;
+        let mut served = BTreeSet::new();
+        for (i, p) in self.pickers.iter().enumerate() {
+            if !served.insert(p.pool.as_str()) {
+                return Err(invalid(
+                    format!("pickers[{i}].pool"),
+                    format!("pool `{}` has a picker already", p.pool),
+                ));
+            }
+        }
         self.shared_load.validate()
     }
 }

@@ -373,6 +373,17 @@ fn report_families(enc: &mut DescriptorEncoder<'_>, pools: &[&Arc<Pool>]) -> fmt
             a.undelivered.get(),
         )?;
     }
+    let name = "kvasir_indexer_picker_requests_total";
+    let help = "Requests through the pool's endpoint picker (ext_proc), by what became of them: forwarded with an endpoint list, replied by the picker itself (401, 429, 503, ...), or ended otherwise (the gateway reset the exchange).";
+    let mut m = family(enc, name, Counter, help)?;
+    for p in pools {
+        let c = &p.picker;
+        let (all, fwd, rep) = (c.exchanges.get(), c.forwarded.get(), c.replied.get());
+        let other = all.saturating_sub(fwd + rep);
+        for (outcome, v) in [("forwarded", fwd), ("replied", rep), ("other", other)] {
+            m.sample(&[("pool", &p.name), ("outcome", outcome)], v)?;
+        }
+    }
     let name = "kvasir_indexer_in_flight_expired_total";
     let help = "In-flight picks dropped after the lost-report timeout.";
     let mut m = family(enc, name, Counter, help)?;

@@ -44,7 +44,21 @@ impl Pool {
             holder = ?holder.as_ref().map(|e| e.spec.address.as_str()),
             "response pick"
         );
+        let outside = |e: &Arc<Endpoint>| {
+            call.subset
+                .as_ref()
+                .is_some_and(|s| !s.iter().any(|a| *a == e.spec.address))
+        };
         Ok(match holder {
+            Ok(e) if outside(&e) => {
+                // Only that engine can serve it, and the caller may not
+                // use it: nothing to answer with.
+                self.give_back(&call, admission);
+                let mut answer = self.response_answer(None, started);
+                answer.decision = pb::Decision::NoEndpoints as i32;
+                answer.reason = "no_endpoints".into();
+                answer
+            }
             Ok(e) => {
                 self.failures.picked(e.id, started);
                 self.load

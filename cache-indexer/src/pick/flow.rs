@@ -103,7 +103,7 @@ impl Pool {
         drop(matched);
         let matched = self.match_prefix(tokens, call.salted, hashes);
         let now = Instant::now();
-        let endpoints = self.endpoints();
+        let endpoints = self.candidates(call);
         let views = self.load.views_matching(
             endpoints.iter().map(|e| e.id),
             now,

@@ -22,9 +22,11 @@ mod tokenize;
 
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use kvasir_proto::v1 as pb;
 
-use crate::pool::{Pool, ServiceError};
+use crate::pool::{Endpoint, Pool, ServiceError};
 
 impl Pool {
     /// Answers a pick. Counts and times itself. A pick whose request was
@@ -52,6 +54,21 @@ impl Pool {
         r
     }
 
+    /// The endpoints `call` may be placed on: the pool's, within the
+    /// caller's subset when it gives one.
+    fn candidates(&self, call: &prompt::Call) -> Arc<Vec<Arc<Endpoint>>> {
+        let all = self.endpoints();
+        match &call.subset {
+            None => all,
+            Some(allowed) => Arc::new(
+                all.iter()
+                    .filter(|e| allowed.iter().any(|a| *a == e.spec.address))
+                    .cloned()
+                    .collect(),
+            ),
+        }
+    }
+
     async fn run_pick(
         &self,
         req: pb::PickRequest,
@@ -61,7 +78,7 @@ impl Pool {
             return self.pick_response(req, started).await;
         }
         let (call, prompt) = prompt::from_request(req, started)?;
-        let endpoints = self.endpoints();
+        let endpoints = self.candidates(&call);
         let mut hashes = tokenize::PrefixHashes::default();
         let tokens = self
             .tokenize_prompt(&call, &prompt, &endpoints, &mut hashes)

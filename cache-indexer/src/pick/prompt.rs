@@ -49,6 +49,9 @@ pub(crate) struct Call {
     pub(crate) expected_output_tokens: u32,
     /// When the pick began: the clock of every load view and record.
     pub(crate) started: Instant,
+    /// The only endpoints it may choose from, when the caller says (the
+    /// gateway's subset hint).
+    pub(crate) subset: Option<Vec<String>>,
 }
 
 /// Splits a request into its call and its prompt; refuses a missing or
@@ -66,6 +69,7 @@ pub(crate) fn from_request(
         budget,
         max_wait_ms,
         weight,
+        subset,
         ..
     } = req;
     check_budget(&request_id, budget.as_ref())?;
@@ -118,6 +122,7 @@ pub(crate) fn from_request(
         priority,
         expected_output_tokens,
         started,
+        subset: subset.map(|s| s.addresses),
     };
     Ok((call, owned))
 }
@@ -154,6 +159,7 @@ pub(crate) fn bound_call(
         priority: hints.map_or(0, |h| h.priority),
         expected_output_tokens: hints.map_or(0, |h| h.expected_output_tokens),
         started,
+        subset: req.subset.as_ref().map(|s| s.addresses.clone()),
     };
     Ok((call, u32::try_from(bytes.div_ceil(4)).unwrap_or(u32::MAX)))
 }

@@ -695,10 +695,13 @@ impl Flow {
                 }
                 // A request bound to a stored response can be served by its
                 // holder alone: a retry must go there again, not to the
-                // next engine (which would answer 404 for the id).
+                // next engine (which would answer 404 for the id). (Not
+                // where one address is asked for: a cluster dialling the
+                // header's address reads exactly one.)
+                let one = self.shared.config.settings.max_endpoints <= 1;
                 let header = match &self.response_id {
-                    Some(_) => format!("{0},{0}", p.first),
-                    None => p.header.clone(),
+                    Some(_) if !one => format!("{0},{0}", p.first),
+                    _ => p.header.clone(),
                 };
                 host.set_request_header(&self.shared.config.settings.endpoint_header, &header);
                 if let Some(n) = p.engine_priority {
