@@ -98,7 +98,7 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 114] = [
+const FAMILIES: [(&str, &str); 115] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
@@ -181,6 +181,7 @@ const FAMILIES: [(&str, &str); 114] = [
     ("kvasir_indexer_pick_history_blocks", "gauge"),
     ("kvasir_indexer_pick_invalid_total", "counter"),
     ("kvasir_indexer_picks_total", "counter"),
+    ("kvasir_indexer_picker_requests_total", "counter"),
     ("kvasir_indexer_picks_abandoned_total", "counter"),
     ("kvasir_indexer_picks_unaccounted_total", "counter"),
     ("kvasir_indexer_pool_endpoints", "gauge"),
