@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The latency the Kvasir filter plus the indexer pick adds over the same
-Envoy route without the filter (issue 4, part 7). Not a test.
+Envoy route without the filter. Not a test.
 
 Starts three zero-latency vllm-sims, the cache-indexer and two Envoys on
 the same sims: one rendered from envoy/envoy.yaml with the filter, one with

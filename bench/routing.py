@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The routing benchmark (issue 5): the same simulated cluster, the same
+"""The routing benchmark: the same simulated cluster, the same
 workloads, four routing modes, one run. Not a test.
 
 For every workload (the Mooncake trace, the multi-tenant chat), load level
@@ -25,8 +25,8 @@ about 70%. The report (markdown, SVG plots, per-request CSV) goes to
 `bench/results/routing-short` for `short`); `kvasir-bench report` writes
 it.
 
-`--deployment deployed` runs every mode on a deployed-like shape instead
-(issue 22): clients spread over 2 Envoys, each Envoy's indexer cluster
+`--deployment deployed` runs every mode on a deployed-like shape instead:
+clients spread over 2 Envoys, each Envoy's indexer cluster
 holding 2 indexer replicas that share their load through a redis-server
 the benchmark starts (`sharedLoad`), the indexers given only the engines'
 HTTP addresses (KV-event sockets read from `GET /kv_event_sources`),
@@ -116,7 +116,7 @@ CHAT_MAX_RATE_PER_SCALE = 16.0
 CHAT_SHAPE = ["--tenants", "8", "--tenant-skew", "0.5", "--system-words", "2000..4000", "--turns", "4..10",
               "--user-words", "200..800", "--output-tokens", "50..150", "--think-s", "3"]
 
-# The deployed-like shape (`--deployment deployed`, issue 22); its Envoys,
+# The deployed-like shape (`--deployment deployed`); its Envoys,
 # replicas and sharing round are sim_cluster's.
 # The workload's reused content over what all engines' caches hold together.
 WORKING_SET_OVER_CACHE = 2.0
@@ -375,12 +375,12 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--late-binding", choices=["on", "off"],
                     help="kvasir (and its variants) with late binding: the pool's flow control holding picks once "
                          "every engine has ~0.2 s of prefill queued and binding the endpoint when one has room "
-                         "(bench/variants.py LATE_BINDING, issue 23); approx-prefix never (default: "
+                         "(bench/variants.py LATE_BINDING); approx-prefix never (default: "
                          f"{'on' if VAR.DEPLOYED_LATE_BINDING else 'off'} deployed, off single)")
     ap.add_argument("--deployment", choices=["single", "deployed"], default="single",
                     help="single: one Envoy, one indexer (today's results, comparable run to run); deployed: "
                          f"{CL.PROXIES} Envoys x {CL.REPLICAS} indexer replicas sharing load through Redis, caches under "
-                         "pressure, one engine restarted mid-run (issue 22)")
+                         "pressure, one engine restarted mid-run")
     ap.add_argument("--direct-share", type=float, default=0.0,
                     help="deployed only: share of trace requests / conversations sent to the engines directly, "
                          "not through any router (default 0)")
