@@ -1,5 +1,5 @@
 """What the deployed-like routing runs (`bench/routing.py --deployment
-deployed`, issue 22) read from the trace and from their own records: the
+deployed`) read from the trace and from their own records: the
 reused content the engines' caches are sized against, and the restart as
 the records saw it. Pure functions over files; loaded by routing.py."""
 

@@ -1,4 +1,4 @@
-"""Issue 22's targets checked on a deployed-like routing run
+"""The deployed-shape targets checked on a deployed-like routing run
 (`bench/routing.py --deployment deployed`), each miss with how much and
 why, from the yardsticks the report already computes: the pooled-cache
 bound, the FCFS prefill-queue model on the engines a mode chose and
@@ -321,7 +321,7 @@ def met_word(met: bool | None) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| target (issue 22) | measured | met | why (for a miss) |", "| --- | --- | --- | --- |"]
+    lines = ["| deployed-shape target | measured | met | why (for a miss) |", "| --- | --- | --- | --- |"]
     for t in rows:
         lines.append(f"| {t['target']} | {t['measured']} | {met_word(t['met'])} | "
                      f"{t['why'] if t['met'] is False else ''} |")
@@ -352,7 +352,7 @@ def main(argv: list[str]) -> int:
     d = Path(argv[0])
     rows = rows_of(d)
     (d / "targets-deployed.json").write_text(json.dumps(rows, indent=2))
-    section = (f"{START}\n## Issue 22's targets (one run; `bench/repeats.py` says what is beyond noise)\n\n"
+    section = (f"{START}\n## The deployed-shape targets (one run; `bench/repeats.py` says what is beyond noise)\n\n"
                f"{table(rows)}{END}\n")
     report = d / "report.md"
     text = report.read_text() if report.exists() else ""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The governance benchmarks (issue 23, deliverable 4): token budgets and
+"""The governance benchmarks token budgets and
 flow control on the simulated cluster of the routing benchmark
 (`bench/routing.py`: 8 vllm-sims with the h100-8b profile, Envoy, the
 cache-indexer; its Cluster, run_one and calibration are reused here). Not

@@ -1,5 +1,5 @@
 """Where a mode's cache hits fell short of the pooled-cache bound on the
-trace (issue 22's hit-rate target): each request's shortfall (the tokens
+trace (the deployed hit-rate target): each request's shortfall (the tokens
 one pooled LRU cache would have served from cache, `bound.json`'s
 `per_request_cached`, less the tokens its engine did) put down to one
 cause, read from the run's own records and the trace's block hashes.

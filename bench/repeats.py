@@ -15,7 +15,7 @@ summarises run directories that already exist.
         --loads 1.0 --trace-rate 1.5 --chat-rate 12.5 --no-progress
     python3 bench/repeats.py --from bench/results/repeats/run1 bench/results/repeats/run2
 
-Shapes side by side (issue 22's ablation), interleaved round by round so
+Shapes side by side (an ablation), interleaved round by round so
 a noisy machine weighs on every shape alike; `--variants` can be limited to
 some shapes:
 
@@ -61,7 +61,7 @@ def load_shapes():
 
 
 def render_targets(dirs: list[Path]) -> str:
-    """Issue 22's targets (bench/deployed_targets.py) checked in each run
+    """The deployed-shape targets (bench/deployed_targets.py) checked in each run
     and how many runs meet each: what "confirmed beyond run-to-run noise"
     asks. Targets whose runs are missing everywhere are left out; empty
     when no run has any."""
@@ -70,7 +70,7 @@ def render_targets(dirs: list[Path]) -> str:
     order = [t for t in per_run[0] if any(r.get(t, {}).get("met") is not None for r in per_run)]
     if not order:
         return ""
-    lines = ["", "Issue 22's targets in each run (bench/deployed_targets.py; variants against the same targets):", "",
+    lines = ["", "The deployed-shape targets in each run (bench/deployed_targets.py; variants against the same targets):", "",
              "| target | measured per run | runs that meet it |", "| --- | --- | ---: |"]
     for t in order:
         have = [r[t] for r in per_run if t in r and r[t]["met"] is not None]
@@ -285,7 +285,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--from", dest="dirs", nargs="+", help="summarise these run directories, run nothing")
     ap.add_argument("--command", default="", help="the command to name in the summary (with --from)")
     ap.add_argument("--compare-to", help="another repeats folder (its run*/ directories) of the same setup and "
-                    "another shape: adds the shapes' p90 per run, their means and issue 22's 2x2-within-5%%-of-1x1 "
+                    "another shape: adds the shapes' p90 per run, their means and the 2x2-within-5%%-of-1x1 "
                     "row (bench/shapes.py)")
     ap.add_argument("--shapes", help="deployed only: NxM shapes (Envoys x indexer replicas), e.g. "
                     "1x1,2x1,1x2,2x2, each run once per round in this order; runs go to OUT/<shape>/run<i> "

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Two routing benchmark runs that differ only in their shape (Envoys x
-indexer replicas), side by side (issue 22: "the 2x2 deployment's p90 TTFT
+indexer replicas), side by side (the target: "the 2x2 deployment's p90 TTFT
 within 5% of a 1x1 run at the same load"); also the setup record and the
 replicas' shared-load samples that `bench/routing.py` takes for it.
 
@@ -28,7 +28,7 @@ import threading
 from http.client import HTTPException
 from pathlib import Path
 
-# The issue's target: the larger shape's p90 TTFT at most this much above
+# The target: the larger shape's p90 TTFT at most this much above
 # the 1x1 run's.
 P90_WITHIN = 0.05
 # Rates read back from JSON farther apart than this (relative) are
@@ -295,15 +295,15 @@ def render(this_dir: Path, this: dict, other_dir: Path, other: dict) -> str:
 
 
 def target_rows(this: dict, other: dict, keys: list[tuple], a: dict, b: dict) -> list[str]:
-    """The issue's target per workload and load: kvasir's p90 on the larger
+    """The target per workload and load: kvasir's p90 on the larger
     shape within P90_WITHIN of 1x1's, the other modes for context."""
     ref = reference_side(this["deployment"], other["deployment"])
     if ref is None:
-        return ["No target row: the issue's target compares a larger shape against 1x1, and neither or both "
+        return ["No target row: the target compares a larger shape against 1x1, and neither or both "
                 "of these runs are 1x1."]
     big, one = (a, b) if ref == "other" else (b, a)
     big_name = shape_name((this if ref == "other" else other)["deployment"])
-    out = [f"Target (issue 22): {big_name} p90 TTFT within {P90_WITHIN:.0%} of 1x1 at the same load; kvasir is "
+    out = [f"Target: {big_name} p90 TTFT within {P90_WITHIN:.0%} of 1x1 at the same load; kvasir is "
            "the target, the other modes are context. One run each: repeat (bench/repeats.py) before calling a "
            "difference of a few percent.", "",
            f"| workload | load | mode | p90 {big_name} | p90 1x1 | {big_name} / 1x1 - 1 | within {P90_WITHIN:.0%} |",

@@ -43,7 +43,7 @@ POLICY = {
 # (Envoy's per-connection buffer in the bootstrap is 2 MiB).
 SETTINGS = {"exposeServedEndpoint": True, "bodyLimitBytes": 2 * 1024 * 1024 - 1}
 
-# The deployed-like shape (`--deployment deployed`, issue 22): its default
+# The deployed-like shape (`--deployment deployed`): its default
 # Envoys x indexer replicas.
 PROXIES = 2
 REPLICAS = 2

@@ -1,6 +1,6 @@
 """The kvasir mode's variants in the routing benchmark (`bench/routing.py
 --variants`): other cache-indexer pool settings, the replicas' sharing
-settings, and late binding (the pool's flow control, issue 23), which
+settings, and late binding (the pool's flow control), which
 bench/governance.py's below-saturation runs use too."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 # (`saturation.waiting`); `flow.*` keys turn on late binding (below).
 VARIANTS: dict[str, dict] = {}
 
-# Late binding (issue 23): the pool's flow control with picks held only
+# Late binding: the pool's flow control with picks held only
 # once every engine has about 0.2 s of prefill queued (6,554 tokens at
 # h100-8b's ~30k tokens/s), released as the engines' queued prefill drains
 # (learned from first-token reports) and re-checked every 10 ms while picks
@@ -31,7 +31,7 @@ LATE_BINDING = {"threshold": 1.0, "saturatedPrefillTokens": 6554, "maxWaitSimMs"
 # The scoring weights kvasir runs with late binding: `queuedPrefill` 0.15
 # instead of the indexer's 0.25. Late binding already holds picks while
 # every engine is busy, so the queue term can weigh less against the
-# prefix: on the deployed 2x2 shape it met issue 22's hit-rate target where
+# prefix: on the deployed 2x2 shape it met the deployed hit-rate target where
 # 0.25 missed it, TTFT and balance no worse on the trace and the chat within
 # its run-to-run noise (bench/results/late-binding-deployed/README.md).
 # Without late binding the single-proxy sweep found 0.1 and below piled

@@ -1,4 +1,4 @@
-//! The governance benchmarks' figures (issue 23, deliverable 4), computed
+//! The governance benchmarks' figures, computed
 //! from the runs' records: per-tenant TTFT around a noisy neighbour's
 //! burst, tokens served against token budgets, SLO goodput past
 //! saturation, and mean TTFT against the perfect-balance yardstick below

@@ -1,5 +1,5 @@
 //! `kvasir-bench tenants` and `kvasir-bench governance-report`: the
-//! governance benchmarks' load generator and report (issue 23), run by
+//! governance benchmarks' load generator and report, run by
 //! `bench/governance.py`.
 
 use std::path::PathBuf;

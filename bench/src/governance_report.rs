@@ -1,5 +1,5 @@
 //! The governance benchmarks' report: the figures of [`crate::governance`]
-//! for the runs `scenarios.json` names, the issue's targets checked, as
+//! for the runs `scenarios.json` names, the targets checked, as
 //! `report.md`, `summary.json` and `readme.md` (the README's table) in the
 //! results directory.
 
@@ -374,7 +374,7 @@ fn check_below(s: &Scenarios, f: &Figures, out: &mut Vec<TargetCheck>) {
     }
 }
 
-/// The issue's targets checked against the figures.
+/// The targets checked against the figures.
 pub fn check(s: &Scenarios, f: &Figures) -> Vec<TargetCheck> {
     let mut out = Vec::new();
     check_noisy(s, f, &mut out);
@@ -557,7 +557,7 @@ fn below_section(f: &Figures, o: &mut String) {
 /// The whole report.
 pub fn render(s: &Scenarios, f: &Figures) -> String {
     let mut o = format!(
-        "# Governance benchmarks (issue 23)\n\nProduced by `{}`.\n\n",
+        "# Governance benchmarks\n\nProduced by `{}`.\n\n",
         s.command
     );
     for l in &s.setup {

@@ -1,4 +1,4 @@
-//! The latency one proxy path adds over another (issue 4: Envoy with the
+//! The latency one proxy path adds over another (Envoy with the
 //! filter and the pick against the same route without the filter).
 //!
 //! Both paths are driven open-loop at the same rate, in alternating blocks

@@ -1,4 +1,4 @@
-//! The issue's targets checked against what was measured, and for a miss
+//! The targets checked against what was measured, and for a miss
 //! the facts of the runs that explain it.
 
 use std::fmt::Write as _;
@@ -228,7 +228,7 @@ const CHAT_BEST: &str =
 /// How the trace's best reuse is reckoned ([`crate::bound`]).
 const TRACE_BEST: &str = "holding what one pooled cache would";
 
-/// The target checks of the issue, as far as the runs allow.
+/// The target checks, as far as the runs allow.
 pub fn check_targets(inp: &Inputs) -> Vec<TargetCheck> {
     let runs = &inp.runs;
     let mut out = Vec::new();

@@ -1,4 +1,4 @@
-//! The governance benchmarks' multi-tenant workload (issue 23): each tenant
+//! The governance benchmarks' multi-tenant workload: each tenant
 //! sends token-id prompts open-loop, Poisson at its own rate, with a prefix
 //! of its own (a system prompt every request of the tenant shares) and a
 //! unique rest; one tenant may burst to a multiple of its rate for a while.

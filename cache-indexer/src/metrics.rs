@@ -99,9 +99,9 @@ pub enum PickDecision {
     Response,
     /// No live endpoint is known to hold the named response.
     UnknownResponse,
-    /// The tenant's budget refused the pick (issue 23).
+    /// The tenant's budget refused the pick.
     RateLimited,
-    /// Flow control shed the pick (issue 23).
+    /// Flow control shed the pick.
     Shed,
 }
 

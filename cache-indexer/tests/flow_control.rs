@@ -1,4 +1,4 @@
-//! Flow control in the pick path (issue 23), in process: pools whose
+//! Flow control in the pick path, in process: pools whose
 //! engines' load is set by recorded scrapes, picks that wait while every
 //! engine is saturated, and DONE reports of picks the scrape counted that
 //! free one slot each. Late binding (a released pick goes where the room

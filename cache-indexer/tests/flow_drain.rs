@@ -1,4 +1,4 @@
-//! A held pick released by the passage of time alone (issue 23, below
+//! A held pick released by the passage of time alone (below
 //! saturation): flow control counts an engine's queued prefill work, which
 //! drains at the prefill rate its first-token reports showed; while picks
 //! wait, a timer looks again, so a pick goes when the engine has worked

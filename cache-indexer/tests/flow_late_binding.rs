@@ -1,4 +1,4 @@
-//! Late binding that keeps prefixes (issue 23): a pick held by flow control
+//! Late binding that keeps prefixes: a pick held by flow control
 //! and released when another engine gets room goes to the engine holding
 //! its prefix while that one is only just over the threshold (the ranking
 //! weighs its queue against the prefill saved), and to the engine with

@@ -1,5 +1,5 @@
 //! A dead engine leaves picks at once; a blip on a live engine's event
-//! socket costs nothing (issue 22). Real `vllm-sim` processes over real ZMQ
+//! socket costs nothing. Real `vllm-sim` processes over real ZMQ
 //! and HTTP, a real indexer scraping only once a second (the most the
 //! config allows), so the ticks cannot explain what happens within 100 ms.
 //!

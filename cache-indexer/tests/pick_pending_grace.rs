@@ -1,5 +1,5 @@
 //! A conversation's next turn, picked right after the previous turn's DONE
-//! report, goes back to the engine that served it (issue 22), even before
+//! report, goes back to the engine that served it, even before
 //! that engine's KV events reach the index.
 //!
 //! Real `vllm-sim` processes and a real indexer, with the engines' events

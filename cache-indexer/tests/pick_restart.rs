@@ -1,4 +1,4 @@
-//! A restarted engine at the pick level (issue 22, deliverable 5): three
+//! A restarted engine at the pick level: three
 //! real `vllm-sim` processes over real ZMQ and HTTP, a real indexer (KV-event
 //! index, the Qwen3 tokenizer), every pick served on the engine it chose so
 //! that engine's KV events fill the index.

@@ -1,4 +1,4 @@
-//! Cold prefixes spread (issue 22): `make demo`'s conversations, picked
+//! Cold prefixes spread: `make demo`'s conversations, picked
 //! against real `vllm-sim` processes over real ZMQ and HTTP. Two tenants,
 //! each with a long system prompt its conversations share, three
 //! conversations each, turns sent one at a time to three idle engines:

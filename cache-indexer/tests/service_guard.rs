@@ -1,4 +1,4 @@
-//! Who may call the indexer and what unanswered picks can do (issue 18.4):
+//! Who may call the indexer and what unanswered picks can do:
 //! the bearer token on every `kvasir.v1.Indexer` call (health stays open,
 //! rotation is picked up), and a flood of picks nobody reports, which may
 //! shift each engine's load view by at most the cap while real traffic

@@ -1,5 +1,5 @@
 //! Two indexer replicas fed by the same simulators give the same picks for
-//! the same requests (issue item 7): scoring is deterministic, the
+//! the same requests: scoring is deterministic, the
 //! tie-break is a hash of the request id and the address, and each replica's
 //! in-flight state follows the same picks and reports.
 

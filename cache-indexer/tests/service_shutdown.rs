@@ -1,4 +1,4 @@
-//! Start-up and shutdown (issue 18.6): a cold indexer (no scrape yet)
+//! Start-up and shutdown: a cold indexer (no scrape yet)
 //! answers UNAVAILABLE, never NO_ENDPOINTS; a cancelled one ends its open
 //! `Session` streams with UNAVAILABLE and stops within the grace even
 //! while a caller keeps its stream open; the binary does the same on

@@ -1,4 +1,4 @@
-//! Replicas that share recent placements (issue 22): two indexer replicas
+//! Replicas that share recent placements: two indexer replicas
 //! over three real `vllm-sim` engines (KV events over ZMQ, both replicas
 //! indexing them), sharing load and placements through a real
 //! `redis-server` (free loopback port, no persistence, killed at the end).

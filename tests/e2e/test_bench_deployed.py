@@ -92,5 +92,5 @@ def test_the_deployed_mode_spreads_restarts_and_reports(tiny, tmp_path):
     assert meta["rate"] == 1.0
     assert meta["notes"]["picks by indexer0"] > 0 and "indexer0 peers seen" not in meta["notes"], meta["notes"]
     cmp = (one / "shapes.md").read_text()
-    assert "## Shapes: 1x1 against 2x2" in cmp and "Target (issue 22): 2x2 p90 TTFT within 5% of 1x1" in cmp, cmp
+    assert "## Shapes: 1x1 against 2x2" in cmp and "Target: 2x2 p90 TTFT within 5% of 1x1" in cmp, cmp
     assert cmp in (one / "report.md").read_text()

@@ -1,4 +1,4 @@
-"""`bench/deployed_targets.py`: issue 22's targets on a deployed run's
+"""`bench/deployed_targets.py`: the deployed-shape targets on a deployed run's
 results folder, each miss with its why, and the report's section replaced
 (not appended again) on a rerun. The folder is written here; no processes
 are started."""
@@ -94,7 +94,7 @@ def test_a_hit_miss_in_a_folder_without_its_trace_window_says_so_and_the_report_
     assert (hit["met"], hit["measured"]) == (False, "12.0% vs bound 15.0%: 80.0%")
     assert hit["why"].startswith("no breakdown of the shortfall: "), hit["why"]
     assert "records no trace window" in hit["why"], hit["why"]
-    assert "Issue 22's targets" in (d / "report.md").read_text()
+    assert "deployed-shape targets" in (d / "report.md").read_text()
 
 
 def test_a_p90_short_of_the_target_says_what_reuse_and_balance_give(tmp_path):

@@ -97,4 +97,4 @@ def test_single_proxy_runs_get_no_targets_table(tmp_path):
     out = tmp_path / "out"
     subprocess.run([sys.executable, str(REPEATS), "--from", str(tmp_path / "run1"), str(tmp_path / "run2"),
                     "--out", str(out)], check=True, capture_output=True)
-    assert "Issue 22's targets" not in (out / "summary.md").read_text()
+    assert "deployed-shape targets" not in (out / "summary.md").read_text()

@@ -1,5 +1,5 @@
-"""`bench/shapes.py`, two routing runs of other shapes side by side (issue
-22's "2x2 p90 within 5% of 1x1"): the table and the target row come from the
+"""`bench/shapes.py`, two routing runs of other shapes side by side (the
+target "2x2 p90 within 5% of 1x1"): the table and the target row come from the
 runs' own summary.json and CSVs, and two runs whose setups differ in more
 than the shape are refused. Also routing.py's folder names per shape and
 repeats.py's shape line. No stack: it reads results directories."""

@@ -1,4 +1,4 @@
-"""Multi-tenant governance end to end (issue 23): token budgets reserved at
+"""Multi-tenant governance end to end: token budgets reserved at
 the pick and enforced by the cache-indexer, answered by the filter as 429s
 in each API's own shape with OpenAI's `x-ratelimit-*` headers; flow control
 holding picks in the indexer while the pool is saturated, releasing them

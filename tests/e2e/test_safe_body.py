@@ -1,4 +1,4 @@
-"""Issue 18, the request body through the real Envoy and the wasm filter:
+"""The request body through the real Envoy and the wasm filter:
 the PII guard sees every string that would leave, whatever the field (2),
 and parsing and usage accounting are as strict as the engine (7)."""
 
@@ -39,7 +39,7 @@ def guarded(stack: Stack, logdir):
         yield e
 
 
-# Each field issue 18 found leaking, as (path, body with MARK where the PII goes).
+# Each field that could leak personal data, as (path, body with MARK where the PII goes).
 LEAKED = {
     "tool-call arguments": ("/v1/chat/completions", {
         "model": "gpt-4o", "max_tokens": 4, "messages": [

@@ -1,4 +1,4 @@
-"""Issue 18, the cache-indexer behind the real Envoy: only Envoy (holding
+"""The cache-indexer behind the real Envoy: only Envoy (holding
 the token) may call it (4), and a restarting indexer neither loses requests
 nor reads as a saturated pool while it warms up, and exits promptly on
 SIGTERM with Envoy's Session streams open (6)."""

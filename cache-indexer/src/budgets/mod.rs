@@ -1,4 +1,4 @@
-//! Tenants' token budgets (issue 23): the state behind each budget key,
+//! Tenants' token budgets: the state behind each budget key,
 //! shared by every pool of the process, and the operations the pick path
 //! (reserve, cancel) and the reports (settle, release, cancel) apply to it.
 //! The arithmetic is `kvasir-budget`'s; this module keeps its state and

@@ -1,4 +1,4 @@
-//! Budgets shared by every indexer replica through Redis (issue 23;
+//! Budgets shared by every indexer replica through Redis (
 //! "Across replicas" and "With the store unreachable" in
 //! `budget/README.md`).
 //!

@@ -1,4 +1,4 @@
-//! A pool's flow control (issue 23): the queue picks wait in while the pool
+//! A pool's flow control: the queue picks wait in while the pool
 //! is saturated, released one per freed slot in the order of
 //! `kvasir-flowcontrol` (priority bands, then token-weighted fair share
 //! between tenants). The pick path ([`crate::pick`]) asks [`PoolFlow::arrive`]

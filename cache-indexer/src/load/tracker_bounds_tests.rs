@@ -1,4 +1,4 @@
-//! Bounds on picks nobody reports (issue 18): the unconfirmed timeout, the
+//! Bounds on picks nobody reports: the unconfirmed timeout, the
 //! per-endpoint cap on unconfirmed picks, and the pool's tracking cap.
 
 use super::*;

@@ -1,4 +1,4 @@
-//! Budget admission of a pick (issue 23): reserve the request's tokens
+//! Budget admission of a pick: reserve the request's tokens
 //! against its tenant's budget before it is placed or queued.
 //!
 //! The reservation is the prompt as tokenized (pseudo-tokens in `approx`

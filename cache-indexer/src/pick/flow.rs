@@ -1,4 +1,4 @@
-//! Flow control of a pick (issue 23): when the pool is saturated, the pick
+//! Flow control of a pick: when the pool is saturated, the pick
 //! waits in the pool's queue ([`crate::flow`]) and is placed when it
 //! leaves (late binding): on an endpoint with room then, matched against
 //! the index as it is then.

@@ -1,4 +1,4 @@
-//! Issue 18's body rules through the real [`Flow`] and the fake Envoy of
+//! The body rules (no personal data leaks through any field) through the real [`Flow`] and the fake Envoy of
 //! `engine_tests`: the PII guard sees every string that would leave
 //! (property-tested over generated bodies of every API), and parsing and
 //! usage accounting are as strict as the engine.
@@ -78,7 +78,7 @@ const COMPLETIONS: &str = "/v1/completions";
 const MESSAGES: &str = "/v1/messages";
 const EMAIL: &str = "jane.doe@example.com";
 
-/// The fields issue 18 found leaking, one by one, each with a clean twin
+/// The fields that could leak, one by one, each with a clean twin
 /// that does burst (so the body is accepted and the policy applies).
 #[test]
 fn pii_in_each_field_that_leaked_stays_inside() {
