@@ -14,7 +14,7 @@ picks made.
     .tools/venv/bin/python bench/failopen.py                 # 250, 500, 1000
     .tools/venv/bin/python bench/failopen.py --levels 1000 --duration-s 60
 
-Results: bench/results/failopen/summary.json and report.md.
+Results: bench/results/failopen/summary.json (one entry per --label).
 """
 
 from __future__ import annotations
