@@ -97,10 +97,10 @@ FLOW = {
     # flight already at half of that (reserve 0.5), so the others find room
     # at once. With the work term on, the compiled config has the filter
     # report first tokens, which end a pick's prefill in that count.
-    # Chosen from the tries in bench/results/governance.md (eleventh
-    # session: 65,536 before first-token reports, then 16,384 with them);
-    # the request-count saturation of the first tries (0.2 = one waiting
-    # request) missed the target at 1.8-2.7x.
+    # Chosen from the tries in bench/results/governance.md ("Noisy
+    # neighbour: work-based saturation and the reserve": 65,536 without
+    # first-token reports, 16,384 with them); saturation by request count
+    # alone (0.2 = one waiting request) missed the target at 1.8-2.7x.
     "noisy": {"threshold": 1.0, "saturatedPrefillTokens": 16384, "reserve": 0.5, "maxWaitSimMs": 5000,
               "maxQueued": 1024, "maxQueuedPerTenant": 256},
     # One tenant (the trace): the whole queue is its. Engines keep at most

@@ -98,8 +98,8 @@ PRESETS = {
     # whole trace's (32%); the first minutes hold few repeats (~8%).
     "short": {"trace_time_scale": 0.25, "chat_time_scale": 1.0, "trace_loads": [1.0, 2.0], "chat_loads": [1.0],
               "trace_from_s": 650.0, "trace_window_s": 120.0, "chat_duration_s": 30.0,
-              # Calibration's first guesses (earlier runs' settled rates; the
-              # short chat always ends at the cap).
+              # Calibration's first guesses (the rates calibration settles at;
+              # the short chat always ends at the cap).
               "trace_guess": 1.6, "chat_guess": 16.0},
     # make bench-full: the whole trace at four loads (1.5 and 2.0 both past
     # what round-robin's engines keep up with), the chat at two (about 75
@@ -135,8 +135,8 @@ SHARED_LOAD_SAMPLE_S = 0.5
 # settings, hit rates 71-75% against 87% at 2.0, and the measured p90 up to
 # 1.6x what the report's FCFS queue model gives on the engines each mode
 # chose, while the machine was only 32-38% busy (bench/cpu_usage.py). At
-# 2.0 both modes' p90 were within 10% of that model (Dec 5, twelfth
-# session; bench/results/routing-deployed-analysis.md).
+# 2.0 both modes' p90 were within 10% of that model
+# (bench/results/routing-deployed-analysis.md, "The deployed chat's clock").
 DEPLOYED_CHAT_TIME_SCALE = 2.0
 # The chat's prompts stay below 16k tokens (4k system + 10 turns of at most
 # 950): a smaller max-model-len lets its caches shrink below the trace's

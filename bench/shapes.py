@@ -426,7 +426,7 @@ def render_ablation(shapes: dict[str, list[Path]]) -> str:
     lines = ["## Shapes side by side", "",
              "Means over each shape's runs; p90 per run in brackets; `vs first` is the mean p90 over the first "
              "shape's (a variant the first shape did not run: over its plain kvasir). cpu s: engines / indexers / proxies per run (means); busy: the machine's (all processes, "
-             "other helpers' too). Placement: one FCFS prefill queue per engine at the run's own arrivals and "
+             "anything else running on it too). Placement: one FCFS prefill queue per engine at the run's own arrivals and "
              f"reuse (~{STEP_MS:.0f} ms + {TOKEN_MS} ms per uncached token per {BUDGET}-token chunk): regret = the "
              "chosen engine's queued work over the least loaded engine's at each send, late = picks with more "
              f"than {LATE_MS:.0f} ms of it, fcfs = mean TTFT of those queues.", "",

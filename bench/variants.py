@@ -17,8 +17,8 @@ VARIANTS: dict[str, dict] = {}
 # h100-8b's ~30k tokens/s), released as the engines' queued prefill drains
 # (learned from first-token reports) and re-checked every 10 ms while picks
 # wait; never shed (waits in simulated ms, scaled by the run's time scale).
-# Chosen from the tries in bench/results/governance.md (twelfth session):
-# threshold 0.4 by requests held no pick at all before the drain, and
+# Chosen from the tries in bench/results/governance.md ("Below
+# saturation"): by requests alone, threshold 0.4 held almost no pick and
 # holding picks (0.2) was worse than kvasir alone. No reserve: this late
 # binding places picks, it does not isolate tenants; with the pool default
 # the chat's popular tenants waited while engines had room
@@ -39,13 +39,13 @@ LATE_BINDING = {"threshold": 1.0, "saturatedPrefillTokens": 6554, "maxWaitSimMs"
 LATE_SCORING = {"queuedPrefill": 0.15}
 
 # Whether the deployed shape's kvasir mode runs with late binding unless
-# `--late-binding` says otherwise. On since the fifteenth session: with
-# sharedLoad.shareReports its queue no longer runs away on 2x2, and it beat
-# kvasir without it on balance and TTFT at trace loads 1.0 and 1.5 and on
-# the chat (bench/results/late-binding-deployed/README.md). Before
-# shareReports it ran away in most 2x2 runs: reports that reached the other
-# replica left their prefill queued, so the pool looked saturated. The
-# single-proxy shape keeps it off, so its results stay comparable.
+# `--late-binding` says otherwise. On: it beat kvasir without it on
+# balance and TTFT at trace loads 1.0 and 1.5 and on the chat
+# (bench/results/late-binding-deployed/README.md). It needs
+# sharedLoad.shareReports: without it reports that reached the other
+# replica left their prefill queued, the pool looked saturated, and the
+# queue ran away in most 2x2 runs (bench/results/routing-deployed-analysis.md).
+# The single-proxy shape keeps it off, so its results stay comparable.
 DEPLOYED_LATE_BINDING = True
 
 
