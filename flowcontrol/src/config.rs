@@ -108,7 +108,7 @@ impl Default for FlowControlConfig {
 /// pick's tokens leave the term at its first-token report, or at its DONE
 /// when the filter sends none (its default), so the term also holds the
 /// engine's work in progress and decode. Measured (short preset, one run
-/// each, bench/results/governance.md, eleventh session): at 16384 (~0.5 s
+/// each, bench/results/governance.md): at 16384 (~0.5 s
 /// of h100-8b prefill at ~0.03 ms per uncached token, FACTS.md) an engine
 /// at 80% prefill use already looks saturated (98% of picks queued with no
 /// burst); at 65536 (~2 s) the noisy-neighbour target is met with the
@@ -121,8 +121,7 @@ pub const DEFAULT_SATURATED_PREFILL_TOKENS: u64 = 0;
 /// The default [`FlowControlConfig::reserve`]: half the room below the
 /// threshold is kept for tenants under their share. Measured on the
 /// noisy-neighbour benchmark (bench/results/governance.md, "Noisy
-/// neighbour: work-based saturation and the reserve (eleventh
-/// session)"): the other tenants' p99 TTFT 1.01-1.08x their no-burst
+/// neighbour: work-based saturation and the reserve"): the other tenants' p99 TTFT 1.01-1.08x their no-burst
 /// figure with it, 1.23-1.39x without, same settings otherwise. Its cost:
 /// with load spread evenly, whichever tenants are above the mean for a
 /// moment get the tighter bound (slower no-burst figures for some).
