@@ -13,6 +13,12 @@ from . import prom
 from .paths import MODEL, SIM_BIN, TOKENIZER
 from .procs import START_TIMEOUT_S, Exited, Proc, request, wait_until
 
+# Every simulator of the tests serves the admin endpoints they inject
+# faults through (`/sim/faults`, ...), which vllm-sim serves only when
+# asked (`--enable-sim-admin`, or this variable); the ready line (with the
+# bound ports) is logged at info.
+SIM_ENV = {"RUST_LOG": "info", "VLLM_SIM_ENABLE_ADMIN": "1"}
+
 _READY_PORT = re.compile(r' (http|kv_events|kv_events_replay)=(?:Some\(")?(?:tcp://)?[0-9.]+:(\d+)')
 
 
@@ -69,8 +75,7 @@ def launch_sim(logdir: Path, name: str, args: list[str], model: str = MODEL) -> 
     own (see `Sim`), its output in `logdir/<name>.log`. `model` is only
     recorded on the handle: pass `--model` in `args` to serve another."""
     argv = [str(SIM_BIN), "--port", "0", "--kv-events-port", "0", "--kv-events-replay-port", "0", *args]
-    # The ready line (with the bound ports) is logged at info.
-    return Sim(Proc(name, argv, logdir, env={"RUST_LOG": "info"}), model)
+    return Sim(Proc(name, argv, logdir, env=SIM_ENV), model)
 
 
 def start_sim(logdir: Path, name: str, model: str = MODEL, profile: str = "zero", time_scale: float = 0,
@@ -107,4 +112,4 @@ def restart_sim(s: Sim, logdir: Path, name: str, down_s: float = 0.0) -> Sim:
     argv = list(s.proc.argv)
     i = argv.index("--port")
     argv[i + 1] = str(port)
-    return Sim(Proc(name, argv, logdir, env={"RUST_LOG": "info"}), s.model)
+    return Sim(Proc(name, argv, logdir, env=SIM_ENV), s.model)

@@ -340,8 +340,11 @@ impl Sim {
         if !self.args.iter().any(|a| a == "--profile") {
             cmd.args(["--profile", "zero", "--time-scale", "0"]);
         }
-        // The `vllm-sim ready` line (with the bound ports) is at info.
-        cmd.args(&self.args).env("RUST_LOG", "info");
+        // The `vllm-sim ready` line (with the bound ports) is at info; the
+        // fault endpoints (POST /sim/faults, ...) the tests use are on.
+        cmd.args(&self.args)
+            .env("RUST_LOG", "info")
+            .env("VLLM_SIM_ENABLE_ADMIN", "1");
         self.proc.spawn(&mut cmd);
     }
 
