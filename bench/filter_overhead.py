@@ -12,7 +12,21 @@ the added latency is the difference of the two distributions' percentiles.
 Alternating blocks put the shared machine's drift on both paths alike.
 Also reports the .wasm size and Envoy's RSS with and without the filter.
 
+`--paths all` adds the same comparison for the cache-indexer as the
+endpoint picker of an Inference Extension gateway (docs/picker.md): the
+same indexer also serves a picker for the pool (ext_proc, the same
+compiled policy), and three more Envoys, built from
+harness/kvasir_harness/picker.py's bootstrap (a static pool cluster with
+the override_host load balancer), take turns with the two above: one
+asking the picker with full-duplex bodies (the Inference Extension's
+mode), one with buffered bodies, and the identical bootstrap without the
+ext_proc filter (the picker paths' own baseline). The two baselines are
+reported too, so the filter and the picker compare on one machine and one
+run. It writes bench/results/filter_overhead/summary.json (percentiles
+per path and round, no per-request records) and a markdown table beside it.
+
     .tools/venv/bin/python bench/filter_overhead.py --seconds 10 --out bench/results/filter.json
+    .tools/venv/bin/python bench/filter_overhead.py --paths all --rounds 3 --seconds 5
 """
 
 from __future__ import annotations
@@ -27,10 +41,16 @@ import tempfile
 from pathlib import Path
 
 import kvasir_harness as h  # harness/kvasir_harness: processes, ports, bounded waits, the launchers
+from kvasir_harness import picker as gie  # the Inference Extension gateway's bootstrap
 
 REPO = Path(__file__).resolve().parents[1]
 
 BENCH_BIN = h.TARGET / "release" / "kvasir-bench"
+
+# Each path measured, and the path it adds latency over (the identical
+# bootstrap without the filter under test).
+BASELINE = {"with_filter": "without_filter",
+            "picker_full_duplex": "picker_plain", "picker_buffered": "picker_plain"}
 
 WORDS = "cache prefix token router engine latency batch queue tenant policy model request stream block".split()
 
@@ -117,10 +137,68 @@ def one_round(a, indexer, envoys, names, bodies_file: Path, logdir: Path, rate: 
         row[n] = {key: p[key] for key in ("n", "errors", "p50_ms", "p90_ms", "p99_ms", "mean_ms")}
     row["added_p50_ms"] = row["with_filter"]["p50_ms"] - row["without_filter"]["p50_ms"]
     row["added_p99_ms"] = row["with_filter"]["p99_ms"] - row["without_filter"]["p99_ms"]
+    if len(names) > 2:
+        # Each path over its own baseline, and over the filter's (the same
+        # route, another bootstrap: the two baselines should agree).
+        row["added"] = {n: {"over": b, "p50_ms": row[n]["p50_ms"] - row[b]["p50_ms"],
+                            "p99_ms": row[n]["p99_ms"] - row[b]["p99_ms"],
+                            "p50_over_without_filter_ms": row[n]["p50_ms"] - row["without_filter"]["p50_ms"]}
+                        for n, b in BASELINE.items() if n in names}
     row["client_send_lateness_p99_ms"] = r["send_lateness_p99_ms"]
     row["where"] = time_split(before, after)
-    print(f"{rate:5.0f} rps round {k}: added p50 {row['added_p50_ms']:.3f} ms, p99 {row['added_p99_ms']:.3f} ms", file=sys.stderr)
+    line = f"{rate:5.0f} rps round {k}: filter added p50 {row['added_p50_ms']:.3f} ms, p99 {row['added_p99_ms']:.3f} ms"
+    for n, a in row.get("added", {}).items():
+        if n != "with_filter":
+            line += f"; {n} p50 {a['p50_ms']:.3f} ms, p99 {a['p99_ms']:.3f} ms"
+    print(line, file=sys.stderr)
     return row
+
+
+def start_gateway(logdir: Path, name: str, picker: str | None, pool: list[str], request_mode: str = "",
+                  response_mode: str = "") -> h.Envoy:
+    """An Envoy as an Inference Extension gateway configures it
+    (harness/kvasir_harness/picker.py's bootstrap, override_host pool),
+    asking the picker at `picker` in the given body modes, or with no
+    ext_proc filter at all when `picker` is None; one worker, as the
+    filter's Envoys."""
+    port, admin = h.free_port(), h.free_port()
+    b = gie.bootstrap(port, admin, picker or "127.0.0.1:9", pool, "override_host",
+                      request_mode=request_mode or "FULL_DUPLEX_STREAMED",
+                      response_mode=response_mode or "FULL_DUPLEX_STREAMED")
+    if picker is None:
+        hcm = b["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.ext_proc"]
+        b["static_resources"]["clusters"] = [c for c in b["static_resources"]["clusters"] if c["name"] != "picker"]
+    cfg = logdir / f"{name}.json"
+    cfg.write_text(json.dumps(b, indent=1))
+    argv = [str(h.ENVOY_BIN), "-c", str(cfg), "--concurrency", "1", "--disable-hot-restart", "-l", "warning"]
+    return h.Envoy(h.Proc(name, argv, logdir), port, admin, cfg)
+
+
+def summary_table(results: dict) -> str:
+    """The three-way comparison as a markdown table (docs/picker.md,
+    docs/benchmarks.md)."""
+    out = ["| rate | plain Envoy p50 / p99 | filter + pick: added p50 / p99 | picker, full duplex: added p50 / p99 "
+           "| picker, buffered: added p50 / p99 |",
+           "| ---: | ---: | ---: | ---: | ---: |"]
+    for r in results["rates"]:
+        a = r["added"]
+
+        def cell(n: str) -> str:
+            lo, hi = a[n]["p50_range_ms"]
+            return f"**{a[n]['p50_ms']:+.2f} / {a[n]['p99_ms']:+.2f} ms** ({lo:.2f} to {hi:.2f})"
+        base = r["without_filter"]
+        out.append(f"| {r['rate_rps']:.0f} rps | {base['p50_ms']:.2f} / {base['p99_ms']:.2f} ms | {cell('with_filter')} "
+                   f"| {cell('picker_full_duplex')} | {cell('picker_buffered')} |")
+    out.append("")
+    out.append(f"Median of {results['rounds']} interleaved rounds of {results['seconds_per_round']:g} s per path and "
+               f"rate (in brackets: the rounds' added p50 range). Each path over its own baseline: the filter over "
+               f"the same Envoy bootstrap without it, the picker over the Inference Extension gateway's bootstrap "
+               f"without ext_proc (p50 {results['rates'][0]['picker_plain']['p50_ms']:.2f} ms at "
+               f"{results['rates'][0]['rate_rps']:.0f} rps). {results['prompt_tokens']}-token chat bodies "
+               f"({results['body_bytes']} bytes); one Envoy worker per path; zero-latency simulators; "
+               f"one 2-core machine shared by everything.")
+    return "\n".join(out)
 
 
 def main() -> int:
@@ -128,8 +206,14 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5, help="seconds per path, rate and round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per rate (the added latency is their median)")
     ap.add_argument("--rates", default="100,500")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "filter.json"))
+    ap.add_argument("--paths", choices=("filter", "all"), default="filter",
+                    help="filter: the filter and its baseline; all: also the endpoint picker and its baseline")
+    ap.add_argument("--out", help="default bench/results/filter.json, or with --paths all "
+                                  "bench/results/filter_overhead/summary.json")
     a = ap.parse_args()
+    picker_paths = a.paths == "all"
+    out = Path(a.out) if a.out else REPO / "bench" / "results" / (
+        "filter_overhead/summary.json" if picker_paths else "filter.json")
     logdir = Path(tempfile.mkdtemp(prefix="kvasir-bench-filter-"))
     procs = h.Processes()
     try:
@@ -137,8 +221,17 @@ def main() -> int:
         provider = h.start_sim(logdir, "provider", model=h.PROVIDER_MODEL)
         for x in sims + [provider]:
             procs.add(x)
-        indexer = procs.add(h.indexer_for(sims, logdir, scrape_interval_ms=250))
         plugin = h.compile_plugin(h.POLICY, {"bodyLimitBytes": 1048575})
+        extra, picker = [], None
+        if picker_paths:
+            # The same indexer answers the filter's picks and the picker's
+            # exchanges, with the same compiled policy.
+            picker = f"127.0.0.1:{h.free_port()}"
+            (logdir / "picker-policy.json").write_text(plugin)
+            (logdir / "pickers.json").write_text(json.dumps({"pickers": [
+                {"addr": picker, "pool": "main", "policyFile": str(logdir / "picker-policy.json")}]}))
+            extra = ["--config", str(logdir / "pickers.json")]
+        indexer = procs.add(h.indexer_for(sims, logdir, scrape_interval_ms=250, extra=extra))
         envoys = {}
         for name, without in (("with_filter", False), ("without_filter", True)):
             e = h.start_envoy(logdir, plugin, [s.address for s in sims], indexer.address, provider.address,
@@ -150,6 +243,15 @@ def main() -> int:
         indexer.start()
         for e in envoys.values():
             h.wait_envoy(e, [s.address for s in sims])
+        if picker_paths:
+            pool = [s.address for s in sims]
+            for name, who, modes in (("picker_full_duplex", picker, ("FULL_DUPLEX_STREAMED", "FULL_DUPLEX_STREAMED")),
+                                     ("picker_buffered", picker, ("BUFFERED", "STREAMED")),
+                                     ("picker_plain", None, ("", ""))):
+                e = procs.add(start_gateway(logdir, name, who, pool, *modes))
+                h.wait_until(f"{name} ready", lambda e=e: e.proc.alive()
+                             and h.request("GET", e.admin, "/ready", timeout=2)[0] == 200)
+                envoys[name] = e
         rng = random.Random(1)
         bodies = [body(rng, i) for i in range(200)]
         bodies_file = logdir / "bodies.jsonl"
@@ -172,6 +274,13 @@ def main() -> int:
             for key in ("added_p50_ms", "added_p99_ms"):
                 row[key] = statistics.median(r[key] for r in rs)
                 row[key.replace("_ms", "_range_ms")] = [min(r[key] for r in rs), max(r[key] for r in rs)]
+            if picker_paths:
+                row["added"] = {}
+                for n, b in BASELINE.items():
+                    xs = [r["added"][n] for r in rs]
+                    row["added"][n] = {"over": b, **{q: statistics.median(x[q] for x in xs)
+                                                     for q in ("p50_ms", "p99_ms", "p50_over_without_filter_ms")},
+                                       "p50_range_ms": [min(x["p50_ms"] for x in xs), max(x["p50_ms"] for x in xs)]}
             # The round whose added p50 is the median, for the table's absolute columns.
             mid = sorted(rs, key=lambda r: r["added_p50_ms"])[len(rs) // 2]
             for n in names:
@@ -184,12 +293,22 @@ def main() -> int:
         results["filter_rss_per_vm_mib"] = (results["envoy_rss_mib"]["with_filter"] - results["envoy_rss_mib"]["without_filter"]) / 2
         results["rounds"] = a.rounds
         results["seconds_per_round"] = a.seconds
-        results["notes"] = (f"kvasir-bench overhead (one-thread Rust open-loop client, both Envoys in alternating "
-                            f"0.5 s blocks; {a.rounds} rounds of {a.seconds:g} s per path and rate, the added latency is "
-                            f"their median) on the same 2-core machine; 1 Envoy worker; zero-latency simulators, "
-                            f"max_tokens 1; latency from the send to the answer's last byte.")
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(results, indent=2) + "\n")
+        results["notes"] = (f"kvasir-bench overhead (one-thread Rust open-loop client, the {len(names)} Envoys in "
+                            f"alternating 0.5 s blocks; {a.rounds} rounds of {a.seconds:g} s per path and rate, the added "
+                            f"latency is their median) on the same 2-core machine; 1 Envoy worker; zero-latency "
+                            f"simulators, max_tokens 1; latency from the send to the answer's last byte.")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if picker_paths:
+            # Percentiles per path and round only: the per-request records
+            # stay in the run's temporary folder.
+            results["paths"] = {"with_filter": "Envoy + the Kvasir filter (wasm) + the indexer's pick over kvasir.v1",
+                                "without_filter": "the same Envoy bootstrap without the filter",
+                                "picker_full_duplex": "Envoy + ext_proc to the indexer's picker, FULL_DUPLEX_STREAMED "
+                                                      "request and response bodies",
+                                "picker_buffered": "the same with a BUFFERED request body, STREAMED response",
+                                "picker_plain": "the same Envoy bootstrap without ext_proc"}
+            (out.parent / "summary.md").write_text(summary_table(results) + "\n")
+        out.write_text(json.dumps(results, indent=2) + "\n")
         print(json.dumps(results, indent=2))
         return 0
     finally:
