@@ -5,6 +5,7 @@
 //! as in the wasm filter (tenant, policies, body rewrites, budgets, the
 //! pick, the reports); this adapter only records what it wants done.
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use kvasir_filter::host::{DeferredCall, Host};
@@ -21,10 +22,19 @@ pub struct PickCall {
     pub timeout_ms: u32,
 }
 
+/// Nanoseconds on the one clock every exchange of the process reads. The
+/// flow keeps what it learns across requests (each pool's saturation, with
+/// when it was learned) and ages it by this clock, so it cannot restart per
+/// exchange: a sample learned a minute ago would read as just learned.
+pub fn now_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// What the flow did to the request or response, and what it asked for.
 #[derive(Debug)]
 pub struct ExchangeHost {
-    epoch: Instant,
     /// The request's headers (lower-case names), as Envoy sent them.
     pub request_headers: Vec<(String, String)>,
     /// Headers the flow set on the request, in order.
@@ -60,7 +70,6 @@ impl ExchangeHost {
     /// A host for a new exchange.
     pub fn new() -> ExchangeHost {
         ExchangeHost {
-            epoch: Instant::now(),
             request_headers: Vec::new(),
             set_request: Vec::new(),
             removed_request: Vec::new(),
@@ -104,7 +113,7 @@ impl ExchangeHost {
 
 impl Host for ExchangeHost {
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        now_ns()
     }
 
     fn wall_ms(&self) -> u64 {

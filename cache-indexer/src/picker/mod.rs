@@ -18,6 +18,10 @@
 //! Envoy's per-tenant stats (the indexer's per-tenant budget and queue
 //! metrics remain), and the filter's local budget share when the pick
 //! fails (here the pick is in process).
+//!
+//! What the filter's root timer does, polling the saturation of the pools
+//! that `poolState` conditions test, each worker does in process before
+//! the exchanges it starts ([`learn_pool_states`]), at the same period.
 
 mod exchange;
 mod host;
@@ -29,7 +33,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kvasir_filter::pick::{pick_outcome_of, FailOpen, PickOutcome};
@@ -43,7 +47,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 pub use exchange::{Exchange, Serving, Step};
-pub use host::PickCall;
+pub use host::{now_ns, PickCall};
 pub use messages::{
     DESTINATION_KEY, LB_NAMESPACE, SERVED_KEY, SUBSET_KEY, SUBSET_NAMESPACE, UPSTREAM_ADDRESS,
 };
@@ -223,14 +227,43 @@ fn worker(
     };
     let seed = seed();
     let shared = Rc::new(Shared::new(plugin, Rc::new(NoStats)).with_id_seed(seed));
+    // 0 turns polling off, as in the filter.
+    let every = Duration::from_millis(u64::from(shared.config.settings.pool_state_poll_ms));
+    let mut polled: Option<Instant> = None;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         while let Some(job) = jobs.recv().await {
+            if !every.is_zero() && polled.is_none_or(|t| t.elapsed() >= every) {
+                learn_pool_states(&shared, now_ns(), |name| {
+                    pools.get(name).ok().map(|p| p.state())
+                });
+                polled = Some(Instant::now());
+            }
             let (shared, serving, pools) =
                 (Rc::clone(&shared), Arc::clone(&serving), Arc::clone(&pools));
             tokio::task::spawn_local(run(job, shared, serving, pools));
         }
     });
+}
+
+/// The saturation of each pool the policies' `poolState` conditions test,
+/// from `state_of` (the pool's state by its indexer name; none for a pool
+/// this indexer does not serve), learned as the filter learns a `PoolState`
+/// answer. Without it a worker would know a pool's saturation only from
+/// its own picks, so a condition on a pool nobody picks in (an idle pool:
+/// "batch work while the GPUs are idle") would never hold.
+pub fn learn_pool_states(
+    shared: &Shared,
+    now_ns: u64,
+    state_of: impl Fn(&str) -> Option<pb::PoolStateResponse>,
+) {
+    let cfg = &shared.config.policy;
+    for i in cfg.pools_needing_state() {
+        let Some(state) = cfg.pools().get(i).and_then(|p| state_of(&p.indexer_pool)) else {
+            continue;
+        };
+        shared.on_pool_state(i, 0, Some(&state.encode_to_vec()), now_ns);
+    }
 }
 
 fn seed() -> u64 {

@@ -496,3 +496,95 @@ fn the_response_is_watched_for_usage_and_echoed_in_full_duplex() {
     assert_eq!((done[0].prompt_tokens, done[0].completion_tokens), (12, 1));
     assert_eq!(done[0].tenant, "acme");
 }
+
+/// A plugin whose policies test the pool's saturation: batch work while
+/// `main` is idle, shed otherwise.
+fn idle_only_plugin() -> PluginConfig {
+    let set = json!({
+        "tenantSource": {"apiKey": {}},
+        "tenants": [{"name": "acme", "apiKeyHashes": [hash(KEY)]}],
+        "pools": [{"name": "main", "models": ["m"], "cluster": "pool-main",
+                   "indexerCluster": "indexer", "indexerPool": "main"}],
+        "policies": [
+            {"name": "while-idle", "match": {"poolState": {"pool": "main", "saturationBelow": 0.3}},
+             "action": {"route": {"pool": "main"}}},
+            {"name": "otherwise-wait", "match": {"models": ["m"]}, "action": {"shed": {"retryAfterS": 60}}}
+        ],
+        "defaultAction": {"route": {"pool": "main"}}
+    });
+    let set = kvasir_policy::parse_json(&set.to_string()).unwrap();
+    PluginConfig::from_bytes(&kvasir_policy::compile(&set).unwrap().to_json()).unwrap()
+}
+
+fn pool_state(saturation: f64) -> pb::PoolStateResponse {
+    pb::PoolStateResponse {
+        pool: "main".into(),
+        endpoints: vec![pb::EndpointState {
+            address: "10.0.0.1:8000".into(),
+            healthy: true,
+            ..Default::default()
+        }],
+        pool_saturation: saturation,
+        ..Default::default()
+    }
+}
+
+/// Runs one buffered chat through a fresh exchange: whether it was picked
+/// for (true) or answered at once (false: shed).
+fn picked_for(shared: &Rc<Shared>) -> bool {
+    let mut ex = Exchange::new(
+        Rc::clone(shared),
+        Arc::new(Serving {
+            pool: "main".into(),
+            cluster: "pool-main".into(),
+        }),
+    );
+    sent(ex.on_message(request_headers(
+        "/v1/chat/completions",
+        BodySendMode::Buffered,
+        false,
+    )));
+    match ex.on_message(body(&chat("m"), true)) {
+        Step::Pick(_) => true,
+        Step::Send(out) => {
+            assert_eq!(immediate(&out[0]).status.unwrap().code, 429, "{out:?}");
+            false
+        }
+    }
+}
+
+#[test]
+fn a_saturation_condition_holds_on_the_polled_state_before_any_pick() {
+    let shared = Rc::new(Shared::new(idle_only_plugin(), Rc::new(NoStats)));
+    assert!(
+        !picked_for(&shared),
+        "no state learned yet: the condition does not hold (as in the filter)"
+    );
+    // What each worker does before its exchanges: an idle pool, with no
+    // pick ever made in it, lets the batch work through.
+    learn_pool_states(&shared, now_ns(), |name| {
+        (name == "main").then(|| pool_state(0.1))
+    });
+    assert!(picked_for(&shared));
+    learn_pool_states(&shared, now_ns(), |_| Some(pool_state(0.9)));
+    assert!(!picked_for(&shared), "busy: shed");
+    // A pool this indexer does not serve leaves the state as it was.
+    learn_pool_states(&shared, now_ns(), |_| None);
+    assert!(!picked_for(&shared));
+}
+
+#[test]
+fn exchanges_share_one_clock_so_old_samples_age() {
+    // Saturation samples are kept across exchanges and aged by `now_ns`: a
+    // clock restarting with each exchange would make every sample fresh.
+    use kvasir_filter::host::Host;
+    let then = super::host::ExchangeHost::new().now_ns();
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let later = super::host::ExchangeHost::new();
+    assert!(
+        later.now_ns() >= then + 30_000_000,
+        "{} then {}",
+        then,
+        later.now_ns()
+    );
+}
