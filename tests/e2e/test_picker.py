@@ -105,7 +105,10 @@ def test_the_pick_is_honoured_and_what_served_is_reported(gw: Gateway):
     assert json.loads(b)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     wait_until("the served endpoint reported", lambda: gw.indexer.metric(
         "kvasir_indexer_reports_total", matched="true") > reports, timeout=10)
-    assert gw.indexer.metric("kvasir_indexer_picker_requests_total", outcome="forwarded") >= 2
+    # Counted when the exchange ends, which may be after the client has
+    # its answer.
+    wait_until("both exchanges counted as forwarded", lambda: gw.indexer.metric(
+        "kvasir_indexer_picker_requests_total", outcome="forwarded") >= 2, timeout=10)
 
 
 def test_every_api_the_filter_routes(gw: Gateway):
@@ -207,7 +210,9 @@ def test_the_picker_down_fails_as_the_gateway_is_configured(artifacts, tmp_path,
     """With the picker gone, an Envoy set to fail open serves the request
     by its own balancing and one set to fail closed refuses it. Envoy 1.40
     fails open only in BUFFERED body mode: in FULL_DUPLEX_STREAMED it
-    answers 500 whatever `failure_mode_allow` says (pinned here)."""
+    mostly answers 500 whatever `failure_mode_allow` says, and on a loaded
+    machine served the odd request: fail-open is not to be relied on
+    there, and fail-closed always refuses."""
     with Processes() as ps:
         sims = [ps.add(start_sim(tmp_path, f"sim{i}")) for i in range(2)]
         for s in sims:
@@ -231,6 +236,6 @@ def test_the_picker_down_fails_as_the_gateway_is_configured(artifacts, tmp_path,
         if mode == "BUFFERED":
             assert status == 200, "fail open: the gateway's own balancing serves it"
         else:
-            assert status == 500, "Envoy does not fail open in full-duplex mode"
+            assert status in (200, 500), "full duplex: refused or served, never anything else"
         status, _, _ = http("POST", closed.port, "/v1/chat/completions", body, h)
         assert status == 500, "fail closed: refused"
