@@ -119,11 +119,19 @@ def render(prometheus: str, start: float, end: float, out: Path, step: float = 1
             for target in panel["targets"]:
                 for s in query_range(prometheus, substitute(target["expr"], rate_interval), start, end, step):
                     pts = [(float(t) - start, float(v)) for t, v in s["values"]]
-                    pts = [(t, v) for t, v in pts if math.isfinite(v)]
-                    if not pts:
+                    finite = [v for _, v in pts if math.isfinite(v)]
+                    if not finite:
                         continue
-                    xs, ys = zip(*pts)
-                    lowest, highest = min(lowest, *ys), max(highest, *ys)
+                    # A missing step is a gap in the line, as in Grafana
+                    # (a stopped target's series end, they do not slope).
+                    xs, ys = [], []
+                    for t, v in pts:
+                        if xs and t - xs[-1] > 1.5 * step:
+                            xs.append(xs[-1] + step)
+                            ys.append(math.nan)
+                        xs.append(t)
+                        ys.append(v)
+                    lowest, highest = min(lowest, *finite), max(highest, *finite)
                     ax.plot(xs, ys, linewidth=1.1, label=legend(target.get("legendFormat", ""), s["metric"]))
                     plotted += 1
             for i, (t, _label) in enumerate(marks or [], 1):
@@ -138,7 +146,7 @@ def render(prometheus: str, start: float, end: float, out: Path, step: float = 1
                 ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], highest * 1.05, 1e-9))
             ax.grid(True, linewidth=0.3, alpha=0.6)
             if plotted:
-                ax.legend(fontsize=6, loc="upper left", ncol=2 if plotted > 6 else 1, framealpha=0.6)
+                ax.legend(fontsize=6, loc="best", ncol=2 if plotted > 6 else 1, framealpha=0.6)
             else:
                 ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="0.5")
         for ax in axes[-1]:

@@ -502,7 +502,9 @@ def policies_at_work(st: Stack) -> list[tuple[str, str, str]]:
         t.join(timeout=REQUEST_DEADLINE_S)
     ok = sum(1 for r in out.values() if r.status == 200)
     limited = [r for r in out.values() if r.status == 429]
-    why = limited[0].error if limited else ""
+    # "rate_limit_exceeded: Rate limit reached for tenant `beta` on
+    # concurrent requests: Please try again in 1s." -> its first sentence.
+    why = limited[0].error.split(": ", 1)[-1].split(":")[0] if limited else "no 429"
     rows.append(("beta sends 5 streams at once (budget: 2 in flight)", f"{ok} x 200, {len(limited)} x 429",
                  f"budget: {why}"))
     return rows

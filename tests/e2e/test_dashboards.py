@@ -63,17 +63,19 @@ import yaml
 
 import kvasir_harness as h
 from kvasir_harness import prometheus as P
-from kvasir_harness.kube import ETCD_BIN, KUBE_APISERVER_BIN, KUBECTL, missing, start_apiserver, start_etcd
+from kvasir_harness.kube import (EGCTL_BIN, ETCD_BIN, KUBE_APISERVER_BIN, KUBECTL, egctl_translate, missing,
+                                 start_apiserver, start_etcd)
 
 REPO = h.REPO
 demo = h.load_script(REPO / "scripts" / "demo.py", "kvasir_demo")
 panels_mod = h.load_script(REPO / "deploy" / "render_panels.py", "kvasir_render_panels")
 dashboard_mod = h.load_script(REPO / "deploy" / "grafana" / "dashboard.py", "kvasir_dashboard")
 
+EG_STATS = REPO / "deploy" / "envoy-gateway" / "envoyproxy-stats.yaml"
 CONTROLLER = Path(os.environ.get("KVASIR_CONTROLLER_BIN", REPO / "target" / "release" / "kvasir-controller"))
 NS = "serving"
 GATEWAY = "inference-gateway"
-RATE = "5s"  # $__rate_interval here: five scrapes
+RATE = "10s"  # $__rate_interval here: ten scrapes, two of Envoy's 5 s histogram flushes
 ALERT_WAIT_S = 30.0
 
 # Alerts the run produces (and what it did for each).
@@ -200,6 +202,36 @@ def test_promtool_checks_the_rules_and_the_scrape_config(tmp_path):
     r = P.promtool("check", "config", str(cfg))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout and "16 rules found" in r.stdout, r.stdout
+
+
+def test_envoy_gateways_bootstrap_gets_the_stat_labels():
+    """deploy/envoy-gateway/envoyproxy-stats.yaml carries envoy/envoy.yaml's
+    stats_config (the one the live run below scrapes), and Envoy Gateway's
+    own translation (egctl, v1.9.1) merges every tag and bucket setting of
+    it into the bootstrap of a Gateway that references the EnvoyProxy."""
+    proxy = yaml.safe_load(EG_STATS.read_text())
+    merged = yaml.safe_load(proxy["spec"]["bootstrap"]["value"])
+    shipped = yaml.safe_load((REPO / "envoy" / "envoy.yaml").read_text())["stats_config"]
+    assert proxy["spec"]["bootstrap"]["type"] == "Merge" and merged == {"stats_config": shipped}
+    if m := missing(EGCTL_BIN):
+        pytest.fail(f"missing {m[0]}: run `make setup` (scripts/go-tools.sh)")
+    ns, name = proxy["metadata"]["namespace"], proxy["metadata"]["name"]
+    docs = [yaml.safe_dump(d) for d in (
+        {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass", "metadata": {"name": "eg"},
+         "spec": {"controllerName": "gateway.envoyproxy.io/gatewayclass-controller"}},
+        {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": GATEWAY, "namespace": ns},
+         "spec": {"gatewayClassName": "eg", "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}],
+                  "infrastructure": {"parametersRef": {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy",
+                                                       "name": name}}}},
+        proxy)]
+    out = egctl_translate(docs, resource_type="bootstrap", add_missing=False)
+    boot = out["xds"][f"{ns}/{GATEWAY}"]["bootstrap"]
+    tags = {t["tagName"]: t["regex"] for t in boot["statsConfig"]["statsTags"]}
+    for t in shipped["stats_tags"]:
+        assert tags.get(t["tag_name"]) == t["regex"], (t, tags)
+    buckets = [(b["match"], b["buckets"]) for b in boot["statsConfig"]["histogramBucketSettings"]]
+    assert buckets == [(b["match"], b["buckets"]) for b in shipped["histogram_bucket_settings"]], buckets
+    assert "/stats/prometheus" in json.dumps(boot["staticResources"]) and "19001" in json.dumps(boot)
 
 
 # `promtool test rules`: each rule fires on synthetic series, with its
