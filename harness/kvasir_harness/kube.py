@@ -3,7 +3,9 @@ with a kubeconfig `kubectl` uses, Envoy Gateway in standalone mode (File
 provider, Host infrastructure) running the project's own Envoy (with the
 statuses it computes, read from its log, and its Envoy's stats), `egctl x
 translate` (Gateway API YAML in, xDS out, no control plane), and `kubectl
-kustomize`.
+kustomize`. Envoy Gateway can also run as its Helm chart runs it, with its
+Kubernetes provider against the API server here
+(`start_envoy_gateway_kubernetes`, in namespaces of its own).
 
 The binaries are built from Go modules by `scripts/go-tools.sh` into
 `.tools/bin/` (tools/README.md); each path can be overridden by its
@@ -21,6 +23,7 @@ for its lifetime and refuses to start when one of those ports is taken.
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -30,7 +33,9 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from http.client import HTTPSConnection
@@ -629,6 +634,306 @@ def start_envoy_gateway(dir: Path, resources: str | Iterable[str] | None = None,
 
     try:
         wait_until(f"{name} admin on {admin}", up, timeout, interval=0.1)
+    except BaseException:
+        eg.stop()
+        raise
+    return eg
+
+
+# Envoy Gateway with its Kubernetes provider, against our API server
+# ---------------------------------------------------------------------------
+
+# What the gateway-helm chart runs, with the paths it mounts: the
+# `envoy-gateway` Secret (certgen's) at /certs, where the Kubernetes
+# provider reads its xDS, wasm-server and webhook certificates from
+# (fixed paths in v1.9.1: internal/xds/runner/runner.go,
+# internal/gatewayapi/runner/runner.go, internal/provider/kubernetes), and
+# a writable wasm cache at /var/lib/eg/wasm.
+# Its readiness probe (controller-runtime's health probe, the port the
+# chart's Deployment probes): fixed, like the rest of its ports (xDS 18000,
+# wasm 18002, webhook 9443, controller-runtime metrics :8080, admin 19000).
+EG_K8S_HEALTH_PORT = 8081
+
+# Run inside a new mount and network namespace (unshare, as root): builds a
+# root of bind mounts of the real one on a tmpfs, adds /certs and the wasm
+# cache (directories the real root does not have and never gets), starts
+# the loopback bridge and execs the command chrooted there. Every port the
+# process binds, on whatever interface, is in its own network namespace:
+# nothing is bound on the machine's interfaces and no fixed port can
+# collide with another test.
+_ISOLATE_SH = r'''
+set -e
+R=$1; CERTS=$2; WASM=$3; PY=$4; BRIDGE=$5; BDIR=$6; OUTS=$7; INS=$8; shift 8
+mount -t tmpfs -o mode=755 kvasir-eg-root "$R"
+for e in /*; do
+  n=${e#/}
+  case "$n" in certs|var) continue;; esac
+  if [ -L "$e" ]; then cp -P "$e" "$R/$n"
+  elif [ -d "$e" ]; then mkdir "$R/$n"; mount --rbind "$e" "$R/$n"
+  fi
+done
+mkdir -p "$R/certs" "$R/var/lib/eg/wasm" "$R/var/tmp"
+mount --bind "$CERTS" "$R/certs"
+mount --bind "$WASM" "$R/var/lib/eg/wasm"
+"$PY" "$BRIDGE" "$BDIR" "$OUTS" "$INS" &
+for _ in $(seq 1 200); do [ -e "$BDIR/ready" ] && break; sleep 0.05; done
+[ -e "$BDIR/ready" ] || { echo "loopback bridge did not start" >&2; exit 1; }
+exec chroot "$R" "$@"
+'''
+
+# The bridge's inside half (run by the isolated shell, inside the network
+# namespace): brings the namespace's loopback up; for each `out` port,
+# listens on 127.0.0.1:<port> there and carries each connection over the
+# UNIX socket `<dir>/out-<port>.sock` (the outside half connects it to the
+# machine's 127.0.0.1:<port>); for each `in` port, listens on
+# `<dir>/in-<port>.sock` and connects to 127.0.0.1:<port> inside.
+_BRIDGE_INSIDE = r'''
+import fcntl, os, socket, struct, sys, threading
+d, outs, ins = sys.argv[1], sys.argv[2], sys.argv[3]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH", b"lo", 0)))[1]
+fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))
+def pipe(a, b):
+    try:
+        while True:
+            x = a.recv(65536)
+            if not x:
+                break
+            b.sendall(x)
+    except OSError:
+        pass
+    finally:
+        for c in (a, b):
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+def serve(listener, connect):
+    while True:
+        c, _ = listener.accept()
+        try:
+            u = connect()
+        except OSError:
+            c.close()
+            continue
+        threading.Thread(target=pipe, args=(c, u), daemon=True).start()
+        threading.Thread(target=pipe, args=(u, c), daemon=True).start()
+def unix_to(path):
+    def f():
+        u = socket.socket(socket.AF_UNIX); u.connect(path); return u
+    return f
+def tcp_to(port):
+    return lambda: socket.create_connection(("127.0.0.1", port))
+ts = []
+for p in filter(None, outs.split(",")):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("127.0.0.1", int(p))); l.listen(64)
+    ts.append(threading.Thread(target=serve, args=(l, unix_to(os.path.join(d, f"out-{p}.sock"))), daemon=True))
+for p in filter(None, ins.split(",")):
+    path = os.path.join(d, f"in-{p}.sock")
+    l = socket.socket(socket.AF_UNIX); l.bind(path); l.listen(64)
+    ts.append(threading.Thread(target=serve, args=(l, tcp_to(int(p))), daemon=True))
+for t in ts:
+    t.start()
+open(os.path.join(d, "ready"), "w").close()
+threading.Event().wait()
+'''
+
+
+def eg_version() -> str:
+    """The Envoy Gateway release the tools are built from
+    (`EG_VERSION` in scripts/go-tools.sh)."""
+    m = re.search(r"^EG_VERSION=(\S+)", (REPO / "scripts" / "go-tools.sh").read_text(), re.M)
+    if not m:
+        raise RuntimeError("no EG_VERSION in scripts/go-tools.sh")
+    return m.group(1)
+
+
+def eg_chart_crds() -> list[Path]:
+    """The CRDs the gateway-helm chart of `eg_version()` installs (its
+    `crds` subchart: Gateway API's bundle and Envoy Gateway's own), from
+    the Go module cache scripts/go-tools.sh filled; [] when it is not
+    there."""
+    cache = os.environ.get("GOMODCACHE")
+    if not cache and shutil.which("go"):
+        cache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, timeout=30).stdout.strip()
+    if not cache:
+        cache = str(Path.home() / "go" / "pkg" / "mod")
+    d = Path(cache) / "github.com" / "envoyproxy" / f"gateway@{eg_version()}" / "charts" / "gateway-helm" / "charts" \
+        / "crds" / "crds"
+    if not d.is_dir():
+        return []
+    return sorted(d.glob("*.yaml")) + sorted((d / "generated").glob("*.yaml"))
+
+
+class _UnixBridge:
+    """The bridge's outside half: for each port, a UNIX socket
+    `<dir>/out-<port>.sock` whose connections are carried to the machine's
+    127.0.0.1:<port>."""
+
+    def __init__(self, dir: Path, ports: Iterable[int]) -> None:
+        self._listeners: list[socket.socket] = []
+        for p in ports:
+            path = dir / f"out-{p}.sock"
+            l = socket.socket(socket.AF_UNIX)
+            l.bind(str(path))
+            l.listen(64)
+            self._listeners.append(l)
+            threading.Thread(target=self._serve, args=(l, p), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while True:
+                x = a.recv(65536)
+                if not x:
+                    break
+                b.sendall(x)
+        except OSError:
+            pass
+        finally:
+            for c in (a, b):
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _serve(self, listener: socket.socket, port: int) -> None:
+        while True:
+            try:
+                c, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                t = socket.create_connection(("127.0.0.1", port), timeout=10)
+                t.settimeout(None)
+            except OSError:
+                c.close()
+                continue
+            threading.Thread(target=self._pipe, args=(c, t), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(t, c), daemon=True).start()
+
+    def stop(self) -> None:
+        for l in self._listeners:
+            l.close()
+
+
+def isolation_available() -> bool:
+    """Whether this machine lets us make a mount and network namespace
+    (`unshare`, as root): what `start_envoy_gateway_kubernetes` needs."""
+    if shutil.which("unshare") is None or shutil.which("chroot") is None:
+        return False
+    try:
+        r = subprocess.run(["unshare", "--mount", "--net", "--propagation", "private", "true"],
+                           capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+@dataclass
+class EnvoyGatewayKubernetes:
+    """Envoy Gateway's controller with its Kubernetes provider, as the
+    chart's Deployment runs it, against an `ApiServer`: it watches the
+    server's Gateway API and Envoy Gateway objects, writes their status
+    there, and creates the Envoy proxies' Deployments and Services there
+    (which nothing runs: no kubelet)."""
+
+    proc: Proc
+    dir: Path
+    namespace: str
+    config: dict
+    _bridge: _UnixBridge = field(repr=False, default=None)
+
+    def _inside_get(self, port: int, path: str, timeout: float = 2.0) -> int:
+        """Status of a GET to 127.0.0.1:`port` inside its network
+        namespace (through the bridge), 0 when nothing answers."""
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(timeout)
+        try:
+            s.connect(str(self.dir / "bridge" / f"in-{port}.sock"))
+            s.sendall(f"GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
+            head = s.recv(64).decode(errors="replace")
+        except OSError:
+            return 0
+        finally:
+            s.close()
+        m = re.match(r"HTTP/1\.[01] (\d{3})", head)
+        return int(m.group(1)) if m else 0
+
+    def ready(self) -> bool:
+        """Its readiness probe (`/readyz` on 8081) answers 200."""
+        if not self.proc.alive():
+            raise Exited(f"envoy-gateway exited: {self.proc.log()[-4000:]}")
+        return self._inside_get(EG_K8S_HEALTH_PORT, "/readyz") == 200
+
+    def stop(self) -> None:
+        try:
+            self.proc.stop()
+        finally:
+            if self._bridge is not None:
+                self._bridge.stop()
+
+
+def start_envoy_gateway_kubernetes(dir: Path, api: ApiServer, config: dict, namespace: str = "envoy-gateway-system",
+                                   egress_ports: Iterable[int] = (), env: dict[str, str] | None = None,
+                                   certgen_args: Iterable[str] = ("--disable-topology-injector",),
+                                   name: str = "envoy-gateway", timeout: float = START_TIMEOUT_S
+                                   ) -> EnvoyGatewayKubernetes:
+    """Envoy Gateway as the gateway-helm chart installs it, run as a local
+    process against `api`: `envoy-gateway certgen` first (the chart's Job:
+    the `envoy-gateway`, `envoy`, `envoy-rate-limit` and `envoy-oidc-hmac`
+    Secrets in `namespace`, which must exist), then `envoy-gateway server`
+    with `config` (the chart's ConfigMap: an EnvoyGateway with
+    `provider.type: Kubernetes`), with `ENVOY_GATEWAY_NAMESPACE=namespace`,
+    the `envoy-gateway` Secret at /certs and KUBECONFIG pointing at `api`.
+
+    The server has fixed paths (/certs) and fixed ports on every interface
+    (8080, 8081, 9443, 18000, 18002), so it runs in a mount and network
+    namespace of its own (`isolation_available()`: root and `unshare`):
+    inside, 127.0.0.1:<api port> and each of `egress_ports` (e.g. an HTTP
+    proxy the caller runs, named in `env` as HTTP_PROXY) lead to the
+    machine's 127.0.0.1 ports of the same numbers, and nothing else leaves.
+    Returns once its readiness probe answers 200 (bounded)."""
+    if m := missing(ENVOY_GATEWAY_BIN):
+        raise FileNotFoundError(f"{m[0]} missing: run `bash scripts/go-tools.sh`")
+    if not isolation_available():
+        raise RuntimeError("cannot make a mount and network namespace here (needs root and unshare)")
+    dir.mkdir(parents=True, exist_ok=True)
+    base_env = {"KUBECONFIG": str(api.kubeconfig), "ENVOY_GATEWAY_NAMESPACE": namespace,
+                "KUBERNETES_CLUSTER_DOMAIN": "cluster.local", "HOME": str(dir)}
+    _run([str(ENVOY_GATEWAY_BIN), "certgen", *certgen_args], timeout=60, env={**os.environ, **base_env})
+    secret = json.loads(api.kubectl("get", "secret", "envoy-gateway", "-n", namespace, "-o", "json").stdout)
+    certs = dir / "certs"
+    certs.mkdir(exist_ok=True)
+    for k, v in secret["data"].items():
+        (certs / k).write_bytes(base64.b64decode(v))
+        (certs / k).chmod(0o600)
+    wasm = dir / "wasm-cache"
+    wasm.mkdir(exist_ok=True)
+    root = dir / "root"
+    root.mkdir(exist_ok=True)
+    bridge_dir = dir / "bridge"
+    bridge_dir.mkdir(exist_ok=True)
+    (bridge_dir / "ready").unlink(missing_ok=True)
+    inside = dir / "bridge-inside.py"
+    inside.write_text(_BRIDGE_INSIDE)
+    outs = [api.port, *egress_ports]
+    bridge = _UnixBridge(bridge_dir, outs)
+    cfg_path = dir / "envoy-gateway.yaml"
+    cfg_path.write_text(json.dumps(config, indent=2))
+    argv = ["unshare", "--mount", "--net", "--propagation", "private", "bash", "-c", _ISOLATE_SH, "isolate",
+            str(root), str(certs), str(wasm), sys.executable, str(inside), str(bridge_dir),
+            ",".join(map(str, outs)), str(EG_K8S_HEALTH_PORT),
+            str(ENVOY_GATEWAY_BIN), "server", "--config-path", str(cfg_path)]
+    try:
+        proc = Proc(name, argv, dir, env={**base_env, **(env or {})})
+    except BaseException:
+        bridge.stop()
+        raise
+    eg = EnvoyGatewayKubernetes(proc, dir, namespace, config, bridge)
+    try:
+        wait_until(f"{name} /readyz", eg.ready, timeout, interval=0.2)
     except BaseException:
         eg.stop()
         raise
