@@ -146,6 +146,12 @@ pub struct Args {
     pub enable_server_load_tracking: bool,
 
     // ---- faults (also changeable at run time: POST /sim/faults) ----
+    /// Serve the admin endpoints that change the engine at run time:
+    /// `GET`/`POST /sim/faults`, `POST /sim/clear-cache` and `POST
+    /// /sim/restart-events`. Off, they answer 404: anyone who reaches the
+    /// port could otherwise fail or stall every request. For tests only.
+    #[arg(long, env = "VLLM_SIM_ENABLE_ADMIN")]
+    pub enable_sim_admin: bool,
     /// Fraction of requests answered with HTTP 500.
     #[arg(long, default_value_t = 0.0)]
     pub fault_fail_rate: f64,

@@ -88,6 +88,16 @@ pub fn find_tokenizer_dir(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
 
 /// Starts everything and serves until the process is stopped.
 pub async fn serve(args: Args) -> anyhow::Result<()> {
+    run(args, None).await
+}
+
+/// [`serve`] on a listener already bound (`--host` and `--port` unused),
+/// for tests that let the kernel choose the port.
+pub async fn serve_on(args: Args, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+    run(args, Some(listener)).await
+}
+
+async fn run(args: Args, listener: Option<tokio::net::TcpListener>) -> anyhow::Result<()> {
     args.validate().map_err(anyhow::Error::msg)?;
     let dir = find_tokenizer_dir(args.tokenizer.as_deref())?;
     let tokenizer = Arc::new(
@@ -200,9 +210,15 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
         // vLLM warns the same: nothing is ever removed from the store.
         tracing::warn!("the Responses API store is on: stored responses are never removed");
     }
-    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .with_context(|| format!("binding HTTP on {}:{}", args.host, args.port))?;
+    let listener = match listener {
+        Some(l) => l,
+        None => tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("binding HTTP on {}:{}", args.host, args.port))?,
+    };
+    if args.enable_sim_admin {
+        tracing::warn!("the /sim/ admin endpoints are on: whoever reaches this port can inject faults (tests only)");
+    }
     let addr = listener.local_addr()?;
     tracing::info!(
         http = %addr,
@@ -227,7 +243,7 @@ pub async fn serve(args: Args) -> anyhow::Result<()> {
             tracing::warn!(error = %e, "could not set TCP_NODELAY");
         }
     });
-    axum::serve(listener, server::router(state))
+    axum::serve(listener, server::router(state, args.enable_sim_admin))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })

@@ -31,8 +31,10 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 /// stops naturally (for benchmarks replaying traces). Capped by max_tokens.
 pub const OUTPUT_TOKENS_HEADER: &str = "x-sim-output-tokens";
 
-/// Builds the router.
-pub fn router(state: Arc<AppState>) -> Router {
+/// Builds the router; `admin`: with the admin endpoints that change the
+/// engine (`/sim/faults`, `/sim/clear-cache`, `/sim/restart-events`,
+/// `--enable-sim-admin`), else they are 404 as any unknown path.
+pub fn router(state: Arc<AppState>, admin: bool) -> Router {
     use crate::{anthropic, instrumentator, responses};
     // vLLM counts these routes in /load (its `load_aware_call`).
     let load_aware = Router::new()
@@ -50,8 +52,13 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             instrumentator::track_load,
         ));
+    let admin_routes = Router::new()
+        .route("/sim/faults", get(get_faults).post(set_faults))
+        .route("/sim/clear-cache", post(reset_prefix_cache))
+        .route("/sim/restart-events", post(restart_events));
     Router::new()
         .merge(load_aware)
+        .merge(if admin { admin_routes } else { Router::new() })
         .route("/v1/chat/completions/render", post(render_chat))
         .route("/v1/messages/render", post(anthropic::render))
         .route("/v1/responses/render", post(responses::render))
@@ -68,9 +75,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
         .route("/sim/info", get(sim_info))
-        .route("/sim/faults", get(get_faults).post(set_faults))
-        .route("/sim/clear-cache", post(reset_prefix_cache))
-        .route("/sim/restart-events", post(restart_events))
         .layer(DefaultBodyLimit::max(64 << 20))
         .with_state(state)
 }
