@@ -8,7 +8,9 @@
 //!   that a scrape config or NetworkPolicy can open it alone.
 //!
 //! HEAD works wherever GET does; another method on a known path gets 405,
-//! an unknown path 404.
+//! an unknown path 404. No route takes a request body: one over
+//! [`MAX_REQUEST_BODY_BYTES`] is answered 413 on either port, read no
+//! further than that.
 
 use std::fmt;
 use std::future::Future;
@@ -165,16 +167,71 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
         .with_state(metrics)
 }
 
+/// Largest request body either port reads. Every route is a GET, so any
+/// body is useless; up to this much is read and dropped, beyond it the
+/// request is answered 413 without reading on. (Headers are bounded by
+/// hyper: 100 of them in at most about 400 KiB, else 431.)
+pub const MAX_REQUEST_BODY_BYTES: usize = 64 << 10;
+
 /// Serves `router` on `listener` until `shutdown` resolves, then lets the
-/// requests in flight finish.
+/// requests in flight finish. Request bodies are limited
+/// ([`MAX_REQUEST_BODY_BYTES`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let router = router.layer(axum::middleware::from_fn(limit_body));
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Answers 413 for a body over [`MAX_REQUEST_BODY_BYTES`], declared
+/// (`Content-Length`) or sent (chunked), reading at most that much of it.
+async fn limit_body(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use futures::StreamExt;
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            [(CONNECTION, HeaderValue::from_static("close"))],
+            format!("request body over {MAX_REQUEST_BODY_BYTES} bytes: this port reads none\n"),
+        )
+            .into_response()
+    };
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_REQUEST_BODY_BYTES as u64) {
+        return too_large();
+    }
+    let (parts, body) = req.into_parts();
+    let mut data = body.into_data_stream();
+    let mut read = 0usize;
+    while let Some(chunk) = data.next().await {
+        match chunk {
+            Ok(c) => {
+                read += c.len();
+                if read > MAX_REQUEST_BODY_BYTES {
+                    return too_large();
+                }
+            }
+            Err(_) => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    "the request body could not be read\n",
+                )
+                    .into_response()
+            }
+        }
+    }
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::empty(),
+    ))
+    .await
 }
 
 async fn healthz() -> &'static str {
@@ -636,6 +693,82 @@ mod tests {
 
             drop(client);
             server.stop().await;
+        })
+        .await
+        .expect("test timed out");
+    }
+
+    /// The status code of the answer to `head` (a request's head) and then
+    /// `body` written in `chunk`-byte pieces on a raw connection to `base`,
+    /// stopping early when the answer comes first.
+    async fn raw_status(base: &str, head: &str, body: &[u8], chunk: usize) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = base.trim_start_matches("http://");
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        conn.write_all(head.as_bytes()).await.expect("head");
+        let (mut rd, mut wr) = conn.into_split();
+        let body = body.to_vec();
+        let writer = tokio::spawn(async move {
+            for piece in body.chunks(chunk) {
+                if wr.write_all(piece).await.is_err() {
+                    return;
+                }
+            }
+            // Dropping the half would half-close the connection, which
+            // hyper takes for a client gone before its answer.
+            std::future::pending::<()>().await;
+            drop(wr);
+        });
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.windows(2).any(|w| w == b"\r\n") {
+            let n = rd.read(&mut buf).await.expect("read the answer");
+            assert!(n > 0, "closed without an answer to {head:?}");
+            got.extend_from_slice(&buf[..n]);
+        }
+        writer.abort();
+        let line = String::from_utf8_lossy(&got);
+        line.split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"))
+    }
+
+    /// A chunked body of `n` bytes in 16 KiB chunks.
+    fn chunked(n: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for piece in vec![b'x'; n].chunks(16 << 10) {
+            out.extend(format!("{:x}\r\n", piece.len()).as_bytes());
+            out.extend(piece);
+            out.extend(b"\r\n");
+        }
+        out.extend(b"0\r\n\r\n");
+        out
+    }
+
+    #[tokio::test]
+    async fn a_request_body_over_the_limit_is_413_on_both_ports() {
+        timeout(TEST_TIMEOUT, async {
+            let (_ready_tx, ready) = watch::channel(true);
+            let http = start(router(state(ready, None))).await;
+            let metrics = start(metrics_router(Arc::new(Metrics::new()))).await;
+            let over = MAX_REQUEST_BODY_BYTES + 1;
+            for (base, path) in [(&http.base, "/healthz"), (&metrics.base, "/metrics")] {
+                // Declared: refused before a byte of it is read.
+                let head = format!("GET {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n", 1u64 << 40);
+                assert_eq!(raw_status(base, &head, b"", 1).await, 413, "{path} declared");
+                // Sent chunked: refused once the limit is passed.
+                let head = format!("GET {path} HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n");
+                assert_eq!(raw_status(base, &head, &chunked(4 * over), 4096).await, 413, "{path} chunked");
+                // Within the limit: read, dropped, answered.
+                let head = format!("GET {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {MAX_REQUEST_BODY_BYTES}\r\n\r\n");
+                let body = vec![b'x'; MAX_REQUEST_BODY_BYTES];
+                assert_eq!(raw_status(base, &head, &body, 4096).await, 200, "{path} within");
+                let head = format!("GET {path} HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n");
+                assert_eq!(raw_status(base, &head, &chunked(1000), 4096).await, 200, "{path} small chunked");
+            }
+            http.stop().await;
+            metrics.stop().await;
         })
         .await
         .expect("test timed out");
