@@ -9,7 +9,7 @@ use rand::{Rng, SeedableRng};
 /// Common English words; each is one token in byte-level BPE vocabularies
 /// like Qwen3's (with its leading space), so a text of n words is about n
 /// tokens.
-const WORDS: &[&str] = &[
+pub(crate) const WORDS: &[&str] = &[
     "the",
     "of",
     "and",

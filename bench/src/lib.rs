@@ -33,21 +33,22 @@ pub mod streams;
 pub mod targets;
 pub mod tenants;
 pub mod trace;
+pub mod workloads;
 
 use serde::{Deserialize, Serialize};
 
 /// A run's description and results, written next to its CSV.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunMeta {
-    /// `trace` or `chat`.
+    /// `trace`, `chat` or a [`workloads::Shape`]'s name.
     pub workload: String,
     /// Routing mode label, e.g. `round-robin`.
     pub mode: String,
     /// Load factor relative to the calibrated reference load (1.0 = the
     /// load where round-robin runs at about 70% prefill utilisation).
     pub load: f64,
-    /// What the load factor means for this workload: trace speed-up or
-    /// conversations per simulated second.
+    /// What the load factor means for this workload: trace speed-up, or
+    /// conversations (sessions) started per simulated second.
     pub rate: f64,
     /// Simulators' time scale (wall seconds per simulated second).
     pub time_scale: f64,

@@ -3,6 +3,8 @@
 //! ```text
 //! kvasir-bench trace  --url http://127.0.0.1:10000 --trace T.jsonl --speed 4 --time-scale 0.25 --mode kvasir --load 1 --out-dir D
 //! kvasir-bench chat   --url http://127.0.0.1:10000 --conversations-per-s 0.5 --time-scale 0.25 --mode kvasir --load 1 --out-dir D
+//! kvasir-bench workload --shape agents --rate 0.5 --duration-s 90 --url http://127.0.0.1:10000 --mode kvasir --load 1 --out-dir D
+//! kvasir-bench workload-stats --shape bursty --rate 20 --duration-s 90
 //! kvasir-bench bound  --trace T.jsonl --capacity-tokens 3200000 --out D/bound.json
 //! kvasir-bench report --dir D
 //! kvasir-bench model  --trace T.jsonl --speeds 1.5,2.25 --variant qp05:queuedPrefill=0.5
@@ -29,6 +31,7 @@ use kvasir_bench::client::{host_of, Routes, Target};
 use kvasir_bench::cluster::{Cluster, Policy};
 use kvasir_bench::compare;
 use kvasir_bench::run::{self, RunOptions, RunResult};
+use kvasir_bench::workloads::{self, Shape, WorkloadConfig};
 use kvasir_bench::{bound, results, stats, trace, ttft_growth, RunMeta};
 use kvasir_scoring::Weights;
 use vllm_latency::LatencyProfile;
@@ -49,6 +52,15 @@ enum Cmd {
     Trace(TraceArgs),
     /// Run the synthetic multi-tenant chat workload (/v1/chat/completions).
     Chat(ChatArgs),
+    /// Run one of the workload shapes beyond the trace and the chat:
+    /// `longchat` (long-context conversations under large shared system
+    /// prompts), `agents` (agentic tool loops), `bursty` (short prompts and
+    /// long documents in bursts), each from its documented parameters.
+    Workload(WorkloadArgs),
+    /// Print what a workload shape plans at a rate, as JSON (sessions,
+    /// requests, prompt lengths, shared-prefix fraction, burstiness, reused
+    /// content); sends nothing.
+    WorkloadStats(ShapeArgs),
     /// Compute the hit rate one pooled LRU cache would get on a trace.
     Bound(BoundArgs),
     /// Write the markdown report and the plots from a results directory.
@@ -180,6 +192,46 @@ struct ChatArgs {
     /// Seed.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+}
+
+/// A workload shape at a rate.
+#[derive(Args, Clone)]
+struct ShapeArgs {
+    /// `longchat`, `agents` or `bursty`.
+    #[arg(long, value_parser = shape_name)]
+    shape: Shape,
+    /// Sessions started per simulated second, on average (a `bursty`
+    /// session is one request): what the load factor scales.
+    #[arg(long)]
+    rate: f64,
+    /// Simulated seconds in which sessions start; no turn starts after the
+    /// last start (the run ends with its arrival window).
+    #[arg(long, default_value_t = 120.0)]
+    duration_s: f64,
+    /// Seed.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+}
+
+impl ShapeArgs {
+    fn config(&self) -> WorkloadConfig {
+        WorkloadConfig::new(self.shape, self.rate, self.duration_s, self.seed)
+    }
+}
+
+fn shape_name(s: &str) -> Result<Shape, String> {
+    Shape::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = Shape::ALL.iter().map(|x| x.name()).collect();
+        format!("unknown shape `{s}` (one of {})", names.join(", "))
+    })
+}
+
+#[derive(Args)]
+struct WorkloadArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(flatten)]
+    shape: ShapeArgs,
 }
 
 /// The engines the runs were made on, for pricing requests with no
@@ -660,6 +712,22 @@ async fn run_cmd(cmd: Cmd) -> anyhow::Result<()> {
             let opts = options(&a.common)?;
             let res = run::run_chat(plan, &opts).await?;
             write_run(&a.common, &opts, "chat", a.conversations_per_s, res)
+        }
+        Cmd::Workload(a) => {
+            let cfg = a.shape.config();
+            let plan = Arc::new(workloads::plan(&cfg)?);
+            let opts = options(&a.common)?;
+            let res = run::run_chat(plan, &opts).await?;
+            write_run(&a.common, &opts, a.shape.shape.name(), cfg.rate, res)
+        }
+        Cmd::WorkloadStats(a) => {
+            let cfg = a.config();
+            let plan = workloads::plan(&cfg)?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&workloads::stats(&cfg, &plan))?
+            );
+            Ok(())
         }
         Cmd::Bound(a) => {
             let t = load_trace(&a.slice)?;
