@@ -449,7 +449,7 @@ def test_the_peer_labels_are_the_ones_envoy_gateway_sets():
 # The simulator is not deployable
 # ---------------------------------------------------------------------------
 
-SIM = re.compile(r"vllm[-_]sim|enable-sim-admin|/sim/|--fault-")
+SIM = re.compile(r"vllm[-_]sim|enable-sim-admin|VLLM_SIM_ENABLE_ADMIN|/sim/|--fault-")
 
 
 def test_no_deployable_manifest_or_image_ships_the_simulator():
