@@ -150,7 +150,8 @@ pub struct Args {
     /// `GET`/`POST /sim/faults`, `POST /sim/clear-cache` and `POST
     /// /sim/restart-events`. Off, they answer 404: anyone who reaches the
     /// port could otherwise fail or stall every request. For tests only.
-    #[arg(long, env = "VLLM_SIM_ENABLE_ADMIN")]
+    /// The variable takes the usual spellings (1/0, true/false, yes/no, on/off).
+    #[arg(long, env = "VLLM_SIM_ENABLE_ADMIN", value_parser = clap::builder::BoolishValueParser::new())]
     pub enable_sim_admin: bool,
     /// Fraction of requests answered with HTTP 500.
     #[arg(long, default_value_t = 0.0)]
@@ -403,6 +404,12 @@ mod tests {
         let a = args(&[]);
         a.validate().unwrap();
         assert_eq!(a.latency_profile().unwrap(), LatencyProfile::h100_8b());
+    }
+
+    #[test]
+    fn the_admin_endpoints_are_off_unless_asked_for() {
+        assert!(!args(&[]).enable_sim_admin);
+        assert!(args(&["--enable-sim-admin"]).enable_sim_admin);
     }
 
     #[test]
