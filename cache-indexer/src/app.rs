@@ -14,10 +14,12 @@ use kvasir_proto::v1::indexer_server::IndexerServer;
 use kvasir_tokenizer::ChatTokenizer;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 
 use crate::auth::{Authenticator, TokenAuth, TokenError};
 use crate::config::{Config, ConfigError, PoolConfig, TokenizerSource};
 use crate::events::{spawn_subscriber, SubscriberConfig, SubscriberHandle};
+use crate::grpc_limit::Limited;
 use crate::lifecycle::{GatedIndexer, Lifecycle, Warmup};
 use crate::load::{scrape_all, LoadConfig, LoadTracker};
 use crate::pool::Pool;
@@ -72,6 +74,9 @@ pub enum AppError {
     /// An endpoint picker could not start.
     #[error(transparent)]
     Picker(#[from] crate::picker::PickerError),
+    /// An endpoint picker's message limit cannot hold its policy's body.
+    #[error("{0}")]
+    PickerLimit(String),
 }
 
 /// Builds the pools of a config (no tasks yet). Pools sharing a tokenizer
@@ -295,9 +300,18 @@ pub async fn start(cfg: &Config) -> Result<Indexer, AppError> {
     let authn = Authenticator::new(auth, Arc::clone(&life.metrics.auth));
     let incoming =
         tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    // Every message over the limit is refused (RESOURCE_EXHAUSTED) before
+    // it is buffered, health's included.
+    let limit = cfg.grpc_max_message_bytes;
+    const SETTING: &str = "grpcMaxMessageBytes";
+    let indexer = IndexerServer::new(svc).max_decoding_message_size(limit);
     let router = tonic::transport::Server::builder()
-        .add_service(health)
-        .add_service(IndexerServer::with_interceptor(svc, authn));
+        .add_service(Limited::new(health, limit, SETTING))
+        .add_service(Limited::new(
+            InterceptedService::new(indexer, authn),
+            limit,
+            SETTING,
+        ));
     // The listener closes only once health says NOT_SERVING.
     let unhealthy = CancellationToken::new();
     tasks.push(tokio::spawn(crate::lifecycle::serve_bounded(
@@ -359,6 +373,11 @@ async fn start_pickers(
     use kvasir_proto::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
     let mut addrs = Vec::new();
     for pc in &cfg.pickers {
+        // Envoy sends a buffered body in one message: the limit holds the
+        // policy's bodyLimitBytes.
+        let (plugin, _) = crate::picker::load(pc)?;
+        let limit = crate::grpc_limit::picker_limit(pc, plugin.settings.body_limit_bytes)
+            .map_err(AppError::PickerLimit)?;
         let svc = crate::picker::PickerService::start(pc, Arc::clone(pools))?;
         let listener = tokio::net::TcpListener::bind(pc.addr)
             .await
@@ -381,9 +400,10 @@ async fn start_pickers(
             .await;
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let processor = ExternalProcessorServer::new(svc).max_decoding_message_size(limit);
         let router = tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(ExternalProcessorServer::new(svc));
+            .add_service(Limited::new(health, limit, "pickers[].maxMessageBytes"))
+            .add_service(Limited::new(processor, limit, "pickers[].maxMessageBytes"));
         tasks.push(tokio::spawn(crate::lifecycle::serve_bounded(
             router,
             incoming,

@@ -41,6 +41,7 @@ mod app;
 mod auth;
 mod endpoint;
 mod exposition;
+mod grpc_limit;
 mod health;
 mod history;
 mod http;

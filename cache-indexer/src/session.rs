@@ -86,19 +86,28 @@ fn service_error(id: u64, e: &ServiceError) -> pb::SessionResponse {
 
 /// Serves one stream: reads `inbound` until it ends or fails, and returns
 /// the answers. The answer stream ends once the caller's side has ended
-/// and every pick it sent is answered.
+/// and every pick it sent is answered; when `inbound` failed (a message
+/// over the port's size limit is RESOURCE_EXHAUSTED), with that error.
 pub fn serve<S>(pools: Arc<Pools>, mut inbound: S) -> SessionStream
 where
     S: Stream<Item = Result<pb::SessionRequest, tonic::Status>> + Send + Unpin + 'static,
 {
     let (mut tx, rx) = futures::channel::mpsc::channel(ANSWER_BUFFER);
+    let (failed_tx, failed) = futures::channel::oneshot::channel::<tonic::Status>();
     let metrics = Arc::clone(pools.session_metrics());
     metrics.opened();
     tokio::spawn(async move {
         let permits = Arc::new(Semaphore::new(MAX_CONCURRENT_PICKS));
         while let Some(msg) = inbound.next().await {
-            let Ok(msg) = msg else {
-                break; // the caller reset the stream: nothing to answer
+            let msg = match msg {
+                Ok(msg) => msg,
+                // Nothing more can be read: the picks already running are
+                // answered, then the stream ends with why (after a reset
+                // nobody reads it).
+                Err(status) => {
+                    let _ = failed_tx.send(status);
+                    break;
+                }
             };
             match msg.call {
                 Some(pb::session_request::Call::Report(r)) => {
@@ -156,7 +165,8 @@ where
         // clones) ends the answer stream after the last pick's answer.
         drop(tx);
     });
-    Box::pin(rx)
+    let failed = futures::stream::once(failed).filter_map(|r| async move { r.ok().map(Err) });
+    Box::pin(rx.chain(failed))
 }
 
 #[cfg(test)]
@@ -248,6 +258,29 @@ mod tests {
         let m = pools.session_metrics();
         assert_eq!((m.picks.get(), m.invalid.get()), (3, 1));
         assert_eq!(m.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failed_inbound_ends_the_answers_with_its_error_after_the_running_picks() {
+        let pools = pools();
+        let inbound = futures::stream::iter(vec![
+            Ok(pick(1, "p", "r1")),
+            Err(tonic::Status::resource_exhausted("too large")),
+            Ok(pick(2, "p", "r2")),
+        ]);
+        let got: Vec<_> = tokio::time::timeout(
+            Duration::from_secs(10),
+            serve(Arc::clone(&pools), inbound).collect(),
+        )
+        .await
+        .expect("the answer stream ends");
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got[0].as_ref().expect("the pick's answer").id, 1);
+        let e = got[1].as_ref().expect_err("then the error");
+        assert_eq!(
+            (e.code(), e.message()),
+            (tonic::Code::ResourceExhausted, "too large")
+        );
     }
 
     /// Pool `p`, flow-controlled and saturated (its picks wait), and pool

@@ -14,6 +14,10 @@ Modules:
     prom       the Prometheus text parser
     redis      a throwaway redis-server (Redis, start_redis, redis_available)
     api        OpenAI-shaped bodies and SSE events
+    kube       a real etcd + kube-apiserver (and Envoy Gateway) for the control-plane tests
+    picker     Envoy as an Inference Extension gateway calling the indexer's endpoint picker
+    prometheus a real Prometheus server scraping the stack, queried over its HTTP API
+    secret_scan  the end-of-run scan of every process log for the secrets the tests used
 
 The common names are re-exported here (`import kvasir_harness as h`). The
 package needs only the standard library, so envoy/render.py (which wraps

@@ -23,6 +23,22 @@ import pytest
 from kvasir_harness import (COMPILE, ENVOY_BIN, POLICY, PROVIDER_MODEL, SETTINGS, SIM_BIN, WASM, Envoy, Indexer, Proc,
                             Sim, cargo, compile_plugin, indexer_available, indexer_for, stale, start_envoy, start_sim,
                             wait_envoy, wait_sim, wait_until)
+from kvasir_harness import secret_scan
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_secret_in_logs():
+    """Fails the session when a process it started wrote a secret it used
+    (an API key, the indexer token, the provider key, an API server token)
+    to its log, naming the file and line: each log is scanned when its
+    process stops (harness/kvasir_harness/secret_scan.py), the rest at the
+    end. Set up first, so torn down after every other fixture."""
+    secret_scan.install()
+    yield
+    found = secret_scan.finish()
+    if found:
+        pytest.fail(f"secrets in the logs of this session's processes ({len(found)} lines; "
+                    "KVASIR_E2E_KEEP_LOGS=1 keeps the session's logs):\n" + "\n".join(found[:50]), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,14 @@ pub struct Config {
     /// Longest a graceful shutdown waits for in-flight calls, ms.
     #[serde(default = "default_shutdown_grace_ms", alias = "shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,
+    /// Largest gRPC message the gRPC port accepts, bytes (a Pick carries
+    /// the prompt, so at least the filter's `bodyLimitBytes`); a larger one
+    /// is refused with RESOURCE_EXHAUSTED before it is buffered.
+    #[serde(
+        default = "default_grpc_max_message_bytes",
+        alias = "grpc_max_message_bytes"
+    )]
+    pub grpc_max_message_bytes: usize,
     /// A file of more pools, added to `pools` at load (see [`super::pools_file`]);
     /// relative to this file's directory.
     #[serde(default, alias = "pools_file")]
@@ -80,6 +88,16 @@ pub(super) fn default_grpc_addr() -> SocketAddr {
 fn default_http_addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 9090))
 }
+/// Default of [`Config::grpc_max_message_bytes`]: 4 MiB, gRPC's usual
+/// limit, four times the filter's default `bodyLimitBytes` (a Pick is the
+/// prompt plus a few hundred bytes).
+pub const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// Smallest [`Config::grpc_max_message_bytes`]: room for a Report and a
+/// short prompt's Pick.
+pub const MIN_GRPC_MAX_MESSAGE_BYTES: usize = 64 << 10;
+fn default_grpc_max_message_bytes() -> usize {
+    DEFAULT_GRPC_MAX_MESSAGE_BYTES
+}
 /// Default of [`Config::shutdown_grace_ms`]: long enough for a pick (a
 /// render call is at most its timeout), well inside Kubernetes' default
 /// 30 s termination grace.
@@ -96,6 +114,7 @@ impl Default for Config {
             pools: Vec::new(),
             grpc_token_file: None,
             shutdown_grace_ms: DEFAULT_SHUTDOWN_GRACE_MS,
+            grpc_max_message_bytes: DEFAULT_GRPC_MAX_MESSAGE_BYTES,
             pools_file: None,
             responses: ResponsesConfig::default(),
             shared_load: SharedLoadConfig::default(),

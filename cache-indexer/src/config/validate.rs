@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use super::error::{invalid, ConfigError};
 use super::schema::{
     Config, InFlightConfig, PoolConfig, TokenizerSource, MAX_SCRAPE_INTERVAL_MS,
-    MIN_SCRAPE_INTERVAL_MS,
+    MIN_GRPC_MAX_MESSAGE_BYTES, MIN_SCRAPE_INTERVAL_MS,
 };
 use crate::types::IndexSource;
 
@@ -32,6 +32,12 @@ impl Config {
                     format!("duplicate pool name `{}`", pool.name),
                 ));
             }
+        }
+        if self.grpc_max_message_bytes < MIN_GRPC_MAX_MESSAGE_BYTES {
+            return Err(invalid(
+                "grpcMaxMessageBytes",
+                format!("must be at least {MIN_GRPC_MAX_MESSAGE_BYTES}"),
+            ));
         }
         self.responses.validate()?;
         self.budgets.validate()?;

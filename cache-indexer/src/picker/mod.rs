@@ -75,6 +75,12 @@ pub struct PickerConfig {
     /// is the length of each answer's list (1 for a gateway whose pool
     /// cluster is ORIGINAL_DST, which reads one address).
     pub policy_file: PathBuf,
+    /// Largest ext_proc message accepted, bytes (a gateway sends a buffered
+    /// body in one message); see `grpc_limit::picker_limit` for its default
+    /// and floor. A larger message is refused with RESOURCE_EXHAUSTED before
+    /// it is buffered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_message_bytes: Option<usize>,
 }
 
 /// What a pool's picker counted.
@@ -287,8 +293,14 @@ async fn run(job: Job, shared: Rc<Shared>, serving: Arc<Serving>, pools: Arc<Poo
     let mut ex = Exchange::new(shared, Arc::clone(&serving));
     let mut forwarded = false;
     'stream: while let Some(msg) = inbound.next().await {
-        let Ok(msg) = msg else {
-            break; // the gateway reset the stream
+        let msg = match msg {
+            Ok(msg) => msg,
+            // A message over the limit (RESOURCE_EXHAUSTED) or a broken
+            // stream: the gateway is told why (after a reset nobody is).
+            Err(status) => {
+                let _ = out.send(Err(status)).await;
+                break;
+            }
         };
         let mut step = ex.on_message(msg);
         loop {
