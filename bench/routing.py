@@ -2,8 +2,9 @@
 """The routing benchmark: the same simulated cluster, the same
 workloads, four routing modes, one run. Not a test.
 
-For every workload (the Mooncake trace, the multi-tenant chat), load level
-and routing mode it starts 8 fresh vllm-sims (H100-8B latency profile,
+For every workload (the Mooncake trace, the multi-tenant chat, and the
+shapes nobody tuned the routers on: `longchat`, `agents`, `bursty`, see
+bench/src/workloads.rs), load level and routing mode it starts 8 fresh vllm-sims (H100-8B latency profile,
 time-scaled), the mode's proxy, and replays the workload through Envoy with
 `kvasir-bench` as streaming requests:
 
@@ -43,6 +44,7 @@ taken over unless given) in `shapes.md` and the report (bench/shapes.py).
 summary.json gets a `deployment` record of the setup for that check.
 
     .tools/venv/bin/python bench/routing.py --preset short   # make bench
+    .tools/venv/bin/python bench/routing.py --preset short --workloads all --out bench/results/workloads-short
     .tools/venv/bin/python bench/routing.py --preset full    # make bench-full
     .tools/venv/bin/python bench/routing.py --preset short --deployment deployed
     .tools/venv/bin/python bench/routing.py --preset short --deployment deployed --proxies 1 --replicas 1 \\
@@ -86,6 +88,41 @@ TARGET_UTIL = 0.70
 # round-robin's utilisation moves ~3 points per 0.1x of trace speed.
 CALIBRATION_TOLERANCE = 0.02
 
+# The shapes beyond the trace and the chat (`kvasir-bench workload --shape
+# NAME`; parameters and where they come from: bench/src/workloads.rs and
+# docs/benchmarks.md "Workloads"), each with its preset settings. Their rate
+# is sessions started per simulated second, calibrated to load 1.0 like the
+# others'. Time scales: real time where the wall request rate at load 1.0
+# stays about where the chat's does (~40 requests per wall second); the
+# bursty mix sends ~60 requests per simulated second at load 1.0 and more in
+# a burst, so it runs at half speed. Windows: a conversation takes ~1 min
+# and an agent 1-2 min, so shorter windows would hold few whole sessions.
+# The guesses are where calibration settled on this machine.
+WORKLOAD_SHAPES = {
+    "longchat": {
+        "about": "long-context conversations: 4 system prompts of 4-8k tokens (popularity 1/(i+1)), 3-10 turns of "
+                 "which 30% paste a 1.5-5k-token document and the rest ask 30-300 tokens, 150-600-token answers, "
+                 "5 s mean pause, contexts up to 30k tokens",
+        "short": {"time_scale": 1.0, "loads": [1.0], "duration_s": 90.0, "guess": 1.2},
+        "full": {"time_scale": 1.0, "loads": [1.0, 2.0], "duration_s": 240.0, "guess": 1.2},
+    },
+    "agents": {
+        "about": "agentic tool loops: 3 frameworks with 3-6k-token system prompts, a 200-800-token task, 10-50 "
+                 "steps each of a 30-150-token tool call and a 50-1500-token tool result (log-uniform), 1.5 s mean "
+                 "tool latency, contexts up to 32k tokens",
+        "short": {"time_scale": 1.0, "loads": [1.0], "duration_s": 90.0, "guess": 0.5},
+        "full": {"time_scale": 1.0, "loads": [1.0, 2.0], "duration_s": 240.0, "guess": 0.5},
+    },
+    "bursty": {
+        "about": "a bursty mix with little sharing: 96% of requests 200-1000 tokens (log-uniform), 4% a 20-60k-token "
+                 "document, each under one of 4 short client preambles; on/off Poisson arrivals, 3 s bursts at 8x "
+                 "the rate of 9 s quiet spells (means)",
+        "short": {"time_scale": 2.0, "loads": [1.0], "duration_s": 60.0, "guess": 40.0},
+        "full": {"time_scale": 2.0, "loads": [1.0, 2.0], "duration_s": 180.0, "guess": 40.0},
+    },
+}
+ALL_WORKLOADS = ["trace", "chat", *WORKLOAD_SHAPES]
+
 # Chat requests are short next to the trace's (~5k tokens, mostly cached):
 # 70% prefill use of 8 H100-profile engines takes ~14 conversations (~40
 # requests) per simulated second, so the chat runs in real time (time scale
@@ -100,13 +137,15 @@ PRESETS = {
               "trace_from_s": 650.0, "trace_window_s": 120.0, "chat_duration_s": 30.0,
               # Calibration's first guesses (the rates calibration settles at;
               # the short chat always ends at the cap).
-              "trace_guess": 1.6, "chat_guess": 16.0},
+              "trace_guess": 1.6, "chat_guess": 16.0,
+              **{f"{w}_{k}": v for w, shape in WORKLOAD_SHAPES.items() for k, v in shape["short"].items()}},
     # make bench-full: the whole trace at four loads (1.5 and 2.0 both past
     # what round-robin's engines keep up with), the chat at two (about 75
     # minutes on 2 cores).
     "full": {"trace_time_scale": 0.25, "chat_time_scale": 1.0, "trace_loads": [0.5, 1.0, 1.5, 2.0],
              "chat_loads": [1.0, 2.0], "trace_from_s": 0.0, "trace_window_s": None, "chat_duration_s": 60.0,
-             "trace_guess": 1.5, "chat_guess": 12.5},
+             "trace_guess": 1.5, "chat_guess": 12.5,
+             **{f"{w}_{k}": v for w, shape in WORKLOAD_SHAPES.items() for k, v in shape["full"].items()}},
 }
 # Conversations per simulated second the chat's load 1.0 may ask for, per
 # unit of time scale (wall requests per second is what costs CPU).
@@ -195,8 +234,8 @@ def bench_with_restart(args: list[str], c: CL.Cluster, restart_after_s: float) -
 
 def arrival_window_s(workload: str, rate: float, p: dict) -> float:
     """Simulated seconds over which the run's requests arrive."""
-    if workload == "chat":
-        return p["chat_duration_s"]
+    if workload != "trace":
+        return p[f"{workload}_duration_s"]
     window = p["trace_window_s"] or 1000.0  # the whole trace spans ~17 minutes
     return window / rate
 
@@ -224,9 +263,12 @@ def run_one(workload: str, mode: str, load: float, rate: float, p: dict, out: Pa
             args = ["trace", *common, "--trace", str(TRACE), "--speed", f"{rate:.4f}", "--from-s", str(p["trace_from_s"])]
             if window is not None:
                 args += ["--duration-s", str(window)]
-        else:
+        elif workload == "chat":
             dur = p["chat_duration_s"]
             args = ["chat", *common, *CHAT_SHAPE, "--conversations-per-s", f"{rate:.4f}", "--duration-s", str(dur)]
+        else:
+            args = ["workload", *common, "--shape", workload, "--rate", f"{rate:.4f}", "--duration-s",
+                    str(p[f"{workload}_duration_s"])]
         t0 = time.monotonic()
         cpu = CPU.CpuWatch(lambda: {"engines": c.sims, "indexers": c.indexers, "proxies": c.envoys})
         cpu.start()
@@ -310,11 +352,28 @@ def deployed_shape(workload: str, p: dict, direct_share: float, setup: list[str]
         blocks, why = deployed_blocks(reused, CL.MAX_MODEL_LEN)
         setup.append(f"trace caches: {why}.")
         return CL.Shape(True, blocks, CL.MAX_MODEL_LEN, direct_share)
+    if workload in WORKLOAD_SHAPES:
+        # Its plan at the first guess says what is reused and how long the
+        # longest sequence gets.
+        st = shape_stats(workload, p[f"{workload}_guess"], p)
+        max_len = max(CHAT_MAX_MODEL_LEN, -(-(st["longest_sequence_tokens"] + 1024) // 8192) * 8192)
+        blocks, why = deployed_blocks(st["reused_tokens"], max_len)
+        setup.append(f"{workload} caches (max-model-len {max_len}): {why}, from its plan at {p[f'{workload}_guess']} "
+                     "sessions/s.")
+        return CL.Shape(True, blocks, max_len, direct_share)
     rate = min(p["chat_guess"], CHAT_MAX_RATE_PER_SCALE) * p["chat_time_scale"]
     blocks, why = deployed_blocks(RECORDS.chat_reused_tokens(rate, p["chat_duration_s"]), CHAT_MAX_MODEL_LEN)
     setup.append(f"chat caches (max-model-len {CHAT_MAX_MODEL_LEN}): {why}, estimated at {rate:.1f} "
                  "conversations/s from the chat's mean shape.")
     return CL.Shape(True, blocks, CHAT_MAX_MODEL_LEN, direct_share)
+
+
+def shape_stats(workload: str, rate: float, p: dict) -> dict:
+    """What `kvasir-bench workload-stats` plans for a shape at `rate`."""
+    out = subprocess.run([str(BENCH_BIN), "workload-stats", "--shape", workload, "--rate", f"{rate:.4f}",
+                          "--duration-s", str(p[f"{workload}_duration_s"])],
+                         check=True, timeout=600, capture_output=True, text=True).stdout
+    return json.loads(out)
 
 
 def default_dir(preset: str, deployed: bool, proxies: int, replicas: int) -> str:
@@ -357,11 +416,14 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", help="results directory (default: bench/results/routing for the full preset, "
                                   "bench/results/routing-short for the short one, so `make bench` never "
                                   "overwrites the full run the README quotes)")
-    ap.add_argument("--workloads", default="trace,chat")
+    ap.add_argument("--workloads", default="trace,chat",
+                    help=f"comma-separated, of {', '.join(ALL_WORKLOADS)}; `all` for every one (one report)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--loads", help="comma-separated load factors for every workload (default: the preset's)")
     ap.add_argument("--trace-rate", type=float, help="trace speed-up at load 1.0 (skips calibration)")
     ap.add_argument("--chat-rate", type=float, help="conversations/s at load 1.0 (skips calibration)")
+    for w in WORKLOAD_SHAPES:
+        ap.add_argument(f"--{w}-rate", type=float, help=f"{w}: sessions/s at load 1.0 (skips calibration)")
     ap.add_argument("--chat-time-scale", type=float, help="wall seconds per simulated second for the chat "
                     "(default: the preset's); above 1 the chat's wall request rate, and so the load on this "
                     "machine's cores, falls by that factor, and its load-1.0 cap rises with it")
@@ -463,8 +525,9 @@ def cluster_setup(p: dict, deployed: bool, late: bool) -> list[str]:
         f"{CL.ENGINES} vllm-sims, latency profile {CL.PROFILE} (FACTS.md: ~30 ms + 0.03 ms per uncached token of prefill, "
         f"~6 ms decode steps), {'KV blocks (sized per workload below)' if deployed else f'{CL.NUM_GPU_BLOCKS} KV blocks'} "
         f"of {CL.BLOCK} tokens each, max-num-seqs 256, "
-        f"token budget {CL.BUDGET}; time scale {p['trace_time_scale']} for the trace, {p['chat_time_scale']} for the chat "
-        "(wall seconds per simulated second).",
+        f"token budget {CL.BUDGET}; time scale {p['trace_time_scale']} for the trace, {p['chat_time_scale']} for the chat"
+        + "".join(f", {p[f'{w}_time_scale']} for {w}" for w in WORKLOAD_SHAPES)
+        + " (wall seconds per simulated second).",
         "Envoy 1.40 (2 workers) in every mode; a fresh cluster (sims, indexer, Envoy) per run; the load generator "
         "and all processes share this machine's 2 cores.",
         "Modes: round-robin and least-request = Envoy's own load balancers with no filter; approx-prefix = Kvasir's filter "
@@ -492,9 +555,10 @@ def load_one(w: str, given: float | None, theirs: float | None, compare_to: str 
     if given:
         setup.append(f"{w}: load 1.0 given as {given}")
         return given
-    guess = p["trace_guess"] if w == "trace" else p["chat_guess"] * p["chat_time_scale"]
+    guess = (p["trace_guess"] if w == "trace" else p["chat_guess"] * p["chat_time_scale"] if w == "chat"
+             else p[f"{w}_guess"])
     rate, u, steps = calibrate(w, guess, p, scratch, logroot, shape=shape)
-    unit = "x trace speed" if w == "trace" else "conversations/s"
+    unit = "x trace speed" if w == "trace" else "conversations/s" if w == "chat" else "sessions/s"
     last_rate = steps[-1][0]
     capped = (w == "chat" and rate >= CHAT_MAX_RATE_PER_SCALE * p["chat_time_scale"] - 1e-9
               and rate < last_rate * TARGET_UTIL / u - 1e-9)
@@ -527,6 +591,25 @@ def workload_setup(workloads: list[str], p: dict, shapes: dict, out: Path, setup
                      f"{p['chat_duration_s']:.0f} simulated seconds (`kvasir-bench chat {' '.join(CHAT_SHAPE)}`).")
 
 
+def shapes_setup(workloads: list[str], p: dict, rates: dict, setup: list[str]) -> None:
+    """The new shapes' sentences: parameters, and what each plans at its
+    load-1.0 rate (if every session ran to its end)."""
+    for w in workloads:
+        if w not in WORKLOAD_SHAPES:
+            continue
+        st = shape_stats(w, rates[w], p)
+        pt = st["prompt_tokens"]
+        setup.append(
+            f"{w}: {WORKLOAD_SHAPES[w]['about']}; sessions start for {p[f'{w}_duration_s']:.0f} simulated seconds "
+            f"(`kvasir-bench workload --shape {w}`). Planned at load 1.0: {st['sessions']} sessions, "
+            f"{st['requests']} requests ({st['turns']['mean']:.1f} per session), prompts mean / p50 / p99 "
+            f"{pt['mean']:.0f} / {pt['p50']:.0f} / {pt['p99']:.0f} tokens (largest {pt['max']:.0f}), "
+            f"{st['shared_prefix_fraction']:.1%} of prompt tokens repeat an earlier request's prefix "
+            f"({st['system_fraction']:.1%} system prompts), sessions started per second have variance / mean "
+            f"{st['arrivals_per_s_dispersion']:.1f} (Poisson 1); runs end with the window, so late sessions are "
+            "cut short.")
+
+
 def write_report(out: Path, cmdline: str, record: dict, compare_to: str | None, other: dict | None) -> None:
     """`kvasir-bench report`, the deployment record in summary.json and,
     with `--compare-to`, the shapes side by side."""
@@ -546,8 +629,11 @@ def main(argv: list[str]) -> int:
     a = arg_parser().parse_args(argv)
     deployed, proxies, replicas, other = checked_shape(a)
     p = preset_of(a, deployed)
-    loads = {w: [float(x) for x in a.loads.split(",")] if a.loads else p[f"{w}_loads"] for w in ("trace", "chat")}
-    workloads = a.workloads.split(",")
+    workloads = ALL_WORKLOADS if a.workloads == "all" else a.workloads.split(",")
+    unknown = [w for w in workloads if w not in ALL_WORKLOADS]
+    if unknown:
+        raise SystemExit(f"unknown workload {', '.join(unknown)}; known: {', '.join(ALL_WORKLOADS)} (or all)")
+    loads = {w: [float(x) for x in a.loads.split(",")] if a.loads else p[f"{w}_loads"] for w in workloads}
     modes, late = modes_of(a, deployed)
 
     out = Path(a.out) if a.out else REPO / "bench" / "results" / default_dir(a.preset, deployed, proxies, replicas)
@@ -570,13 +656,17 @@ def main(argv: list[str]) -> int:
             shapes[w] = replace(deployed_shape(w, p, a.direct_share, setup), proxy_count=proxies,
                                 replica_count=replicas)
         theirs = (other or {}).get("deployment", {}).get("workloads", {}).get(w, {}).get("rate")
-        rates[w] = load_one(w, a.trace_rate if w == "trace" else a.chat_rate, theirs, a.compare_to, p, shapes[w],
-                            scratch, logroot, setup)
+        given = getattr(a, f"{w}_rate")
+        rates[w] = load_one(w, given, theirs, a.compare_to, p, shapes[w], scratch, logroot, setup)
     record = SHAPES.deployment_record(
         a.deployment, a.preset, CL.ENGINES, (proxies, replicas) if deployed else (1, 1), a.direct_share,
         {"engine": RESTARTED, "at_share_of_arrivals": RESTART_AT, "down_wall_s": CL.RESTART_DOWN_S} if deployed else None,
         {w: {"rate": rates[w], "num_gpu_blocks": sh.num_gpu_blocks, "max_model_len": sh.max_model_len}
          for w, sh in shapes.items()}, p)
+    for w in workloads:
+        if w in WORKLOAD_SHAPES:
+            # bench/shapes.py records the chat's window for every workload but the trace.
+            record["workloads"][w]["duration_s"] = p[f"{w}_duration_s"]
     if late:
         # Compared shapes must agree on it (bench/shapes.py compares every key).
         record["late_binding"] = VAR.KVASIR["flow"]
@@ -586,6 +676,7 @@ def main(argv: list[str]) -> int:
         if diff:
             raise SystemExit(f"--compare-to {a.compare_to}: another setup, not only another shape: " + "; ".join(diff))
     workload_setup(workloads, p, shapes, out, setup)
+    shapes_setup(workloads, p, rates, setup)
 
     for w in workloads:
         for load in loads[w]:
