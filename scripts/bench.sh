@@ -30,5 +30,5 @@ deployed=bench/results/routing-deployed$([ "${ROUTING_PRESET:-short}" = full ] |
 echo "== governance: a noisy neighbour, budgets over 2 Envoys x 2 replicas, saturation and below it, flow control on and off (short version)"
 .tools/venv/bin/python bench/governance.py --preset "${GOVERNANCE_PRESET:-short}"
 
-python3 scripts/bench_report.py
+.tools/venv/bin/python scripts/bench_report.py
 echo "== results: bench/results/ (summary in docs/benchmarks.md)"

@@ -2,28 +2,15 @@
 """Turns bench/results/*.json into markdown tables and puts them in
 docs/benchmarks.md between `<!-- bench:NAME:start -->` and
 `<!-- bench:NAME:end -->`."""
-import importlib.util
 import json
-import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+from kvasir_harness.bench.deployed_targets import met_word
+from kvasir_harness.paths import REPO as ROOT, RESULTS
 # The page the tables go to, and the way from it to the repository root
 # (the tables link to the results' reports).
 PAGE = ROOT / "docs" / "benchmarks.md"
 TO_ROOT = "../"
-
-
-def _met_word():
-    """bench/deployed_targets.py's `met_word` (a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("deployed_targets", ROOT / "bench" / "deployed_targets.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.met_word
-
-
-met_word = _met_word()
 
 
 def sim_table(r):

@@ -3,7 +3,7 @@ share to run the local stack (vllm-sims, the cache-indexer, Envoy with the
 Kvasir filter) on 127.0.0.1 and read it.
 
 Modules:
-    paths      the repository, built artifacts, model names, load_script()
+    paths      the repository, built artifacts, the benchmarks' trace and results, model names, load_script()
     procs      Proc, Processes, free_port, wait_until (Exited), request
     bootstrap  the Envoy bootstrap renderer (envoy/render.py wraps it)
     build      rebuilding stale artifacts, compile_plugin
@@ -18,6 +18,7 @@ Modules:
     picker     Envoy as an Inference Extension gateway calling the indexer's endpoint picker
     prometheus a real Prometheus server scraping the stack, queried over its HTTP API
     secret_scan  the end-of-run scan of every process log for the secrets the tests used
+    bench      the benchmarks' drivers (bench/*.py are their command lines)
 
 The common names are re-exported here (`import kvasir_harness as h`). The
 package needs only the standard library, so envoy/render.py (which wraps
@@ -31,8 +32,8 @@ from .api import chat, sse_events, sse_named_events
 from .build import cargo, compile_plugin, stale
 from .envoy import Envoy, Secrets, secrets_for, start_envoy, wait_envoy, wasm_failures
 from .indexer import Indexer, indexer_available, indexer_for
-from .paths import (COMPILE, ENVOY_BIN, INDEXER_BIN, MODEL, PROVIDER_MODEL, REPO, SIM_BIN, TARGET, TOKENIZER, WASM,
-                    load_script)
+from .paths import (BENCH_BIN, COMPILE, ENVOY_BIN, INDEXER_BIN, MODEL, PROVIDER_MODEL, REPO, RESULTS, SIM_BIN, TARGET,
+                    TOKENIZER, TRACE, WASM, load_script)
 from .policy import KEYS, POLICY, PROVIDER_KEY, SETTINGS, sha256
 from .redis import Redis, redis_available, start_redis
 from .procs import HTTP_TIMEOUT_S, START_TIMEOUT_S, Exited, Proc, Processes, free_port, request, wait_until
@@ -44,7 +45,8 @@ __all__ = [
     "cargo", "compile_plugin", "stale",
     "Envoy", "Secrets", "secrets_for", "start_envoy", "wait_envoy", "wasm_failures",
     "Indexer", "indexer_available", "indexer_for",
-    "COMPILE", "ENVOY_BIN", "INDEXER_BIN", "MODEL", "PROVIDER_MODEL", "REPO", "SIM_BIN", "TARGET", "TOKENIZER", "WASM",
+    "BENCH_BIN", "COMPILE", "ENVOY_BIN", "INDEXER_BIN", "MODEL", "PROVIDER_MODEL", "REPO", "RESULTS", "SIM_BIN", "TARGET",
+    "TOKENIZER", "TRACE", "WASM",
     "load_script",
     "KEYS", "POLICY", "PROVIDER_KEY", "SETTINGS", "sha256",
     "Redis", "redis_available", "start_redis",

@@ -1,6 +1,7 @@
 """Where things are: the repository, the built artifacts (each overridable
-by an environment variable), the served model names, and loading a script
-(bench/routing.py) as a module for its tests."""
+by an environment variable), the benchmarks' trace and results, the served
+model names, and loading a script (scripts/demo.py) as a module for its
+tests."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ SIM_BIN = Path(os.environ.get("VLLM_SIM_BIN", TARGET / "release" / "vllm-sim"))
 INDEXER_BIN = Path(os.environ.get("KVASIR_INDEXER_BIN", TARGET / "release" / "cache-indexer"))
 ENVOY_BIN = Path(os.environ.get("ENVOY_BIN", REPO / ".tools" / "bin" / "envoy"))
 TOKENIZER = Path(os.environ.get("KVASIR_TOKENIZER_DIR", REPO / ".tools" / "tokenizers" / "qwen3"))
+BENCH_BIN = Path(os.environ.get("KVASIR_BENCH_BIN", TARGET / "release" / "kvasir-bench"))
+# The Mooncake-format trace the routing benchmark replays; it lives beside
+# the checkout (shared/), not in it, as it is too large to commit.
+TRACE = Path(os.environ.get("KVASIR_TRACE", REPO.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"))
+# Where the benchmarks write their results (the committed summaries too).
+RESULTS = REPO / "bench" / "results"
 
 # The model the pools serve, and the one the external provider serves.
 MODEL = "Qwen/Qwen3-8B"
@@ -28,7 +35,7 @@ PROVIDER_MODEL = "provider-model"
 
 
 def load_script(path: Path | str, name: str | None = None) -> ModuleType:
-    """A script such as bench/routing.py, imported from its file (scripts
+    """A script such as scripts/demo.py, imported from its file (scripts
     are not packages: this replaces putting their folder on sys.path).
     Loaded once per name; `__name__` is not "__main__", so `main()` does not
     run."""

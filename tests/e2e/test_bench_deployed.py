@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kvasir_harness import TARGET, load_script, redis_available
+from kvasir_harness import TARGET, redis_available
 
-routing = load_script("bench/routing.py")
+from kvasir_harness.bench import routing
 
 TINY = {"trace_time_scale": 0.25, "chat_time_scale": 1.0, "trace_loads": [1.0], "chat_loads": [1.0],
         # 28 requests, the longest 37k tokens.

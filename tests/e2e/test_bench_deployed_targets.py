@@ -9,9 +9,8 @@ import csv
 import json
 from pathlib import Path
 
-from kvasir_harness import load_script
 
-dt = load_script("bench/deployed_targets.py")
+from kvasir_harness.bench import deployed_targets as dt
 
 FIELDS = ["id", "tenant", "conversation", "turn", "sent_s", "ttft_ms", "itl_ms", "e2e_ms", "prompt_tokens",
           "cached_tokens", "completion_tokens", "endpoint", "status", "outcome", "error"]

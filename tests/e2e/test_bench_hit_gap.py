@@ -4,9 +4,8 @@ written here; no processes are started."""
 
 from __future__ import annotations
 
-from kvasir_harness import load_script
 
-gap = load_script("bench/hit_gap.py")
+from kvasir_harness.bench import hit_gap as gap
 
 K = gap.BLOCK  # tokens per trace block
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from kvasir_harness import REPO, load_script
+from kvasir_harness import REPO
 
 SHAPES = REPO / "bench" / "shapes.py"
 REPEATS = REPO / "bench" / "repeats.py"
-routing = load_script("bench/routing.py")
+from kvasir_harness.bench import routing
 
 
 def deployment(proxies: int, replicas: int, rate: float = 1.6, blocks: int = 12288) -> dict:

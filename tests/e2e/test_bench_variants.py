@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kvasir_harness import load_script
 
-CL = load_script("bench/sim_cluster.py")  # the cluster each run starts
-VAR = load_script("bench/variants.py")
+from kvasir_harness.bench import sim_cluster as CL  # the cluster each run starts
+from kvasir_harness.bench import variants as VAR
 
 
 class _Redis:

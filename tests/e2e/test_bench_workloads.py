@@ -15,9 +15,9 @@ from collections import defaultdict
 
 import pytest
 
-from kvasir_harness import TARGET, load_script
+from kvasir_harness import TARGET
 
-routing = load_script("bench/routing.py")
+from kvasir_harness.bench import routing
 
 SHAPES = ["longchat", "agents", "bursty"]
 TINY = {"trace_time_scale": 0.25, "chat_time_scale": 1.0, "trace_loads": [1.0], "chat_loads": [1.0],

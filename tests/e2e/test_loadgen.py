@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from kvasir_harness import TARGET, compile_plugin, load_script, start_envoy, wait_envoy, wait_until
+from kvasir_harness import TARGET, compile_plugin, start_envoy, wait_envoy, wait_until
 
-sim_cluster = load_script("bench/sim_cluster.py")  # the routing benchmark's policy and settings
+from kvasir_harness.bench import sim_cluster  # the routing benchmark's policy and settings
 
 BENCH = TARGET / "release" / "kvasir-bench"
 

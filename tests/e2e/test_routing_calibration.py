@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvasir_harness import load_script
 
-routing = load_script("bench/routing.py")
+from kvasir_harness.bench import routing
 
 
 def scripted(monkeypatch, utilisations: list[float]) -> list[float]:

@@ -66,7 +66,7 @@ KVASIR: dict[str, dict] = {}
 def overrides(mode: str) -> dict | None:
     """The pool settings of `mode` by section: kvasir's own, a variant's
     over them; None for other modes or none to change."""
-    if mode == "kvasir":
+    if mode in ("kvasir", "picker"):  # the picker ranks as kvasir does
         return dict(KVASIR) or None
     if mode not in VARIANTS:
         return None

@@ -2,7 +2,10 @@
 (bench/routing.py; bench/governance.py subclasses it): 8 fresh vllm-sims,
 the mode's Envoys and, with the Kvasir filter, its cache-indexer (or
 replicas sharing load through a redis-server in the deployed-like shape).
-Not a test."""
+The `picker` mode has no filter: its Envoys are configured as an Inference
+Extension gateway asking the indexer's endpoint picker over ext_proc
+(harness/kvasir_harness/picker.py, the override_host pool shape). Not a
+test."""
 
 from __future__ import annotations
 
@@ -13,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import kvasir_harness as h  # harness/kvasir_harness: processes, ports, bounded waits, the launchers
+from kvasir_harness import picker as gie  # the Inference Extension gateway's bootstrap
 
-REPO = Path(__file__).resolve().parents[1]
 # The kvasir mode's variants (`--variants`): other pool settings, late binding.
-VAR = h.load_script(REPO / "bench" / "variants.py")
+from . import variants as VAR
 
 ENGINES = 8
 NUM_GPU_BLOCKS = 25_000
@@ -56,6 +59,9 @@ SHARED_LOAD_MIN_MS = 5
 # checks, so both see it gone, and within what kvasir-bench's engine
 # scrapes wait out.
 RESTART_DOWN_S = 1.0
+# The mode that routes through the indexer's endpoint picker instead of
+# the filter: the same indexer, ranking and pool settings as `kvasir`.
+PICKER = "picker"
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,8 @@ class Cluster:
         self.mode, self.logdir, self.time_scale, self.shape = mode, logdir, time_scale, shape
         self.sims: list[h.Sim] = []
         self.indexers: list[h.Indexer] = []
+        # Each indexer replica's endpoint picker address (the picker mode).
+        self.pickers: list[str] = []
         self.envoys: list[h.Envoy] = []
         self.procs = h.Processes()
 
@@ -132,6 +140,13 @@ class Cluster:
                                                         name=f"envoy{i}", without_filter=True, pool_lb=lb,
                                                         log_level="warning"))
                            for i in range(sh.proxies)]
+        elif self.mode == PICKER:
+            self._start_indexers()
+            # Envoy i asks replica i's picker, as each proxy asks its own
+            # indexer replica first in the filter's modes.
+            self.envoys = [self.procs.add(gie.start_picker_envoy(self.logdir, self.pickers[i % len(self.pickers)],
+                                                                  pool, "override_host", name=f"envoy{i}"))
+                           for i in range(sh.proxies)]
         else:
             self._start_indexers()
             plugin = h.compile_plugin(self.policy(), SETTINGS)
@@ -140,6 +155,11 @@ class Cluster:
                                                         name=f"envoy{i}", indexers=addrs, log_level="warning"))
                            for i in range(sh.proxies)]
         for e in self.envoys:
+            if self.mode == PICKER:
+                # Its pool has no health checks (the picker knows the engines).
+                h.wait_until("gateway envoy ready", lambda: e.proc.alive()
+                             and h.request("GET", e.admin, "/ready", timeout=2)[0] == 200)
+                continue
             h.wait_envoy(e, pool)
             if self.indexers:
                 h.wait_until("indexer cluster healthy in envoy",
@@ -153,6 +173,14 @@ class Cluster:
         redis = self.procs.add(h.start_redis(self.logdir)) if sh.replicas > 1 else None
         for i in range(sh.replicas):
             cfg = self.indexer_config(i, redis, overrides)
+            picker = None
+            if self.mode == PICKER:
+                # The picker answers from the same compiled policy the
+                # filter would run (tenants, pool, flow control).
+                picker = f"127.0.0.1:{h.free_port()}"
+                policy = self.logdir / f"picker-policy{i}.json"
+                policy.write_text(h.compile_plugin(self.policy(), SETTINGS))
+                cfg["pickers"] = [{"addr": picker, "pool": "main", "policyFile": str(policy)}]
             args = list(extra_ix)
             if cfg:
                 path = self.logdir / f"indexer{i}.json"
@@ -164,6 +192,8 @@ class Cluster:
                                               events_from_engine=sh.deployed))
             ix.start()
             self.indexers.append(ix)
+            if picker:
+                self.pickers.append(picker)
 
     def flow(self) -> dict | None:
         """The mode's pool `flowControl` (late binding), or None."""
