@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing (cargo fuzz, libFuzzer) of the parsers that read
+# untrusted bytes; the targets are in fuzz/fuzz_targets/, docs/testing.md
+# ("Fuzzing") says what each checks.
+#
+#   bash scripts/fuzz.sh [TARGET...]     every target, or the ones named
+#   FUZZ_SECONDS=300 bash scripts/fuzz.sh policy
+#
+# Each target runs for FUZZ_SECONDS (default 60) from its committed seeds
+# (fuzz/corpus/<target>/, read only) plus a working corpus that persists in
+# fuzz/target/corpus/<target>/. A crash leaves its input in
+# fuzz/artifacts/<target>/ and fails the run (after the other targets).
+#
+# cargo-fuzz needs a nightly toolchain (its -Z sanitizer and coverage
+# flags); installed here, idempotently, as every make target installs what
+# it needs: cargo-fuzz into .tools/, nightly through rustup if missing.
+# Built without a sanitizer (-s none): the crates forbid unsafe code, so
+# AddressSanitizer would find little and halve the executions.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TOOLS="$ROOT/.tools"
+CARGO_FUZZ_VERSION=0.13.1
+SECONDS_PER_TARGET=${FUZZ_SECONDS:-60}
+
+log() { printf '[fuzz] %s\n' "$*"; }
+
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+  log "installing the nightly toolchain (cargo-fuzz needs it)"
+  rustup toolchain install nightly --profile minimal
+fi
+if [ "$("$TOOLS/bin/cargo-fuzz" --version 2>/dev/null)" != "cargo-fuzz $CARGO_FUZZ_VERSION" ]; then
+  log "installing cargo-fuzz $CARGO_FUZZ_VERSION into $TOOLS"
+  cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked --root "$TOOLS"
+fi
+export PATH="$TOOLS/bin:$PATH"
+
+if [ $# -gt 0 ]; then
+  targets=("$@")
+else
+  mapfile -t targets < <(cargo +nightly fuzz list)
+fi
+
+log "building ${targets[*]}"
+cargo +nightly fuzz build -s none
+
+failed=()
+for t in "${targets[@]}"; do
+  work="$ROOT/fuzz/target/corpus/$t"
+  logf="$ROOT/fuzz/target/logs/$t.log"
+  mkdir -p "$work" "$(dirname "$logf")" "$ROOT/fuzz/artifacts/$t"
+  log "$t: ${SECONDS_PER_TARGET}s (log: ${logf#"$ROOT"/})"
+  if cargo +nightly fuzz run -s none "$t" "$work" "$ROOT/fuzz/corpus/$t" -- \
+      -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=4096 \
+      -print_final_stats=1 >"$logf" 2>&1; then
+    # The final coverage line and the execution count.
+    done_line=$(grep -E '^#[0-9]+ +DONE' "$logf" | tail -1 || true)
+    execs=$(grep -E '^stat::number_of_executed_units' "$logf" | awk '{print $2}' || true)
+    log "$t: ok, ${execs:-?} executions; ${done_line:-no DONE line}"
+  else
+    failed+=("$t")
+    log "$t: FAILED; last lines of its log:"
+    tail -n 30 "$logf" | sed 's/^/    /'
+  fi
+done
+
+if [ ${#failed[@]} -gt 0 ]; then
+  log "crashes in: ${failed[*]} (inputs in fuzz/artifacts/)"
+  exit 1
+fi
+log "all ${#targets[@]} targets ran ${SECONDS_PER_TARGET}s without a crash"
