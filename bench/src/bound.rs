@@ -74,98 +74,42 @@ impl EngineModel {
     }
 }
 
-/// An LRU set of block ids. Pinned ids (blocks a running request holds)
-/// stay however old they are, as an engine cannot evict a block in use;
-/// the set may then exceed its capacity until they are unpinned.
-pub(crate) struct Lru {
+/// An LRU set of block ids: one pooled cache.
+struct Lru {
     cap: usize,
     clock: u64,
     stamp: HashMap<u64, u64>,
     order: BTreeMap<u64, u64>,
-    pinned: HashMap<u64, u32>,
 }
 
 impl Lru {
-    pub(crate) fn new(cap: usize) -> Self {
+    fn new(cap: usize) -> Self {
         Lru {
             cap,
             clock: 0,
             stamp: HashMap::new(),
             order: BTreeMap::new(),
-            pinned: HashMap::new(),
         }
     }
 
-    pub(crate) fn contains(&self, id: u64) -> bool {
-        self.stamp.contains_key(&id)
-    }
-
     /// How many leading `ids` are held: a prompt's cached prefix, in ids.
-    pub(crate) fn prefix_len(&self, ids: &[u64]) -> usize {
-        ids.iter().take_while(|id| self.contains(**id)).count()
+    fn prefix_len(&self, ids: &[u64]) -> usize {
+        ids.iter()
+            .take_while(|id| self.stamp.contains_key(id))
+            .count()
     }
 
-    pub(crate) fn touch(&mut self, id: u64) {
+    fn touch(&mut self, id: u64) {
         self.clock += 1;
         if let Some(old) = self.stamp.insert(id, self.clock) {
             self.order.remove(&old);
         }
         self.order.insert(self.clock, id);
-        self.trim();
-    }
-
-    /// Touches `ids` last to first, so the first is the most recent: the
-    /// order vLLM frees a finished request's blocks in, so that an engine
-    /// evicts a prompt's tail before the prefix it extends.
-    pub(crate) fn touch_chain(&mut self, ids: &[u64]) {
-        for &id in ids.iter().rev() {
-            self.touch(id);
-        }
-    }
-
-    /// Holds `ids` against eviction until as many [`Lru::unpin`]s.
-    pub(crate) fn pin(&mut self, ids: &[u64]) {
-        for &id in ids {
-            *self.pinned.entry(id).or_insert(0) += 1;
-        }
-    }
-
-    pub(crate) fn unpin(&mut self, ids: &[u64]) {
-        for id in ids {
-            if let Some(n) = self.pinned.get_mut(id) {
-                *n -= 1;
-                if *n == 0 {
-                    self.pinned.remove(id);
-                }
-            }
-        }
-        self.trim();
-    }
-
-    /// Distinct ids pinned now.
-    pub(crate) fn pinned(&self) -> usize {
-        self.pinned.len()
-    }
-
-    pub(crate) fn capacity(&self) -> usize {
-        self.cap
-    }
-
-    fn trim(&mut self) {
         while self.stamp.len() > self.cap {
-            let victim = if self.pinned.is_empty() {
-                self.order.first_key_value().map(|(&k, &id)| (k, id))
-            } else {
-                self.order
-                    .iter()
-                    .find(|(_, id)| !self.pinned.contains_key(id))
-                    .map(|(&k, &id)| (k, id))
-            };
-            let Some((k, id)) = victim else {
+            let Some((_, victim)) = self.order.pop_first() else {
                 break;
             };
-            self.order.remove(&k);
-            self.stamp.remove(&id);
+            self.stamp.remove(&victim);
         }
     }
 }
@@ -173,7 +117,7 @@ impl Lru {
 /// Prompt tokens a request of `prompt` tokens reuses when its first
 /// `matched` trace ids (`trace_block` tokens each) are cached: whole
 /// `engine_block`s, never the last prompt token (vLLM always computes it).
-pub(crate) fn reusable_tokens(
+fn reusable_tokens(
     matched: usize,
     trace_block: usize,
     engine_block: usize,

@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::bound::EngineModel;
-use crate::dispatch;
 use crate::queue::{self, Job};
 use crate::record::{Outcome, Record};
 use crate::stats::Dist;
@@ -50,27 +49,6 @@ pub struct Unqueued {
     /// Perfectly balanced at the best reuse, where that is computed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub balanced_best: Option<Dist>,
-    /// Multi-turn runs: each request where its first token comes soonest,
-    /// a later turn that leaves its conversation's engine reusing only its
-    /// tenant's system prompt ([`crate::queue::sticky`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sticky: Option<Dist>,
-    /// Multi-turn runs: the oracle dispatcher of [`crate::dispatch::grid`]
-    /// with the lowest mean, turns that leave their engine priced as in
-    /// `sticky` ([`crate::dispatch::best`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dispatched: Option<Dist>,
-    /// That dispatcher in words.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dispatched_how: Option<String>,
-    /// Multi-turn runs: the lowest mean of the dispatchers of
-    /// [`crate::dispatch::grid`] that place each request at arrival, as a
-    /// router that holds nothing back does.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub at_arrival: Option<Dist>,
-    /// That dispatcher in words.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub at_arrival_how: Option<String>,
 }
 
 fn answered(r: &Record) -> bool {
@@ -167,38 +145,6 @@ pub fn system_prompts<'a>(records: &'a [Record], runs: &[&'a [Record]]) -> HashM
     system
 }
 
-/// The answered `records` of a chat run as multi-turn queue jobs: a later
-/// turn costs its own reuse on its conversation's engine and only its
-/// tenant's system prompt elsewhere; any request costs its whole prompt
-/// on an engine that never served its tenant.
-fn turn_jobs(
-    records: &[Record],
-    system: &HashMap<&str, u64>,
-    model: &EngineModel,
-) -> Vec<queue::TurnJob<usize>> {
-    let price = |r: &Record, c: u64| model.unqueued_ttft_ms(r.prompt_tokens as usize, c as usize);
-    let mut tenants: HashMap<&str, usize> = HashMap::new();
-    records
-        .iter()
-        .filter(|r| answered(r))
-        .map(|r| {
-            let sys = system.get(r.tenant.as_str()).copied().unwrap_or(0);
-            let n = tenants.len();
-            let tenant = *tenants.entry(r.tenant.as_str()).or_insert(n);
-            queue::TurnJob {
-                job: Job {
-                    arrival_ms: r.sent_s * 1e3,
-                    service_ms: price(r, r.cached_tokens),
-                },
-                moved_service_ms: price(r, r.cached_tokens.min(sys)),
-                conversation: r.conversation,
-                shared: (sys > 0).then_some(tenant),
-                cold_service_ms: price(r, 0),
-            }
-        })
-        .collect()
-}
-
 /// The answered `records` as queue jobs (arrival at their send time), each
 /// with `cached` prompt tokens reused, paired with the record.
 fn jobs<'a>(
@@ -249,11 +195,6 @@ pub fn at_own_reuse(
         queued_own: (!on_own.is_empty()).then(|| Dist::of(queue::on_own_engines(&on_own))),
         balanced: (!plain.is_empty()).then(|| Dist::of(queue::balanced(&plain, engines))),
         balanced_best,
-        sticky: None,
-        dispatched: None,
-        dispatched_how: None,
-        at_arrival: None,
-        at_arrival_how: None,
     }
 }
 
@@ -276,19 +217,9 @@ pub fn chat(
         hit += c;
         all += r.prompt_tokens;
     }
-    let turns = turn_jobs(records, &system, model);
-    let on_turns = queue::sticky(&turns, engines);
-    let grid = dispatch::run_grid(&turns, engines);
-    let at_arrival = dispatch::lowest(&grid, |d| !d.central);
-    let dispatched = dispatch::lowest(&grid, |_| true);
     Unqueued {
         best: Some(dist_of(pairs(), model)),
         best_hit_rate: (all > 0).then(|| hit as f64 / all as f64),
-        sticky: (!on_turns.is_empty()).then(|| Dist::of(on_turns)),
-        dispatched_how: dispatched.as_ref().map(|(d, _)| d.describe()),
-        dispatched: dispatched.map(|(_, t)| Dist::of(t)),
-        at_arrival_how: at_arrival.as_ref().map(|(d, _)| d.describe()),
-        at_arrival: at_arrival.map(|(_, t)| Dist::of(t)),
         ..at_own_reuse(
             ("chat", meta.0, meta.1),
             records,
@@ -394,51 +325,5 @@ mod tests {
         let run = vec![rec(0, "t", 0, 0, 0.0, 1000, 0), lost];
         let d = unqueued_dist(&run, &|r| r.cached_tokens, &m);
         assert!((d.mean - m.unqueued_ttft_ms(1000, 0)).abs() < 1e-9);
-    }
-
-    #[test]
-    fn a_turn_that_leaves_its_engine_keeps_only_its_system_prompt() {
-        let m = h100();
-        // Tenant t's first turns found 2048 tokens cached (its system
-        // prompt). Conversation 0's second turn reused 6000 on its engine;
-        // conversation 1 starts on the other engine at the same time, so
-        // on one engine each, nothing queues and the turn stays.
-        let run = vec![
-            rec(0, "t", 0, 0, 0.0, 3000, 2048),
-            rec(1, "t", 1, 0, 0.0, 3000, 2048),
-            rec(2, "t", 0, 1, 5.0, 7000, 6000),
-        ];
-        let system = system_prompts(&run, &[&run]);
-        assert_eq!(system["t"], 2048);
-        let t = queue::sticky(&turn_jobs(&run, &system, &m), 2);
-        assert!(
-            (t[2] - m.unqueued_ttft_ms(7000, 6000)).abs() < 1e-9,
-            "{t:?}"
-        );
-        // No engine has served t yet: each first turn prefills the system
-        // prompt where it starts.
-        let cold = m.unqueued_ttft_ms(3000, 0);
-        assert!(
-            (t[0] - cold).abs() < 1e-9 && (t[1] - cold).abs() < 1e-9,
-            "{t:?}"
-        );
-        // On one engine, conversation 1 waits behind conversation 0's
-        // first turn and then finds the system prompt there.
-        let one = queue::sticky(&turn_jobs(&run, &system, &m), 1);
-        assert!(
-            (one[1] - cold - m.unqueued_ttft_ms(3000, 2048)).abs() < 1e-9,
-            "{one:?}"
-        );
-        let u = chat(("kvasir", 1.0), &run, &[&run], 16, 2, &m);
-        let mean = (2.0 * cold + m.unqueued_ttft_ms(7000, 6000)) / 3.0;
-        assert!((u.sticky.unwrap().mean - mean).abs() < 1e-9);
-        // Nothing queues on two engines, so no dispatcher does better.
-        assert!((u.dispatched.unwrap().mean - mean).abs() < 1e-9);
-        assert!(u
-            .dispatched_how
-            .unwrap()
-            .starts_with("placing each request at arrival"));
-        assert!((u.at_arrival.unwrap().mean - mean).abs() < 1e-9);
-        assert!(u.at_arrival_how.is_some());
     }
 }

@@ -14,9 +14,7 @@
 pub mod bound;
 pub mod chat;
 pub mod client;
-pub mod cluster;
 pub mod compare;
-pub mod dispatch;
 pub mod floor;
 pub mod governance;
 pub mod governance_report;

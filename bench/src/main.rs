@@ -7,7 +7,6 @@
 //! kvasir-bench workload-stats --shape bursty --rate 20 --duration-s 90
 //! kvasir-bench bound  --trace T.jsonl --capacity-tokens 3200000 --out D/bound.json
 //! kvasir-bench report --dir D
-//! kvasir-bench model  --trace T.jsonl --speeds 1.5,2.25 --variant qp05:queuedPrefill=0.5
 //! kvasir-bench tenants --url http://127.0.0.1:10000 --tenants 4 --rate 2 --burst 0:3:20..40 --mode kvasir --load 1 --out-dir D
 //! kvasir-bench governance-report --dir D
 //! ```
@@ -28,7 +27,6 @@ use clap::{Args, Parser, Subcommand};
 
 use kvasir_bench::chat::{self, ChatConfig};
 use kvasir_bench::client::{host_of, Routes, Target};
-use kvasir_bench::cluster::{Cluster, Policy};
 use kvasir_bench::compare;
 use kvasir_bench::run::{self, RunOptions, RunResult};
 use kvasir_bench::workloads::{self, Shape, WorkloadConfig};
@@ -65,9 +63,6 @@ enum Cmd {
     Bound(BoundArgs),
     /// Write the markdown report and the plots from a results directory.
     Report(ReportArgs),
-    /// Replay a trace through the offline cluster model under routing
-    /// policies (scoring weights in seconds; a guide for real runs).
-    Model(ModelArgs),
     /// The latency one proxy path adds over another: both driven
     /// open-loop at the same rates in alternating blocks.
     Overhead(OverheadArgs),
@@ -286,154 +281,26 @@ struct BoundArgs {
     out: PathBuf,
 }
 
-#[derive(Args)]
-struct ModelArgs {
-    #[command(flatten)]
-    slice: Slice,
-    #[command(flatten)]
-    engine: EngineArgs,
-    /// Engines.
-    #[arg(long, default_value_t = 8)]
-    engines: usize,
-    /// Each engine's prefix cache, tokens (the benchmark's 25000 blocks of 16).
-    #[arg(long, default_value_t = 400_000)]
-    cache_tokens: u64,
-    /// Trace speed-ups to replay at, comma-separated.
-    #[arg(long, default_value = "1.5", value_delimiter = ',')]
-    speeds: Vec<f64>,
-    /// Built-in policies: round-robin, least-work, kvasir (default weights,
-    /// an index that knows what engines hold), approx-prefix (default
-    /// weights, an index learned from the picks).
-    #[arg(
-        long,
-        default_value = "round-robin,least-work,kvasir",
-        value_delimiter = ','
-    )]
-    policies: Vec<String>,
-    /// A scored policy with other weights, `name:key=value[,key=value]`
-    /// (the pool's `scoring` keys, e.g. `qp05:queuedPrefill=0.5`); repeatable.
-    #[arg(long = "variant")]
-    variants: Vec<String>,
-    /// Time per output token after the first, ms (how long a request
-    /// counts as running for the decode term).
-    #[arg(long, default_value_t = 10.0)]
-    itl_ms: f64,
-    /// Waiting requests at which an engine counts as saturated.
-    #[arg(long, default_value_t = 5)]
-    saturation_waiting: u32,
-    /// How long a pick's queued prefill counts, ms.
-    #[arg(long, default_value_t = 30_000.0)]
-    prefill_horizon_ms: f64,
-    /// Scrape interval of the engines' running and waiting counts, ms (0:
-    /// always fresh).
-    #[arg(long, default_value_t = 250.0)]
-    scrape_ms: f64,
-    /// Each engine's pick history for approx-prefix, tokens (the
-    /// indexer's default 25000 blocks of 16).
-    #[arg(long, default_value_t = 400_000)]
-    history_tokens: u64,
-    /// Indexer replicas the picks are spread over (each with its own pick
-    /// history, placements and picks in prefill; engine load shared).
-    #[arg(long, default_value_t = 1)]
-    replicas: usize,
-    /// With several replicas: each matches prompts against all replicas'
-    /// picks in prefill, not only its own (a what-if; the indexer shares
-    /// only their load).
-    #[arg(long)]
-    shared_pending: bool,
-    /// Engine caches as the simulator's block pool under pressure: running
-    /// requests' blocks pinned (and read as KV usage), tails evicted
-    /// before prefixes.
-    #[arg(long)]
-    kv_pressure: bool,
-}
-
-/// `name:key=value,...` as a scored policy over the default weights.
-pub(crate) fn parse_variant(spec: &str) -> anyhow::Result<(String, Policy)> {
-    let (name, kvs) = spec
+/// `name:key=value,...`: the default scoring weights with those keys (the
+/// pool's `scoring` keys) set, validated as the indexer validates them.
+pub(crate) fn parse_weights(spec: &str) -> anyhow::Result<Weights> {
+    let (_, kvs) = spec
         .split_once(':')
         .filter(|(n, k)| !n.is_empty() && !k.is_empty())
-        .with_context(|| format!("--variant {spec:?}: expected name:key=value[,key=value]"))?;
+        .with_context(|| format!("{spec:?}: expected name:key=value[,key=value]"))?;
     let mut w = serde_json::to_value(Weights::default())?;
     for kv in kvs.split(',') {
         let (k, v) = kv
             .split_once('=')
-            .with_context(|| format!("--variant {spec:?}: {kv:?} is not key=value"))?;
-        let v: serde_json::Value = serde_json::from_str(v.trim()).with_context(|| {
-            format!("--variant {spec:?}: {v:?} is not a number, true, false or null")
-        })?;
+            .with_context(|| format!("{spec:?}: {kv:?} is not key=value"))?;
+        let v: serde_json::Value = serde_json::from_str(v.trim())
+            .with_context(|| format!("{spec:?}: {v:?} is not a number, true, false or null"))?;
         w[k.trim()] = v;
     }
-    let w: Weights = serde_json::from_value(w).with_context(|| format!("--variant {spec:?}"))?;
+    let w: Weights = serde_json::from_value(w).with_context(|| format!("{spec:?}"))?;
     w.validate()
-        .map_err(|(field, why)| anyhow::anyhow!("--variant {spec:?}: {field}: {why}"))?;
-    Ok((name.to_string(), Policy::Scored(Box::new(w))))
-}
-
-fn model_cmd(a: &ModelArgs) -> anyhow::Result<()> {
-    let t = load_trace(&a.slice)?;
-    let model = a
-        .engine
-        .model()?
-        .context("--profile none: the model needs a latency profile")?;
-    anyhow::ensure!(a.engines >= 1, "--engines must be at least 1");
-    anyhow::ensure!(
-        a.speeds.iter().all(|s| s.is_finite() && *s > 0.0),
-        "--speeds must be > 0"
-    );
-    let mut policies: Vec<(String, Policy)> = Vec::new();
-    for p in &a.policies {
-        policies.push((
-            p.clone(),
-            match p.as_str() {
-                "round-robin" => Policy::RoundRobin,
-                "least-work" => Policy::LeastWork,
-                "kvasir" => Policy::Scored(Box::default()),
-                "approx-prefix" => Policy::Picks(Box::default()),
-                other => anyhow::bail!(
-                    "--policies: unknown {other:?} (round-robin, least-work, kvasir, approx-prefix; other weights with --variant)"
-                ),
-            },
-        ));
-    }
-    for v in &a.variants {
-        policies.push(parse_variant(v)?);
-    }
-    let c = Cluster {
-        engines: a.engines,
-        cache_tokens: a.cache_tokens,
-        trace_block: a.slice.block_tokens,
-        engine_block: a.engine.engine_block,
-        model,
-        itl_ms: a.itl_ms,
-        saturation_waiting: a.saturation_waiting,
-        prefill_horizon_ms: a.prefill_horizon_ms,
-        scrape_ms: a.scrape_ms,
-        history_tokens: a.history_tokens,
-        replicas: a.replicas,
-        shared_pending: a.shared_pending,
-        kv_pressure: a.kv_pressure,
-    };
-    println!("| speed | policy | hit rate | TTFT mean | p50 | p90 | p99 | picks by prefix / load / all saturated |");
-    println!("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for &speed in &a.speeds {
-        for (name, p) in &policies {
-            let o = c.replay(&t, speed, p);
-            let d = o.decisions;
-            println!(
-                "| {speed} | {name} | {:.1}% | {} | {} | {} | {} | {} / {} / {} |",
-                o.hit_rate * 100.0,
-                compare::ms(o.ttft.mean),
-                compare::ms(o.ttft.p50),
-                compare::ms(o.ttft.p90),
-                compare::ms(o.ttft.p99),
-                d.prefix,
-                d.load,
-                d.all_saturated
-            );
-        }
-    }
-    Ok(())
+        .map_err(|(field, why)| anyhow::anyhow!("{spec:?}: {field}: {why}"))?;
+    Ok(w)
 }
 
 #[derive(Args)]
@@ -751,7 +618,6 @@ async fn run_cmd(cmd: Cmd) -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Report(a) => report_cmd(&a),
-        Cmd::Model(a) => model_cmd(&a),
         Cmd::Tenants(a) => governance_cli::tenants_cmd(a).await,
         Cmd::Streams(a) => streams_cli::streams_cmd(a).await,
         Cmd::GovernanceReport(a) => governance_cli::governance_report_cmd(&a),

@@ -14,24 +14,13 @@
 //!   the reuse it is given. The gap between the two is the price a router
 //!   paid in balance for its reuse (or for not knowing the queues).
 //!
-//! * [`sticky`]: every request goes to the engine where its first token
-//!   comes soonest, but a later turn of a conversation that leaves the
-//!   engine of its previous turn pays the prefill of what it would have
-//!   found there, and a request on an engine that never served its tenant
-//!   pays for the tenant's system prompt too ([`Held`]): what a router that
-//!   knew every queue exactly and chose at arrival, selfishly, would get
-//!   on a multi-turn workload. Perfect balance keeps every turn's reuse
-//!   wherever it goes; this does not.
-//!   [`crate::dispatch`] goes on from it: late binding, quickest first, a
-//!   move priced for the delay it passes on.
-//!
 //! A yardstick, not a floor: real engines batch concurrent prefills into one
 //! step (sharing its fixed cost), which no FCFS queue does, and interleave
 //! decode steps, which these queues leave out; and a dispatcher that holds
 //! engines back for short prompts can beat least-work-left on the mean.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
 
 /// One request as the queues see it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -101,120 +90,8 @@ pub fn balanced(jobs: &[Job], engines: usize) -> Vec<f64> {
     ttft
 }
 
-/// A request of a multi-turn workload for [`sticky`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TurnJob<K> {
-    /// Arrival and prefill time on the engine that holds its history (or,
-    /// for a request with no earlier turn, on any engine that holds its
-    /// tenant's system prompt).
-    pub job: Job,
-    /// Prefill time on any other engine.
-    pub moved_service_ms: f64,
-    /// Its conversation, when it continues one.
-    pub conversation: Option<K>,
-    /// Its tenant's shared prompt (the system prompt), by index, when it
-    /// has one: only an engine that served that tenant holds it ([`Held`]).
-    pub shared: Option<usize>,
-    /// Prefill time on an engine that holds neither its conversation nor
-    /// its `shared` prompt.
-    pub cold_service_ms: f64,
-}
-
-/// The shared prompts ([`TurnJob::shared`]) each engine holds: every one it
-/// has served. Never evicted, which favours the yardsticks built on it.
-#[derive(Debug, Clone, Default)]
-pub struct Held(Vec<HashSet<usize>>);
-
-impl Held {
-    /// Nothing held on `engines` engines.
-    pub fn new(engines: usize) -> Self {
-        Held(vec![HashSet::new(); engines])
-    }
-
-    /// Whether engine `e` holds `shared`; with none, a request finds what
-    /// it shares with others anywhere.
-    fn has(&self, e: usize, shared: Option<usize>) -> bool {
-        shared.is_none_or(|s| self.0.get(e).is_some_and(|h| h.contains(&s)))
-    }
-
-    /// Engine `e` served `t`: it holds `t`'s shared prompt from now on.
-    pub fn serve<K>(&mut self, e: usize, t: &TurnJob<K>) {
-        if let (Some(s), Some(h)) = (t.shared, self.0.get_mut(e)) {
-            h.insert(s);
-        }
-    }
-}
-
-impl<K: std::hash::Hash + Eq + Copy> TurnJob<K> {
-    /// The engine its conversation was last served on, by `homes`.
-    pub fn home(&self, homes: &HashMap<K, usize>) -> Option<usize> {
-        self.conversation.and_then(|c| homes.get(&c).copied())
-    }
-
-    /// Its prefill time on engine `e` when its conversation lives on
-    /// `home`: its own there; elsewhere, cold where `held` says `e` lacks
-    /// its shared prompt, else moved (or its own, with no home).
-    pub fn service_on(&self, home: Option<usize>, e: usize, held: &Held) -> f64 {
-        match home {
-            Some(h) if h == e => self.job.service_ms,
-            _ if !held.has(e, self.shared) => self.cold_service_ms,
-            Some(_) => self.moved_service_ms,
-            None => self.job.service_ms,
-        }
-    }
-
-    /// The prefill going to `e` adds over its own (0 at home).
-    pub fn extra_on(&self, home: Option<usize>, e: usize, held: &Held) -> f64 {
-        self.service_on(home, e, held) - self.job.service_ms
-    }
-}
-
-/// TTFT of each of `jobs` (in their order) when each goes, in arrival
-/// order, to the engine of `engines` where it would get its first token
-/// soonest, each engine an FCFS queue: a request whose conversation was
-/// last served on engine `h` costs its `service_ms` there and its
-/// `moved_service_ms` elsewhere, and its conversation then lives where it
-/// went. Ties go to the conversation's engine, then the lowest index.
-pub fn sticky<K: std::hash::Hash + Eq + Copy>(jobs: &[TurnJob<K>], engines: usize) -> Vec<f64> {
-    sticky_priced(jobs, engines, 0.0)
-}
-
-/// [`sticky`] with a move chosen as if it finished later by
-/// `move_penalty` times the extra prefill it adds (the delay it passes to
-/// whoever queues behind it); it still finishes when it does.
-pub fn sticky_priced<K: std::hash::Hash + Eq + Copy>(
-    jobs: &[TurnJob<K>],
-    engines: usize,
-    move_penalty: f64,
-) -> Vec<f64> {
-    let mut free = vec![f64::NEG_INFINITY; engines.max(1)];
-    let mut held = Held::new(free.len());
-    let mut home: HashMap<K, usize> = HashMap::new();
-    let mut ttft = vec![0.0; jobs.len()];
-    for i in by_arrival(jobs, |t| t.job.arrival_ms) {
-        let t = &jobs[i];
-        let h = t.home(&home);
-        let done_on = |e: usize| free[e].max(t.job.arrival_ms) + t.service_on(h, e, &held);
-        let priced = |e: usize| done_on(e) + move_penalty * t.extra_on(h, e, &held);
-        let mut best = h.unwrap_or(0);
-        for e in 0..free.len() {
-            if priced(e) < priced(best) {
-                best = e;
-            }
-        }
-        let done = done_on(best);
-        free[best] = done;
-        held.serve(best, t);
-        if let Some(c) = t.conversation {
-            home.insert(c, best);
-        }
-        ttft[i] = done - t.job.arrival_ms;
-    }
-    ttft
-}
-
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     fn job(arrival_ms: f64, service_ms: f64) -> Job {
@@ -265,89 +142,5 @@ pub(crate) mod tests {
         // With idle engines to spare every job is served on arrival.
         let spare = balanced(&plain, 50);
         assert!(spare.iter().zip(&plain).all(|(t, j)| *t == j.service_ms));
-    }
-
-    /// A multi-turn job for tests (here: on its conversation's engine).
-    pub(crate) fn turn(
-        arrival_ms: f64,
-        here: f64,
-        moved: f64,
-        conversation: Option<u32>,
-    ) -> TurnJob<u32> {
-        TurnJob {
-            job: job(arrival_ms, here),
-            moved_service_ms: moved,
-            conversation,
-            shared: None,
-            cold_service_ms: moved,
-        }
-    }
-
-    /// `t` as a request of tenant `shared`, costing `cold` ms where that
-    /// tenant never ran.
-    pub(crate) fn of_tenant(t: TurnJob<u32>, shared: usize, cold: f64) -> TurnJob<u32> {
-        TurnJob {
-            shared: Some(shared),
-            cold_service_ms: cold,
-            ..t
-        }
-    }
-
-    #[test]
-    fn a_later_turn_stays_unless_leaving_is_sooner_even_at_its_full_prefill() {
-        let jobs = [
-            // Conversation 1 starts on engine 0, conversation 2 on engine 1.
-            turn(0.0, 100.0, 100.0, Some(1)),
-            turn(0.0, 100.0, 100.0, Some(2)),
-            // Engine 0 is busy until 100, engine 1 until 100: conversation
-            // 1's turn stays (150 there against 100 + 500 elsewhere).
-            turn(50.0, 50.0, 500.0, Some(1)),
-            // A long job from a new conversation takes engine 1 until 1100.
-            turn(60.0, 1000.0, 1000.0, None),
-            // Conversation 2's turn: its engine is busy until 1100, so
-            // leaving for engine 0 (free at 150) at its full prefill wins.
-            turn(70.0, 10.0, 300.0, Some(2)),
-            // Its next turn now lives on engine 0.
-            turn(600.0, 10.0, 300.0, Some(2)),
-        ];
-        let t = sticky(&jobs, 2);
-        assert_eq!(t, vec![100.0, 100.0, 100.0, 1040.0, 380.0, 10.0]);
-    }
-
-    #[test]
-    fn a_request_pays_its_system_prompt_where_its_tenant_never_ran() {
-        let tenant = |t: TurnJob<u32>, cold: f64| of_tenant(t, 7, cold);
-        let jobs = [
-            // Tenant 7's first conversation takes engine 0 until 100.
-            tenant(turn(0.0, 100.0, 100.0, Some(1)), 100.0),
-            // Its next conversation at 10: 10 ms where the system prompt
-            // is (engine 0, done 110), 150 ms on engine 1 (done 160).
-            tenant(turn(10.0, 10.0, 10.0, Some(2)), 150.0),
-            // A request of no tenant goes anywhere at its own prefill.
-            turn(20.0, 10.0, 10.0, None),
-        ];
-        assert_eq!(sticky(&jobs, 2), vec![100.0, 100.0, 10.0]);
-        // Without the tenant, engine 1 serves it at once.
-        let free: Vec<TurnJob<u32>> = jobs
-            .iter()
-            .map(|t| TurnJob { shared: None, ..*t })
-            .collect();
-        assert_eq!(sticky(&free, 2), vec![100.0, 10.0, 10.0]);
-        // Once engine 1 served the tenant, it holds the prompt.
-        let mut held = Held::new(2);
-        assert_eq!(jobs[1].service_on(None, 1, &held), 150.0);
-        held.serve(1, &jobs[0]);
-        assert_eq!(jobs[1].service_on(None, 1, &held), 10.0);
-        assert_eq!(jobs[1].extra_on(None, 1, &held), 0.0);
-    }
-
-    #[test]
-    fn without_conversations_it_is_least_work_left() {
-        let jobs: Vec<TurnJob<u32>> = [(0.0, 100.0), (0.0, 100.0), (10.0, 50.0), (20.0, 5.0)]
-            .iter()
-            .map(|&(a, s)| turn(a, s, s, None))
-            .collect();
-        let plain: Vec<Job> = jobs.iter().map(|t| t.job).collect();
-        assert_eq!(sticky(&jobs, 2), balanced(&plain, 2));
     }
 }

@@ -8,7 +8,6 @@ use anyhow::Context;
 use clap::Args;
 
 use kvasir_bench::bound::EngineModel;
-use kvasir_bench::cluster::Policy;
 use kvasir_bench::record::{Outcome, Record};
 use kvasir_bench::replay::{self, Placement, Setup};
 use kvasir_bench::stats::Dist;
@@ -207,10 +206,9 @@ fn measured(records: &[Record]) -> Row {
 fn placement(spec: &str) -> anyhow::Result<Placement> {
     match spec {
         "kvasir" => Ok(Placement::Scored(Box::default())),
-        s if s.starts_with("kvasir:") => match super::parse_variant(s)? {
-            (_, Policy::Scored(w)) => Ok(Placement::Scored(w)),
-            _ => unreachable!("parse_variant gives scored policies"),
-        },
+        s if s.starts_with("kvasir:") => Ok(Placement::Scored(Box::new(
+            super::parse_weights(s).context("--placements")?,
+        ))),
         s => Placement::parse(s).map_err(|e| anyhow::anyhow!("--placements: {e}")),
     }
 }

@@ -130,11 +130,6 @@ fn a_p90_miss_at_equal_hit_rates_says_the_index_made_no_difference() {
         queued_own: None,
         balanced: None,
         balanced_best: None,
-        sticky: None,
-        dispatched: None,
-        dispatched_how: None,
-        at_arrival: None,
-        at_arrival_how: None,
     };
     let inp = Inputs {
         unqueued: vec![own(150.0, KVASIR), own(149.0, APPROX)],
@@ -220,11 +215,6 @@ fn chat_ttft_misses_are_set_against_the_best_reuse_floor() {
             queued_own: None,
             balanced: None,
             balanced_best: None,
-            sticky: None,
-            dispatched: None,
-            dispatched_how: None,
-            at_arrival: None,
-            at_arrival_how: None,
         }],
         ..Default::default()
     };
@@ -410,11 +400,6 @@ fn a_mean_ttft_miss_is_split_by_the_queue_model_when_it_fits() {
             queued_own: Some(mean(own_engines)),
             balanced: Some(mean(balanced)),
             balanced_best: Some(mean(best)),
-            sticky: None,
-            dispatched: None,
-            dispatched_how: None,
-            at_arrival: None,
-            at_arrival_how: None,
         }],
         ..Default::default()
     };

@@ -216,48 +216,6 @@ def test_a_chat_only_run_without_a_bound_has_its_balance_rows_and_no_crash(tmp_p
 CHAT_BALANCE = "chat @1.0: kvasir mean TTFT (answered) <= 1.3x perfect balance at its own reuse"
 
 
-def chat_row(d: Path, **yardsticks) -> dict:
-    """The chat balance row after setting the chat's yardsticks in d's
-    summary.json (perfectly balanced 100 ms, measured 200 ms)."""
-    s = json.loads((d / "summary.json").read_text())
-    s["unqueued"][2].update(yardsticks)
-    (d / "summary.json").write_text(json.dumps(s))
-    return rows_by_target(d)[CHAT_BALANCE]
-
-
-def test_a_chat_miss_says_what_choosing_at_arrival_gets_when_a_moved_turn_loses_its_history(tmp_path):
-    d = folder(tmp_path, kvasir_hit=0.12)
-    chat = chat_row(d, sticky=dist(120, 400, 150))
-    assert chat["met"] is False
-    assert "gets 150 ms in the same model, 1.50x perfect balance, itself above the target" in chat["why"], chat["why"]
-    # Without the oracle grid's figure (results older than it) nothing more is said.
-    assert "oracle routers" not in chat["why"]
-
-
-def test_a_chat_miss_names_the_best_oracle_router_and_whether_it_meets_the_target(tmp_path):
-    d = folder(tmp_path, kvasir_hit=0.12)
-    central = "holding requests in one central queue, quickest first"
-    chat = chat_row(d, sticky=dist(120, 400, 150), dispatched=dist(110, 300, 132), dispatched_how=central)
-    assert ("is the one holding requests in one central queue, quickest first: 132 ms, 1.32x perfect balance, "
-            "above the target too") in chat["why"], chat["why"]
-    chat = chat_row(d, dispatched=dist(100, 300, 125))
-    assert "125 ms, 1.25x perfect balance, within the target" in chat["why"], chat["why"]
-    assert "place each request at arrival" not in chat["why"], "no at-arrival figure in this summary"
-
-
-def test_a_chat_miss_names_the_best_router_that_places_at_arrival_when_the_best_holds_back(tmp_path):
-    d = folder(tmp_path, kvasir_hit=0.12)
-    arrival = "placing each request at arrival, moving a turn only when ..."
-    chat = chat_row(d, sticky=dist(120, 400, 180), dispatched=dist(100, 300, 125),
-                    dispatched_how="holding requests in one central queue, quickest first",
-                    at_arrival=dist(110, 350, 158), at_arrival_how=arrival)
-    assert ("of the routers that place each request at arrival (holding nothing back) the best is the one "
-            f"{arrival}: 158 ms, 1.58x perfect balance") in chat["why"], chat["why"]
-    # When the best of all places at arrival itself, it is not named twice.
-    chat = chat_row(d, dispatched_how=arrival)
-    assert "holding nothing back" not in chat["why"], chat["why"]
-
-
 def test_a_chat_miss_says_what_the_replay_on_the_simulators_engines_gets(tmp_path):
     """With a replayable chat run (conversations, its run description, the
     deployment's cache size) the why adds `kvasir-bench replay`'s figures;

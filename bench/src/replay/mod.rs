@@ -4,13 +4,13 @@
 //! under pressure, the latency model), placed by the run's own choices or
 //! by an oracle router.
 //!
-//! Why: the yardsticks of [`crate::queue`] and [`crate::dispatch`] serve
-//! one prefill at a time and never evict (system prompts aside), and rules
-//! they favoured did worse in real runs. Here the same conversations meet
-//! the engines' batching and eviction. Replaying the run's own placements
-//! checks the replay against the measurement; the oracles then ask
-//! whether a router that holds requests in one queue until an engine frees
-//! beats one that places each at arrival, on these engines.
+//! Why: the queue yardsticks ([`crate::queue`]) serve one prefill at a
+//! time and never evict, so a routing rule they favour can do worse on
+//! real engines. Here the same conversations meet the engines' batching
+//! and eviction. Replaying the run's own placements checks the replay
+//! against the measurement; the oracles then ask whether a router that
+//! holds requests in one queue until an engine frees beats one that places
+//! each at arrival, on these engines.
 //!
 //! A trace run replays too ([`trace_requests`]): each answered request as
 //! a one-turn conversation with its trace request's prompt, sent when the

@@ -38,8 +38,9 @@ P90_BELOW, P50_BELOW, HIT_SHARE, BALANCE = 0.20, 0.10, 0.95, 1.3
 TARGET_LOADS = (1.0, 1.5)
 START, END = "<!-- targets-deployed:start -->", "<!-- targets-deployed:end -->"
 KVASIR = "kvasir"
-# The queue model's best oracle rule as the replay names it (a central
-# queue, quickest first, an engine free below 2048 uncached tokens).
+# The replay's oracle that holds requests in one central queue and
+# releases the quickest first to an engine with under 2048 uncached tokens
+# in prefill.
 CENTRAL = "central:quickest:0.5:2048"
 
 
@@ -160,39 +161,6 @@ def hit_row(r: Run, mode: str = KVASIR) -> dict:
     return {"target": target, "measured": measured, "met": met, "why": why}
 
 
-def sticky_why(sticky: float | None, balanced: float, best: float | None = None, how: str | None = None,
-               at_arrival: tuple[float, str] | None = None) -> str:
-    """What a multi-turn run's perfect balance costs in reuse: the queue
-    model with each request placed at arrival where its first token comes
-    soonest, a turn that leaves its conversation's engine reusing only its
-    tenant's system prompt, and that only where the tenant was served
-    before (`queue::sticky` in kvasir-bench), and the best
-    of a grid of such oracle dispatchers (`dispatch::best`: `best` ms,
-    `how` in words), and when that one holds requests back, the best of
-    those that place at arrival (`at_arrival`: ms and words)."""
-    if sticky is None or not balanced:
-        return ""
-    x = sticky / balanced
-    out = (f"; perfect balance keeps every turn's reuse wherever it goes: a router that knew every queue exactly "
-           f"and placed each request at arrival where its first token came soonest, a turn that leaves its "
-           f"conversation's engine reusing only its system prompt, and that only on an engine that served its "
-           f"tenant before, gets {ms(sticky)} in the same model, {x:.2f}x "
-           f"perfect balance")
-    if x > BALANCE:
-        out += ", itself above the target"
-    if best is not None and how:
-        y = best / balanced
-        out += (f"; the best of a grid of such oracle routers (placing at arrival or holding requests centrally, oldest or "
-                f"quickest first, a move priced at 0-2x the extra prefill it adds) is the one {how}: "
-                f"{ms(best)}, {y:.2f}x perfect balance")
-        out += ", above the target too" if y > BALANCE else ", within the target"
-        if at_arrival is not None and at_arrival[1] != how:
-            z = at_arrival[0] / balanced
-            out += (f"; of the routers that place each request at arrival (holding nothing back) the best is the one "
-                    f"{at_arrival[1]}: {ms(at_arrival[0])}, {z:.2f}x perfect balance")
-    return out
-
-
 def run_scoring(d: Path) -> str:
     """The replay's placement for kvasir's ranking at the run's scoring
     weights (the deployment record's `late_binding_scoring`)."""
@@ -295,12 +263,6 @@ def balance_rows(r: Run, kvasir: str = KVASIR) -> list[dict]:
                    if own is not None else "")
             if own is not None and abs(own - m) > 0.25 * m:
                 why += f" (the model is {100 * abs(own - m) / m:.0f}% off the measured mean here, so only roughly)"
-            unq = r.unq.get((w, load, mode), {})
-            arrival = r.model(w, load, mode, "at_arrival", "mean")
-            why += sticky_why(r.model(w, load, mode, "sticky", "mean"), b,
-                              r.model(w, load, mode, "dispatched", "mean"), unq.get("dispatched_how"),
-                              (arrival, unq["at_arrival_how"]) if arrival is not None and unq.get("at_arrival_how")
-                              else None)
             if w == "chat":
                 why += replay_why(replayed(r.d, load, mode), b)
         out.append({"target": target, "measured": f"{ms(m)} vs {ms(b)}: {x:.2f}x", "met": met, "why": why})
