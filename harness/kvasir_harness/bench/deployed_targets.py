@@ -16,7 +16,7 @@ beyond run-to-run noise. Writes `targets-deployed.json` and puts the table
 into the folder's `report.md` (between markers, so a rerun replaces it);
 `scripts/bench_report.py` adds the rows to the README's table.
 
-Usage: `python3 bench/deployed_targets.py RESULTS_DIR`.
+Usage: `.tools/venv/bin/python bench/deployed_targets.py RESULTS_DIR`.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ when the request was sent, another ready holder's engine did, or none did
 (evicted everywhere: no router could have hit it). It states how often the
 model's hits agree with the engines' own, request by request.
 
-Usage: `python3 bench/hit_gap.py RESULTS_DIR [MODE ...]` (a deployed or
+Usage: `.tools/venv/bin/python bench/hit_gap.py RESULTS_DIR [MODE ...]` (a deployed or
 single-proxy routing results folder with `bound.json` and the trace's
 runs; default: every mode of every trace run). Pure reading; prints a
 Markdown table.

@@ -12,7 +12,7 @@ summarises run directories that already exist.
     .tools/venv/bin/python bench/repeats.py --runs 3 -- \\
         --preset full --workloads trace,chat --modes approx-prefix,kvasir \\
         --loads 1.0 --trace-rate 1.5 --chat-rate 12.5 --no-progress
-    python3 bench/repeats.py --from bench/results/repeats/run1 bench/results/repeats/run2
+    .tools/venv/bin/python bench/repeats.py --from bench/results/repeats/run1 bench/results/repeats/run2
 
 Shapes side by side (an ablation), interleaved round by round so
 a noisy machine weighs on every shape alike; `--variants` can be limited to
@@ -22,7 +22,7 @@ some shapes:
         --variants-only-on 2x2 -- --preset short --deployment deployed --workloads trace \\
         --modes kvasir --loads 1.0 --trace-rate 1.6 --no-progress \\
         --variants 'noshare:sharedLoad.redisUrl=null'
-    python3 bench/repeats.py --shapes 1x1,2x2 --from bench/results/repeats-deployed-shapes
+    .tools/venv/bin/python bench/repeats.py --shapes 1x1,2x2 --from bench/results/repeats-deployed-shapes
 
 The deployed-like mode passes through the same way (`-- --deployment
 deployed [--proxies N --replicas M] ...`); its runs go to

@@ -527,7 +527,8 @@ def cluster_setup(p: dict, deployed: bool, late: bool) -> list[str]:
         f"~6 ms decode steps), {'KV blocks (sized per workload below)' if deployed else f'{CL.NUM_GPU_BLOCKS} KV blocks'} "
         f"of {CL.BLOCK} tokens each, max-num-seqs 256, "
         f"token budget {CL.BUDGET}; time scale {p['trace_time_scale']} for the trace, {p['chat_time_scale']} for the chat"
-        + "".join(f", {p[f'{w}_time_scale']} for {w}" for w in WORKLOAD_SHAPES)
+        # A preset that runs none of the shapes (a test's) has no time scale for them.
+        + "".join(f", {p[f'{w}_time_scale']} for {w}" for w in WORKLOAD_SHAPES if f"{w}_time_scale" in p)
         + " (wall seconds per simulated second).",
         "Envoy 1.40 (2 workers) in every mode; a fresh cluster (sims, indexer, Envoy) per run; the load generator "
         "and all processes share this machine's 2 cores.",

@@ -13,7 +13,7 @@ report), mean TTFT of the answered requests, hit rate, and the picks per
 indexer replica. `bench/routing.py --compare-to DIR` appends it to the
 run's report; this script does the same for two existing directories.
 
-    python3 bench/shapes.py bench/results/routing-deployed-short bench/results/routing-deployed-1x1-short
+    .tools/venv/bin/python bench/shapes.py bench/results/routing-deployed-short bench/results/routing-deployed-1x1-short
 """
 
 from __future__ import annotations
