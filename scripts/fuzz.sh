@@ -41,8 +41,12 @@ else
   mapfile -t targets < <(cargo +nightly fuzz list)
 fi
 
+# One build, then the binaries themselves: `cargo fuzz run` would rebuild
+# before each target whenever a crate changed meanwhile.
 log "building ${targets[*]}"
 cargo +nightly fuzz build -s none
+triple=$(rustc +nightly -vV | sed -n 's/^host: //p')
+bindir="$ROOT/fuzz/target/$triple/release"
 
 failed=()
 for t in "${targets[@]}"; do
@@ -50,17 +54,19 @@ for t in "${targets[@]}"; do
   logf="$ROOT/fuzz/target/logs/$t.log"
   mkdir -p "$work" "$(dirname "$logf")" "$ROOT/fuzz/artifacts/$t"
   log "$t: ${SECONDS_PER_TARGET}s (log: ${logf#"$ROOT"/})"
-  if cargo +nightly fuzz run -s none "$t" "$work" "$ROOT/fuzz/corpus/$t" -- \
+  if "$bindir/$t" "$work" "$ROOT/fuzz/corpus/$t" \
+      -artifact_prefix="$ROOT/fuzz/artifacts/$t/" \
       -max_total_time="$SECONDS_PER_TARGET" -timeout=10 -rss_limit_mb=4096 \
       -print_final_stats=1 >"$logf" 2>&1; then
-    # The final coverage line and the execution count.
-    done_line=$(grep -E '^#[0-9]+ +DONE' "$logf" | tail -1 || true)
+    # The execution count and the last coverage line (edges, features, corpus).
     execs=$(grep -E '^stat::number_of_executed_units' "$logf" | awk '{print $2}' || true)
-    log "$t: ok, ${execs:-?} executions; ${done_line:-no DONE line}"
+    cov=$(grep -E '^#[0-9]+.* cov: ' "$logf" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' || true)
+    log "$t: ok, ${execs:-?} executions, ${cov:-no coverage line}"
   else
     failed+=("$t")
-    log "$t: FAILED; last lines of its log:"
-    tail -n 30 "$logf" | sed 's/^/    /'
+    log "$t: FAILED; reproduce: $bindir/$t <input from fuzz/artifacts/$t/>"
+    grep -A3 -m1 'panicked' "$logf" | sed 's/^/    /' || true
+    tail -n 12 "$logf" | sed 's/^/    /'
   fi
 done
 
