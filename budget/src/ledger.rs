@@ -50,22 +50,6 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// The limit that refused, as one word: "requests", "prompt_tokens",
-    /// "completion_tokens", "tokens", "concurrent" or "too_large" (the
-    /// `limited_by` of the indexer's answer and of the stats).
-    pub fn word(&self) -> &'static str {
-        match self {
-            Refusal::Limited { dimension, .. } => match dimension {
-                Dimension::Requests => "requests",
-                Dimension::PromptTokens => "prompt_tokens",
-                Dimension::CompletionTokens => "completion_tokens",
-                Dimension::TotalTokens => "tokens",
-            },
-            Refusal::Concurrency { .. } => "concurrent",
-            Refusal::TooLarge { .. } => "too_large",
-        }
-    }
-
     /// Milliseconds until a retry succeeds, when the budget can say.
     pub fn retry_after_ms(&self) -> Option<u64> {
         match self {

@@ -10,7 +10,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::scoring::Decision;
 use crate::tokenize::TokenizeMode;
 
 /// Bucket bounds (seconds) of latency histograms: 10 us .. 1 s, dense
@@ -88,71 +87,22 @@ impl Counter {
     }
 }
 
-/// What a pick answered, as counted and labelled: a ranking's
-/// [`Decision`], or one of the answers to a pick bound to a stored
-/// response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PickDecision {
-    /// The ranking's decision.
-    Ranked(Decision),
-    /// The endpoint holding the named response.
-    Response,
-    /// No live endpoint is known to hold the named response.
-    UnknownResponse,
-    /// The tenant's budget refused the pick.
-    RateLimited,
-    /// Flow control shed the pick.
-    Shed,
-}
-
-impl PickDecision {
-    /// Every decision, in metric label order.
-    pub const ALL: [PickDecision; 9] = [
-        PickDecision::Ranked(Decision::Prefix),
-        PickDecision::Ranked(Decision::Load),
-        PickDecision::Ranked(Decision::NoIndex),
-        PickDecision::Ranked(Decision::AllSaturated),
-        PickDecision::Ranked(Decision::NoEndpoints),
-        PickDecision::Response,
-        PickDecision::UnknownResponse,
-        PickDecision::RateLimited,
-        PickDecision::Shed,
-    ];
-
-    /// The lowercase word for logs, stats and `PickResponse.reason`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PickDecision::Ranked(d) => d.as_str(),
-            PickDecision::Response => "response",
-            PickDecision::UnknownResponse => "unknown_response",
-            PickDecision::RateLimited => "rate_limited",
-            PickDecision::Shed => "shed",
-        }
-    }
-
-    /// Position in [`PickDecision::ALL`].
-    pub fn index(self) -> usize {
-        match self {
-            PickDecision::Ranked(d) => d.index(),
-            PickDecision::Response => Decision::ALL.len(),
-            PickDecision::UnknownResponse => Decision::ALL.len() + 1,
-            PickDecision::RateLimited => Decision::ALL.len() + 2,
-            PickDecision::Shed => Decision::ALL.len() + 3,
-        }
-    }
-}
+/// What a pick answered, as counted and labelled: the contract's
+/// decision, so the `decision` label and the answer's `reason` come from
+/// one table ([`PickDecision::as_label`]).
+pub use kvasir_proto::v1::Decision as PickDecision;
 
 /// Hot-path metrics of one pool.
 #[derive(Debug, Default)]
 pub struct PoolMetrics {
-    /// Picks answered, by [`PickDecision::index`].
-    pub picks: [Counter; PickDecision::ALL.len()],
+    /// Picks answered, by [`PickDecision::position`].
+    pub picks: [Counter; PickDecision::KNOWN.len()],
     /// Picks refused as invalid (INVALID_ARGUMENT).
     pub pick_invalid: Counter,
     /// Pick latency inside the service (tokenize + match + score).
     pub pick_latency: Histogram,
-    /// Tokenization latency by [`TokenizeMode::index`].
-    pub tokenize_latency: [Histogram; 4],
+    /// Tokenization latency by [`TokenizeMode::position`].
+    pub tokenize_latency: [Histogram; TokenizeMode::KNOWN.len()],
     /// Tokenizations that failed for a reason other than the request
     /// (render timeouts...): the pick went on by load.
     pub tokenize_failures: Counter,
@@ -185,11 +135,16 @@ pub struct PoolMetrics {
 impl PoolMetrics {
     /// Counts a pick.
     pub fn count_pick(&self, d: PickDecision) {
-        self.picks[d.index()].inc();
+        // Every answer has a decision: UNSPECIFIED is not counted.
+        if let Some(i) = d.position() {
+            self.picks[i].inc();
+        }
     }
     /// Records a tokenization.
     pub fn observe_tokenize(&self, m: TokenizeMode, d: Duration) {
-        self.tokenize_latency[m.index()].observe(d);
+        if let Some(i) = m.position() {
+            self.tokenize_latency[i].observe(d);
+        }
     }
 }
 
@@ -232,9 +187,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pick_decisions_index_their_own_position() {
-        for (i, d) in PickDecision::ALL.iter().enumerate() {
-            assert_eq!(d.index(), i, "{d:?}");
+    fn pick_decisions_count_in_their_own_slot() {
+        for (i, d) in PickDecision::KNOWN.into_iter().enumerate() {
+            let m = PoolMetrics::default();
+            m.count_pick(d);
+            let counted: Vec<u64> = m.picks.iter().map(Counter::get).collect();
+            assert_eq!(counted.iter().sum::<u64>(), 1, "{d:?}");
+            assert_eq!(counted[i], 1, "{d:?}");
         }
     }
 }

@@ -367,7 +367,7 @@ impl Pool {
         let endpoints = self.endpoints();
         let now = Instant::now();
         let views = self.load.views(endpoints.iter().map(|e| e.id), now);
-        pb::PoolStateResponse {
+        let mut state = pb::PoolStateResponse {
             pool: self.name.clone(),
             endpoints: endpoints
                 .iter()
@@ -390,9 +390,11 @@ impl Pool {
                 })
                 .collect(),
             pool_saturation: pool_saturation(&views),
-            tokenize_mode: self.tokenizer.mode().as_str().to_string(),
             block_size: self.block_size,
-        }
+            ..Default::default()
+        };
+        state.set_tokenize_mode(self.tokenizer.mode());
+        state
     }
 }
 

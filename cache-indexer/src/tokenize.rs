@@ -103,43 +103,10 @@ pub enum PromptInput<'a> {
     TokenIds(&'a [u32]),
 }
 
-/// How a prompt was turned into ids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TokenizeMode {
-    /// The in-process tokenizer.
-    Tokenizer,
-    /// An engine's render / tokenize endpoint.
-    Render,
-    /// Pseudo-tokens from bytes.
-    Approx,
-    /// The request carried ids.
-    TokenIds,
-}
-
-impl TokenizeMode {
-    /// Every mode, in a fixed order (metric label order).
-    pub const ALL: [TokenizeMode; 4] = [
-        TokenizeMode::Tokenizer,
-        TokenizeMode::Render,
-        TokenizeMode::Approx,
-        TokenizeMode::TokenIds,
-    ];
-
-    /// The mode's name in metrics and answers.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TokenizeMode::Tokenizer => "tokenizer",
-            TokenizeMode::Render => "render",
-            TokenizeMode::Approx => "approx",
-            TokenizeMode::TokenIds => "token_ids",
-        }
-    }
-
-    /// Position in [`TokenizeMode::ALL`].
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
+/// How a prompt was turned into ids: the contract's enum, so the answer's
+/// `tokenized_by` and the `mode` label ([`TokenizeMode::as_label`]) come
+/// from one table.
+pub use kvasir_proto::v1::TokenizeMode;
 
 /// A tokenized prompt.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,7 +16,7 @@
 //! Both send `retry-after` in whole seconds.
 
 use kvasir_budget::{go_duration, retry_after_secs, LimitState, RateLimitHeaders};
-use kvasir_proto::v1::BudgetStatus;
+use kvasir_proto::v1::{BudgetStatus, LimitedBy};
 use serde_json::json;
 
 use crate::pick::{ShedCause, Usage};
@@ -62,14 +62,14 @@ pub fn rate_limit_headers(status: &BudgetStatus) -> Vec<(&'static str, String)> 
 fn limit_words(status: &BudgetStatus) -> (&'static str, &'static str, Option<(u64, u64)>) {
     let tokens = Some((status.limit_tokens, status.remaining_tokens)).filter(|(l, _)| *l > 0);
     let requests = Some((status.limit_requests, status.remaining_requests)).filter(|(l, _)| *l > 0);
-    match status.limited_by.as_str() {
-        "requests" => ("requests", "requests per min (RPM)", requests),
-        "tokens" => ("tokens", "tokens per min (TPM)", tokens),
-        "prompt_tokens" => ("tokens", "input tokens per min", None),
-        "completion_tokens" => ("tokens", "output tokens per min", None),
-        "concurrent" => ("requests", "concurrent requests", None),
-        "too_large" => ("tokens", "tokens per min (TPM)", None),
-        _ => ("requests", "its budget", None),
+    match status.resolved_refused_by() {
+        LimitedBy::Requests => ("requests", "requests per min (RPM)", requests),
+        LimitedBy::Tokens => ("tokens", "tokens per min (TPM)", tokens),
+        LimitedBy::PromptTokens => ("tokens", "input tokens per min", None),
+        LimitedBy::CompletionTokens => ("tokens", "output tokens per min", None),
+        LimitedBy::Concurrent => ("requests", "concurrent requests", None),
+        LimitedBy::TooLarge => ("tokens", "tokens per min (TPM)", None),
+        LimitedBy::Store | LimitedBy::Unspecified => ("requests", "its budget", None),
     }
 }
 
@@ -86,7 +86,7 @@ pub fn rate_limited_reply(shape: Shape, tenant: &str, status: Option<&BudgetStat
     let empty = BudgetStatus::default();
     let st = status.unwrap_or(&empty);
     let (kind, what, figures) = limit_words(st);
-    let too_large = st.limited_by == "too_large";
+    let too_large = st.resolved_refused_by() == LimitedBy::TooLarge;
     let retry_ms = st.retry_after_ms;
     let message = if too_large {
         format!(
@@ -151,7 +151,7 @@ pub fn queue_shed_reply(
         ShedCause::TenantFull => "this tenant's share of its queue is full".to_string(),
         ShedCause::NoWait => "the request could not wait for room".to_string(),
         ShedCause::MaxWait => format!("the request waited {queued_ms} ms for room, its longest"),
-        ShedCause::Other => "the request was shed".to_string(),
+        ShedCause::Unspecified => "the request was shed".to_string(),
     };
     let message = format!("The pool `{pool}` is saturated and {why}. Please try again later.");
     let mut headers = vec![("retry-after", SHED_RETRY_AFTER_S.to_string())];

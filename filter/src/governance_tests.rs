@@ -3,7 +3,7 @@
 //! stream shows so far.
 
 use kvasir_policy::{ApiKind, BudgetConfig};
-use kvasir_proto::v1::{Decision, PickRequest, PickResponse, PickedEndpoint};
+use kvasir_proto::v1::{Decision, LimitedBy, PickRequest, PickResponse, PickedEndpoint};
 use prost::Message;
 use serde_json::{json, Value};
 
@@ -15,8 +15,10 @@ use crate::response::ResponseTracker;
 const MS: u64 = 1_000_000;
 
 fn status(limited_by: &str, retry_after_ms: u64) -> BudgetStatus {
+    // Both, as an indexer writes them while the words are on the wire.
     BudgetStatus {
         limited_by: limited_by.into(),
+        refused_by: LimitedBy::from_label(limited_by) as i32,
         retry_after_ms,
         limit_requests: 60,
         remaining_requests: 0,
@@ -191,9 +193,12 @@ fn shed_429_says_why_and_retries_in_a_second() {
         }})
     );
     assert!(headers(&r).contains(&("x-ratelimit-remaining-tokens", "250")));
-    assert_eq!(ShedCause::parse("tenant_full"), ShedCause::TenantFull);
-    assert_eq!(ShedCause::parse("no_wait").as_str(), "no_wait");
-    assert_eq!(ShedCause::parse("from the future"), ShedCause::Other);
+    assert_eq!(ShedCause::from_label("tenant_full"), ShedCause::TenantFull);
+    assert_eq!(ShedCause::from_label("no_wait").as_label(), "no_wait");
+    assert_eq!(
+        ShedCause::from_label("from the future"),
+        ShedCause::Unspecified
+    );
 }
 
 fn usage(completion: u64) -> Usage {
@@ -438,4 +443,18 @@ fn continuous_usage_is_the_engines_figure() {
             completion_tokens: 7
         })
     );
+}
+
+#[test]
+fn the_enum_wins_over_the_word_and_an_unknown_cause_is_unspecified() {
+    let mut a = PickResponse::decode(answer(Decision::Shed, &[], "max_wait").as_slice()).unwrap();
+    a.cause = ShedCause::TenantFull as i32;
+    let o = pick_outcome(0, Some(&a.encode_to_vec()));
+    assert_eq!(o.result, Err(NoPick::Shed(ShedCause::TenantFull)));
+    // A cause from a newer indexer: shed all the same, counted as `other`.
+    a.cause = 99;
+    a.shed_cause = "from_the_future".into();
+    let o = pick_outcome(0, Some(&a.encode_to_vec()));
+    assert_eq!(o.result, Err(NoPick::Shed(ShedCause::Unspecified)));
+    assert_eq!(ShedCause::Unspecified.as_label(), "other");
 }

@@ -163,44 +163,10 @@ impl FailOpen {
     }
 }
 
-/// Why flow control shed a pick (`PickResponse.shed_cause`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShedCause {
-    /// The pool's queue is full.
-    PoolFull,
-    /// The tenant's share of the queue is full.
-    TenantFull,
-    /// The pool would queue it and the caller cannot wait.
-    NoWait,
-    /// It waited its longest.
-    MaxWait,
-    /// A cause this filter does not know (a newer indexer).
-    Other,
-}
-
-impl ShedCause {
-    /// The cause of a `shed_cause` word.
-    pub fn parse(s: &str) -> ShedCause {
-        match s {
-            "pool_full" => ShedCause::PoolFull,
-            "tenant_full" => ShedCause::TenantFull,
-            "no_wait" => ShedCause::NoWait,
-            "max_wait" => ShedCause::MaxWait,
-            _ => ShedCause::Other,
-        }
-    }
-
-    /// The stat name segment (the indexer's word).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ShedCause::PoolFull => "pool_full",
-            ShedCause::TenantFull => "tenant_full",
-            ShedCause::NoWait => "no_wait",
-            ShedCause::MaxWait => "max_wait",
-            ShedCause::Other => "other",
-        }
-    }
-}
+/// Why flow control shed a pick: the contract's enum, whose
+/// [`ShedCause::as_label`] is the `shed.<cause>` stat segment (UNSPECIFIED,
+/// a cause this filter does not know, is `other`).
+pub use kvasir_proto::v1::ShedCause;
 
 /// Why a pick gave no endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,8 +199,8 @@ pub struct Picked {
     pub first: String,
     /// Tokens the first endpoint is expected to find cached.
     pub predicted_cached_tokens: u32,
-    /// The indexer's reason word (`prefix`, `load`, ...).
-    pub reason: String,
+    /// Why the indexer chose the first endpoint.
+    pub decision: Decision,
     /// Whether every endpoint was saturated.
     pub all_saturated: bool,
     /// The vLLM `priority` to write into the body (the pool's
@@ -302,17 +268,17 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
         queued_ms: resp.queued_ms,
         prompt_tokens: resp.prompt_tokens,
     };
-    if resp.decision == Decision::UnknownResponse as i32 {
+    let decision = resp.resolved_decision();
+    if decision == Decision::UnknownResponse {
         return refused(NoPick::UnknownResponse, None);
     }
-    if resp.decision == Decision::RateLimited as i32 {
+    if decision == Decision::RateLimited {
         // Refused before placement: its saturation says nothing.
         return refused(NoPick::RateLimited, None);
     }
-    if resp.decision == Decision::Shed as i32 {
+    if decision == Decision::Shed {
         // A shed pick saw the pool saturated: that is learnt.
-        let cause = ShedCause::parse(&resp.shed_cause);
-        return refused(NoPick::Shed(cause), saturation);
+        return refused(NoPick::Shed(resp.resolved_cause()), saturation);
     }
     if resp.endpoints.is_empty() {
         // Its saturation (1 by the indexer's rule for "none healthy") says
@@ -343,8 +309,8 @@ pub fn pick_outcome_of(resp: PickResponse) -> PickOutcome {
             header,
             first: resp.endpoints[0].address.clone(),
             predicted_cached_tokens: resp.endpoints[0].predicted_cached_tokens,
-            reason: resp.reason.clone(),
-            all_saturated: resp.decision == Decision::AllSaturated as i32,
+            decision,
+            all_saturated: decision == Decision::AllSaturated,
             engine_priority: resp.engine_priority,
         }),
         saturation,

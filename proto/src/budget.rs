@@ -21,7 +21,7 @@ pub fn budget_status(h: &RateLimitHeaders, refusal: Option<&Refusal>) -> v1::Bud
         s.reset_tokens_ms = t.reset_ms;
     }
     if let Some(r) = refusal {
-        s.limited_by = r.word().to_string();
+        s.set_limited_by(v1::LimitedBy::from(r));
         s.retry_after_ms = match r {
             Refusal::Limited { retry_after_ms, .. } => *retry_after_ms,
             // A slot frees when some request ends: try again in a second.
@@ -54,6 +54,7 @@ mod tests {
         };
         let s = budget_status(&h, Some(&r));
         assert_eq!(s.limited_by, "requests");
+        assert_eq!(s.refused_by(), v1::LimitedBy::Requests);
         assert_eq!(s.retry_after_ms, 30_000);
         assert_eq!(
             (s.limit_requests, s.remaining_requests, s.reset_requests_ms),

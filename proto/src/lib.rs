@@ -4,7 +4,9 @@
 //!
 //! The source of truth is `proto/kvasir/v1/indexer.proto`, which documents
 //! every field and the versioning rules; the generated items carry those
-//! comments.
+//! comments. [`labels`] holds the one table of words for each closed set
+//! (metric labels, stat names) and the readers that fall back to the
+//! words an older indexer sends.
 #![forbid(unsafe_code)]
 
 /// The `kvasir.v1` package: `Indexer` service messages and enums.
@@ -18,6 +20,7 @@ pub mod v1 {
 }
 
 pub mod budget;
+pub mod labels;
 
 /// Envoy's external processing service and the types it uses, as their
 /// packages lay them out (generated code names each other by these paths).

@@ -353,7 +353,8 @@ pub struct Ranked {
     pub saturated: bool,
 }
 
-/// Why the first endpoint won.
+/// Why the first endpoint won. The indexer answers and counts it as the
+/// contract's `kvasir.v1.Decision`, whose table holds the words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Decision {
     /// It holds the longest cached prefix.
@@ -366,33 +367,6 @@ pub enum Decision {
     AllSaturated,
     /// No healthy endpoint.
     NoEndpoints,
-}
-
-impl Decision {
-    /// Every decision, in a fixed order (metric label order).
-    pub const ALL: [Decision; 5] = [
-        Decision::Prefix,
-        Decision::Load,
-        Decision::NoIndex,
-        Decision::AllSaturated,
-        Decision::NoEndpoints,
-    ];
-
-    /// The lowercase word for logs, stats and `PickResponse.reason`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Decision::Prefix => "prefix",
-            Decision::Load => "load",
-            Decision::NoIndex => "no_index",
-            Decision::AllSaturated => "all_saturated",
-            Decision::NoEndpoints => "no_endpoints",
-        }
-    }
-
-    /// Position in [`Decision::ALL`].
-    pub fn index(self) -> usize {
-        self as usize
-    }
 }
 
 /// The ordered answer.

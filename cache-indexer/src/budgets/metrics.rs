@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 
 use kvasir_budget::{Dimension, Refusal};
+use kvasir_proto::v1::LimitedBy;
 use parking_lot::Mutex;
 
 use super::{Ask, Report, Reported, Reserved};
@@ -18,32 +19,10 @@ pub const MAX_TENANT_LABELS: usize = 1_000;
 /// The tenant label of keys past [`MAX_TENANT_LABELS`].
 pub const OTHER_TENANT: &str = "_other";
 
-/// The `limited_by` words, in [`TenantCounts::limited_by`] order.
-pub const LIMITED_BY: [&str; 6] = [
-    "requests",
-    "prompt_tokens",
-    "completion_tokens",
-    "tokens",
-    "concurrent",
-    "too_large",
-];
-
-/// The `limited_by` word of a refusal (see `BudgetStatus.limited_by`).
+/// The `limited_by` label of a refusal ([`LimitedBy::as_label`], the
+/// word `BudgetStatus.limited_by` carries).
 pub fn limited_by(r: &Refusal) -> &'static str {
-    r.word()
-}
-
-fn limited_index(r: &Refusal) -> usize {
-    match r {
-        Refusal::Limited { dimension, .. } => match dimension {
-            Dimension::Requests => 0,
-            Dimension::PromptTokens => 1,
-            Dimension::CompletionTokens => 2,
-            Dimension::TotalTokens => 3,
-        },
-        Refusal::Concurrency { .. } => 4,
-        Refusal::TooLarge { .. } => 5,
-    }
+    LimitedBy::from(r).as_label()
 }
 
 /// One tenant's counts (a snapshot, or the live values under the lock).
@@ -53,8 +32,9 @@ pub struct TenantCounts {
     pub admitted: u64,
     /// Picks refused.
     pub limited: u64,
-    /// Refusals by [`LIMITED_BY`].
-    pub limited_by: [u64; 6],
+    /// Refusals by [`LimitedBy::position`] (the ledger's refusals: the
+    /// STORE slot stays 0).
+    pub limited_by: [u64; LimitedBy::KNOWN.len()],
     /// Total tokens (weighted prompt + completion) reserved at admission.
     pub tokens_reserved: u64,
     /// Total tokens of released requests' final usage.
@@ -126,7 +106,9 @@ impl BudgetMetrics {
                 c.tokens_limited = c
                     .tokens_limited
                     .saturating_add(ask.prompt_tokens.saturating_add(output));
-                c.limited_by[limited_index(refusal)] += 1;
+                if let Some(i) = LimitedBy::from(refusal).position() {
+                    c.limited_by[i] += 1;
+                }
             }),
             Reserved::Untracked => self.untracked.inc(),
             // Counted by the shared store (`RedisBudgets::stats`).

@@ -30,8 +30,7 @@ use kvasir_budget::{CachedWeight, Cost, Limits, RateLimitHeaders, Refusal, Usage
 use kvasir_proto::v1 as pb;
 
 pub use metrics::{
-    limited_by, BudgetMetrics, TenantCounts, LIMITED_BY, MAX_TENANT_LABELS, OTHER_TENANT,
-    REPORT_OPS,
+    limited_by, BudgetMetrics, TenantCounts, MAX_TENANT_LABELS, OTHER_TENANT, REPORT_OPS,
 };
 
 /// Budget keys (tenants) the memory store tracks at once. Past it, keys

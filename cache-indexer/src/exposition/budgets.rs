@@ -18,8 +18,9 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType::{Counter, Gauge};
 
 use super::family;
-use crate::budgets::{Budgets, TenantCounts, LIMITED_BY, REPORT_OPS};
+use crate::budgets::{Budgets, TenantCounts, REPORT_OPS};
 use crate::pools::Pools;
+use kvasir_proto::v1::LimitedBy;
 
 /// A per-tenant counter family: name, help, and its value.
 type TenantFamily = (&'static str, &'static str, fn(&TenantCounts) -> u64);
@@ -77,9 +78,9 @@ impl Collector for BudgetsCollector {
         let help = "Budgeted picks refused, by tenant and the limit that refused them (requests, prompt_tokens, completion_tokens, tokens, concurrent, too_large); limits never hit are not written.";
         let mut f = family(enc, name, Counter, help)?;
         for (t, c) in &tenants {
-            for (by, n) in LIMITED_BY.iter().zip(c.limited_by) {
+            for (by, n) in LimitedBy::KNOWN.into_iter().zip(c.limited_by) {
                 if n > 0 {
-                    f.sample(&[("tenant", t), ("limited_by", by)], n)?;
+                    f.sample(&[("tenant", t), ("limited_by", by.as_label())], n)?;
                 }
             }
         }

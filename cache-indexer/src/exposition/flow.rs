@@ -23,12 +23,8 @@ use crate::pools::Pools;
 
 /// A per-pool counter family: name, help, and its value.
 type CounterFamily = (&'static str, &'static str, fn(&FlowMetrics) -> u64);
-/// A per-pool and cause counter family.
-type CauseFamily = (
-    &'static str,
-    &'static str,
-    fn(&FlowMetrics, ShedCause) -> u64,
-);
+/// A per-pool and cause counter family (by [`ShedCause::position`]).
+type CauseFamily = (&'static str, &'static str, fn(&FlowMetrics, usize) -> u64);
 /// A per-pool gauge family.
 type GaugeFamily = (&'static str, &'static str, fn(&crate::Pool) -> u64);
 /// Per tenant with picks waiting: (tenant, picks, tokens).
@@ -79,20 +75,20 @@ impl Collector for FlowCollector {
             (
                 "kvasir_indexer_flow_shed_total",
                 "Picks shed (answered SHED, 429) by cause: pool_full, tenant_full, no_wait (the caller or the pool allows no wait), max_wait (waited its longest).",
-                |m, c| m.shed[c.index()].get(),
+                |m, i| m.shed[i].get(),
             ),
             (
                 "kvasir_indexer_flow_shed_tokens_total",
                 "Tokens of the picks shed, by cause.",
-                |m, c| m.shed_tokens[c.index()].get(),
+                |m, i| m.shed_tokens[i].get(),
             ),
         ];
         for (name, help, value) in shed {
             let mut f = family(enc, name, Counter, help)?;
             for p in self.0.iter() {
-                for c in ShedCause::ALL {
-                    let labels = [("pool", p.name.as_str()), ("cause", c.as_str())];
-                    f.sample(&labels, value(&p.flow.metrics, c))?;
+                for (i, c) in ShedCause::KNOWN.into_iter().enumerate() {
+                    let labels = [("pool", p.name.as_str()), ("cause", c.as_label())];
+                    f.sample(&labels, value(&p.flow.metrics, i))?;
                 }
             }
         }

@@ -17,13 +17,13 @@ pub(super) fn render(out: &mut String, pools: &Pools) {
         "Time to turn a request into token ids, by how it was done.",
     );
     for p in pools.iter() {
-        for mode in TokenizeMode::ALL {
-            let h = &p.metrics.tokenize_latency[mode.index()];
+        for (i, mode) in TokenizeMode::KNOWN.into_iter().enumerate() {
+            let h = &p.metrics.tokenize_latency[i];
             if h.count() > 0 || mode == p.tokenizer.mode() {
                 w.histogram(
                     h,
                     "kvasir_indexer_tokenize_duration_seconds",
-                    &[("pool", &p.name), ("mode", mode.as_str())],
+                    &[("pool", &p.name), ("mode", mode.as_label())],
                 );
             }
         }

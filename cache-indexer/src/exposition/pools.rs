@@ -315,7 +315,7 @@ fn pool_families(
             TokenizeMode::Render,
             TokenizeMode::Approx,
         ] {
-            let labels = [("pool", p.name.as_str()), ("mode", mode.as_str())];
+            let labels = [("pool", p.name.as_str()), ("mode", mode.as_label())];
             m.sample(&labels, flag(configured == mode))?;
         }
     }
@@ -329,9 +329,9 @@ fn pool_families(
     let help = "Picks answered, by decision (prefix, load, no_index, all_saturated, no_endpoints, response, unknown_response).";
     let mut m = family(enc, name, Counter, help)?;
     for p in pools {
-        for d in PickDecision::ALL {
-            let labels = [("pool", p.name.as_str()), ("decision", d.as_str())];
-            m.sample(&labels, p.metrics.picks[d.index()].get())?;
+        for (i, d) in PickDecision::KNOWN.into_iter().enumerate() {
+            let labels = [("pool", p.name.as_str()), ("decision", d.as_label())];
+            m.sample(&labels, p.metrics.picks[i].get())?;
         }
     }
     report_families(enc, pools)

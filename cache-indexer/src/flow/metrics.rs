@@ -25,43 +25,10 @@ pub const WAIT_BUCKETS: [f64; 14] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
 ];
 
-/// Why a pick was shed, as counted and sent in `PickResponse.shed_cause`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShedCause {
-    /// The pool's queue was full.
-    PoolFull,
-    /// The tenant had its most picks waiting.
-    TenantFull,
-    /// The caller cannot wait (its `max_wait_ms`, or the pool's, is 0).
-    NoWait,
-    /// It waited its longest.
-    MaxWait,
-}
-
-impl ShedCause {
-    /// Every cause, in metric label order.
-    pub const ALL: [ShedCause; 4] = [
-        ShedCause::PoolFull,
-        ShedCause::TenantFull,
-        ShedCause::NoWait,
-        ShedCause::MaxWait,
-    ];
-
-    /// The label and `shed_cause` value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ShedCause::PoolFull => "pool_full",
-            ShedCause::TenantFull => "tenant_full",
-            ShedCause::NoWait => "no_wait",
-            ShedCause::MaxWait => "max_wait",
-        }
-    }
-
-    /// Position in [`ShedCause::ALL`].
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
+/// Why a pick was shed: the contract's enum, counted by
+/// [`ShedCause::position`] and labelled by [`ShedCause::as_label`] (its
+/// `cause` label values), so the filter and the indexer share one table.
+pub use kvasir_proto::v1::ShedCause;
 
 /// A fixed-bucket histogram of queue waits.
 #[derive(Debug)]
@@ -120,10 +87,10 @@ pub struct FlowMetrics {
     pub released: Counter,
     /// Tokens of the released picks.
     pub released_tokens: Counter,
-    /// Picks shed, by [`ShedCause::index`].
-    pub shed: [Counter; ShedCause::ALL.len()],
+    /// Picks shed, by [`ShedCause::position`].
+    pub shed: [Counter; ShedCause::KNOWN.len()],
     /// Tokens of the shed picks, by cause.
-    pub shed_tokens: [Counter; ShedCause::ALL.len()],
+    pub shed_tokens: [Counter; ShedCause::KNOWN.len()],
     /// Queued picks whose caller went away before they left the queue.
     pub cancelled: Counter,
     /// How long released picks waited.
@@ -193,9 +160,12 @@ impl FlowMetrics {
     }
 
     /// Counts a shed pick of `tokens`.
+    /// (Every shed names its cause: UNSPECIFIED is not counted.)
     pub fn count_shed(&self, cause: ShedCause, tokens: u64) {
-        self.shed[cause.index()].inc();
-        self.shed_tokens[cause.index()].add(tokens);
+        if let Some(i) = cause.position() {
+            self.shed[i].inc();
+            self.shed_tokens[i].add(tokens);
+        }
     }
 }
 
@@ -204,9 +174,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn causes_index_their_own_position_and_waits_land_in_buckets() {
-        for (i, c) in ShedCause::ALL.iter().enumerate() {
-            assert_eq!(c.index(), i);
+    fn causes_index_their_own_slot_and_waits_land_in_buckets() {
+        for (i, c) in ShedCause::KNOWN.into_iter().enumerate() {
+            let m = FlowMetrics::default();
+            m.count_shed(c, 3);
+            let counted: Vec<u64> = m.shed.iter().map(Counter::get).collect();
+            assert_eq!(counted.iter().sum::<u64>(), 1);
+            assert_eq!(counted[i], 1, "{c:?}");
+            assert_eq!(m.shed_tokens[i].get(), 3);
         }
         let h = WaitHistogram::default();
         h.observe(Duration::from_millis(3));

@@ -17,6 +17,7 @@ use kvasir_proto::v1 as pb;
 use crate::load::pool_saturation;
 use crate::pool::{invalid, Endpoint, Pool, ServiceError};
 use crate::responses::{check_id, Lost};
+use crate::tokenize::TokenizeMode;
 
 impl Pool {
     /// Answers a pick whose `response_id` is set.
@@ -27,7 +28,10 @@ impl Pool {
     ) -> Result<pb::PickResponse, ServiceError> {
         check_id(&req.response_id).map_err(|m| invalid("response_id", m))?;
         let (call, prompt_tokens) = super::prompt::bound_call(&req, started)?;
-        let admission = match self.admit_counted(&call, prompt_tokens, 0, "approx").await {
+        let admission = match self
+            .admit_counted(&call, prompt_tokens, 0, TokenizeMode::Approx)
+            .await
+        {
             Ok(a) => a,
             Err(refused) => return Ok(refused),
         };
@@ -55,8 +59,7 @@ impl Pool {
                 // use it: nothing to answer with.
                 self.give_back(&call, admission);
                 let mut answer = self.response_answer(None, started);
-                answer.decision = pb::Decision::NoEndpoints as i32;
-                answer.reason = "no_endpoints".into();
+                answer.set_decision_and_reason(pb::Decision::NoEndpoints);
                 answer
             }
             Ok(e) => {
@@ -88,11 +91,11 @@ impl Pool {
                 .find(|(x, _)| x.id == e.id)
                 .is_some_and(|(_, v)| v.saturated)
         };
-        let (decision, reason) = match holder {
-            Some(_) => (pb::Decision::Response, "response"),
-            None => (pb::Decision::UnknownResponse, "unknown_response"),
+        let decision = match holder {
+            Some(_) => pb::Decision::Response,
+            None => pb::Decision::UnknownResponse,
         };
-        pb::PickResponse {
+        let mut answer = pb::PickResponse {
             endpoints: holder
                 .map(|e| pb::PickedEndpoint {
                     address: e.spec.address.clone(),
@@ -104,10 +107,10 @@ impl Pool {
                 .collect(),
             prompt_tokens: 0,
             pool_saturation: pool_saturation(&views),
-            decision: decision as i32,
-            reason: reason.to_string(),
-            tokenize_mode: String::new(),
             ..Default::default()
-        }
+        };
+        // Nothing was tokenized: `tokenized_by` stays UNSPECIFIED.
+        answer.set_decision_and_reason(decision);
+        answer
     }
 }

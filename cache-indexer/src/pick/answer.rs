@@ -5,7 +5,6 @@ use kvasir_proto::v1 as pb;
 use super::prompt::Call;
 use super::rank::Ranked;
 use crate::load::pool_saturation;
-use crate::metrics::PickDecision;
 use crate::pool::Pool;
 use crate::scoring::Decision;
 use crate::tokenize::TokenizeMode;
@@ -29,13 +28,13 @@ impl Pool {
             pool = %self.name,
             tenant = %call.tenant,
             request_id = %call.request_id,
-            decision = ranking.decision.as_str(),
+            decision = decision_to_pb(ranking.decision).as_label(),
             first = ranking.order.first().map(|r| endpoints[r.candidate].spec.address.as_str()),
             prompt_tokens,
             starts_conversation,
             "pick"
         );
-        pb::PickResponse {
+        let mut answer = pb::PickResponse {
             endpoints: ranking
                 .order
                 .iter()
@@ -58,11 +57,11 @@ impl Pool {
                 .collect(),
             prompt_tokens: *prompt_tokens,
             pool_saturation: pool_saturation(views),
-            decision: decision_to_pb(ranking.decision) as i32,
-            reason: ranking.decision.as_str().to_string(),
-            tokenize_mode: mode.as_str().to_string(),
             ..Default::default()
-        }
+        };
+        answer.set_decision_and_reason(decision_to_pb(ranking.decision));
+        answer.set_tokenize_mode(mode);
+        answer
     }
 }
 
@@ -74,20 +73,5 @@ fn decision_to_pb(d: Decision) -> pb::Decision {
         Decision::NoIndex => pb::Decision::NoIndex,
         Decision::AllSaturated => pb::Decision::AllSaturated,
         Decision::NoEndpoints => pb::Decision::NoEndpoints,
-    }
-}
-
-/// The decision of a proto enum value (`Load` for one it does not know).
-pub(crate) fn decision_from_pb(d: i32) -> PickDecision {
-    match pb::Decision::try_from(d) {
-        Ok(pb::Decision::Prefix) => PickDecision::Ranked(Decision::Prefix),
-        Ok(pb::Decision::NoIndex) => PickDecision::Ranked(Decision::NoIndex),
-        Ok(pb::Decision::AllSaturated) => PickDecision::Ranked(Decision::AllSaturated),
-        Ok(pb::Decision::NoEndpoints) => PickDecision::Ranked(Decision::NoEndpoints),
-        Ok(pb::Decision::Response) => PickDecision::Response,
-        Ok(pb::Decision::UnknownResponse) => PickDecision::UnknownResponse,
-        Ok(pb::Decision::RateLimited) => PickDecision::RateLimited,
-        Ok(pb::Decision::Shed) => PickDecision::Shed,
-        _ => PickDecision::Ranked(Decision::Load),
     }
 }

@@ -22,6 +22,23 @@ use super::tokenize::PickTokens;
 use crate::budgets::{self, Ask, Budgets, Reserved};
 use crate::pool::Pool;
 use crate::scoring::predicted_cached_tokens;
+use crate::tokenize::TokenizeMode;
+
+/// The answer to a pick the budget refused.
+fn rate_limited(
+    prompt_tokens: u32,
+    mode: TokenizeMode,
+    status: pb::BudgetStatus,
+) -> pb::PickResponse {
+    let mut answer = pb::PickResponse {
+        prompt_tokens,
+        budget: Some(status),
+        ..Default::default()
+    };
+    answer.set_decision_and_reason(pb::Decision::RateLimited);
+    answer.set_tokenize_mode(mode);
+    answer
+}
 
 /// What admission reserved for a pick. Dropped before the pick was
 /// answered (its caller went away while it waited in the flow-control
@@ -90,7 +107,7 @@ impl Pool {
         let prompt_tokens =
             u32::try_from(tokens.estimated_len.unwrap_or(tokens.ids.len())).unwrap_or(u32::MAX);
         let cached = self.best_cached(prompt_tokens, matched);
-        self.admit_counted(call, prompt_tokens, cached, tokens.mode.as_str())
+        self.admit_counted(call, prompt_tokens, cached, tokens.mode)
             .await
     }
 
@@ -101,7 +118,7 @@ impl Pool {
         call: &Call,
         prompt_tokens: u32,
         cached_tokens: u32,
-        mode: &str,
+        mode: TokenizeMode,
     ) -> Result<Admission, pb::PickResponse> {
         let Some(b) = &call.budget else {
             return Ok(Admission::default());
@@ -128,18 +145,14 @@ impl Pool {
             }
             Reserved::Untracked => Ok(Admission::default()),
             // onStoreDown: closed, Redis unreachable (budgets/redis.rs).
-            Reserved::StoreUnavailable { retry_after_ms } => Err(pb::PickResponse {
-                prompt_tokens,
-                decision: pb::Decision::RateLimited as i32,
-                reason: "rate_limited".into(),
-                tokenize_mode: mode.to_string(),
-                budget: Some(pb::BudgetStatus {
-                    limited_by: "store".into(),
+            Reserved::StoreUnavailable { retry_after_ms } => {
+                let mut status = pb::BudgetStatus {
                     retry_after_ms,
                     ..Default::default()
-                }),
-                ..Default::default()
-            }),
+                };
+                status.set_limited_by(pb::LimitedBy::Store);
+                Err(rate_limited(prompt_tokens, mode, status))
+            }
             Reserved::Limited { refusal, headers } => {
                 tracing::debug!(
                     pool = %self.name,
@@ -149,14 +162,8 @@ impl Pool {
                     %refusal,
                     "pick rate limited"
                 );
-                Err(pb::PickResponse {
-                    prompt_tokens,
-                    decision: pb::Decision::RateLimited as i32,
-                    reason: "rate_limited".into(),
-                    tokenize_mode: mode.to_string(),
-                    budget: Some(budget_status(&headers, Some(&refusal))),
-                    ..Default::default()
-                })
+                let status = budget_status(&headers, Some(&refusal));
+                Err(rate_limited(prompt_tokens, mode, status))
             }
         }
     }

@@ -190,19 +190,19 @@ impl Pool {
             pool = %self.name,
             tenant = %call.tenant,
             request_id = %call.request_id,
-            cause = cause.as_str(),
+            cause = cause.as_label(),
             waiting = self.flow.len(),
             "pick shed"
         );
-        pb::PickResponse {
+        let mut answer = pb::PickResponse {
             prompt_tokens: prompt_tokens(tokens),
             pool_saturation: crate::load::pool_saturation(&views),
-            decision: pb::Decision::Shed as i32,
-            reason: "shed".to_string(),
-            tokenize_mode: tokens.mode.as_str().to_string(),
-            shed_cause: cause.as_str().to_string(),
             ..Default::default()
-        }
+        };
+        answer.set_decision_and_reason(pb::Decision::Shed);
+        answer.set_tokenize_mode(tokens.mode);
+        answer.set_shed_cause(cause);
+        answer
     }
 }
 

@@ -42,8 +42,7 @@ impl Pool {
         }
         match &r {
             Ok(resp) => {
-                self.metrics
-                    .count_pick(answer::decision_from_pb(resp.decision));
+                self.metrics.count_pick(resp.decision());
                 // (Time waiting for room is the queue-wait histogram's.)
                 let waited = std::time::Duration::from_millis(resp.queued_ms.into());
                 let took = started.elapsed().saturating_sub(waited);

@@ -3,7 +3,7 @@
 //! headers and rejected reports, the `x-ratelimit-*` headers of admitted
 //! responses, and the `USAGE` reports of a streaming response.
 
-use kvasir_proto::v1::{BudgetStatus, Outcome, ReportPhase};
+use kvasir_proto::v1::{BudgetStatus, LimitedBy, Outcome, ReportPhase};
 
 use super::*;
 
@@ -51,8 +51,10 @@ pub(super) fn request(shared: &Rc<Shared>, key: &str, path: &str, body_json: &st
 }
 
 fn status(limited_by: &str) -> BudgetStatus {
+    // Both, as an indexer writes them while the words are on the wire.
     BudgetStatus {
         limited_by: limited_by.into(),
+        refused_by: LimitedBy::from_label(limited_by) as i32,
         retry_after_ms: if limited_by.is_empty() { 0 } else { 4_200 },
         limit_requests: 60,
         remaining_requests: 59,

@@ -3,7 +3,7 @@
 //! headers kept for the response, the wait counted), and the 429 of a pick
 //! the indexer refused (rate limited) or shed.
 
-use kvasir_proto::v1::{BudgetStatus, Outcome, ReportPhase};
+use kvasir_proto::v1::{BudgetStatus, LimitedBy, Outcome, ReportPhase};
 
 use super::respond::Dispatch;
 use super::{Flow, Host, Phase};
@@ -43,9 +43,9 @@ impl Flow {
     ) {
         let tenant = self.tenant.clone().unwrap_or_default();
         let limit = status
-            .map(|s| s.limited_by.as_str())
-            .filter(|l| is_word(l))
-            .unwrap_or("other");
+            .map(BudgetStatus::resolved_refused_by)
+            .filter(|l| *l != LimitedBy::Unspecified)
+            .map_or("other", LimitedBy::as_label);
         self.count(&format!("rate_limited.{limit}"), 1);
         let reply = rate_limited_reply(self.shape(), &tenant, status);
         self.refuse(host, "pick.rate_limited", &reply);
@@ -66,7 +66,7 @@ impl Flow {
             .as_ref()
             .map(|r| r.pool_name.clone())
             .unwrap_or_default();
-        self.count(&format!("shed.{}", cause.as_str()), 1);
+        self.count(&format!("shed.{}", cause.as_label()), 1);
         let reply = queue_shed_reply(self.shape(), &pool, cause, queued_ms, status);
         self.refuse(host, "pick.shed", &reply);
     }
@@ -91,9 +91,4 @@ impl Flow {
             Dispatch::Deferred,
         );
     }
-}
-
-/// Whether `s` is safe as a stat name segment (the indexer's words are).
-fn is_word(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 32 && s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
 }

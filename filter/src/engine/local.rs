@@ -7,7 +7,7 @@
 
 use kvasir_budget::Usage as BudgetUsage;
 use kvasir_proto::budget::budget_status;
-use kvasir_proto::v1::{Outcome, ReportPhase};
+use kvasir_proto::v1::{LimitedBy, Outcome, ReportPhase};
 
 use super::respond::Dispatch;
 use super::{Flow, Host, Phase, Verdict};
@@ -88,7 +88,8 @@ impl Flow {
                 Verdict::Continue
             }
             LocalVerdict::Refused(refusal, headers) => {
-                self.count(&format!("local_budget.limited.{}", refusal.word()), 1);
+                let limit = LimitedBy::from(&refusal).as_label();
+                self.count(&format!("local_budget.limited.{limit}"), 1);
                 let status = budget_status(&headers, Some(&refusal));
                 let reply = rate_limited_reply(self.shape(), &tenant, Some(&status));
                 host.send_reply(&reply);
