@@ -12,8 +12,8 @@ use kvasir_budget::{Dimension, Refusal};
 use crate::v1::{BudgetStatus, Decision, LimitedBy, PickResponse, PoolStateResponse};
 use crate::v1::{ShedCause, TokenizeMode};
 
-/// Defines `as_label`, `from_label` and `KNOWN` (every value but
-/// UNSPECIFIED, in metric label order) from one table.
+/// Defines `as_label`, `from_label`, `position` and `KNOWN` (every value
+/// but UNSPECIFIED, in metric label order) from one table.
 macro_rules! labels {
     ($ty:ident, unspecified = $none:literal, { $($v:ident => $w:literal,)+ }) => {
         impl $ty {
