@@ -71,6 +71,11 @@ pub struct Session<W> {
     /// When something was last heard on the stream while picks waited
     /// (`None`: not since picks started waiting).
     heard_ns: Option<u64>,
+    /// A pick timed out and nothing has been heard since: the stall clock
+    /// keeps running across picks sent one after another (else each new
+    /// pick would restart it and a stopped indexer under light, sequential
+    /// traffic would never be given up).
+    unanswered: bool,
 }
 
 impl<W> Default for Session<W> {
@@ -83,6 +88,7 @@ impl<W> Default for Session<W> {
             answers: 0,
             answers_seen: 0,
             heard_ns: None,
+            unanswered: false,
         }
     }
 }
@@ -149,8 +155,9 @@ impl<W> Session<W> {
     pub fn pick(&mut self, pick_request: &[u8], deadline_ns: u64, waiter: W) -> (u64, Vec<u8>) {
         let id = self.next_id;
         self.next_id += 1;
-        if self.waiting.is_empty() {
-            // The stall clock starts when picks start waiting.
+        if self.waiting.is_empty() && !self.unanswered {
+            // The stall clock starts when picks start waiting on a stream
+            // that answered the last ones.
             self.heard_ns = None;
         }
         self.waiting.insert(id, (deadline_ns, waiter));
@@ -180,6 +187,7 @@ impl<W> Session<W> {
     pub fn answer(&mut self, bytes: &[u8]) -> Option<(u64, W, PickOutcome)> {
         let a = SessionResponse::decode(bytes).ok()?;
         self.answers += 1;
+        self.unanswered = false;
         let (_, w) = self.waiting.remove(&a.id)?;
         let outcome = match a.result {
             Some(session_response::Result::Pick(r)) => pick_outcome_of(r),
@@ -212,11 +220,13 @@ impl<W> Session<W> {
                 out.push((id, w));
             }
         }
+        self.unanswered |= !out.is_empty();
         let silent_ns = now_ns.saturating_sub(self.heard_ns.unwrap_or(now_ns));
         let give_up = self.token().is_some() && !out.is_empty() && silent_ns >= STALL_MS * MS;
         if give_up {
             self.open_failed(now_ns);
             self.heard_ns = None;
+            self.unanswered = false;
         }
         (out, give_up)
     }

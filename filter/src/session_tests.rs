@@ -140,6 +140,52 @@ fn an_idle_streams_first_timeout_starts_the_stall_clock() {
 }
 
 #[test]
+fn picks_sent_one_at_a_time_into_a_silent_stream_still_stall_it() {
+    let mut s: Session<u32> = Session::default();
+    s.opened(3);
+    // One request at a time, each pick timing out after 200 ms, the timer
+    // every 5 ms: nothing comes back, so the stream is given up once a
+    // second of silence has passed, though no pick waited that long.
+    let (mut now, mut given_up_at) = (0, None);
+    for i in 0..10u32 {
+        s.pick(b"", now + 200 * MS, i);
+        let deadline = now + 200 * MS;
+        while now < deadline {
+            now += 5 * MS;
+            let (_, give_up) = s.expire(now);
+            if give_up {
+                given_up_at = Some(now);
+            }
+        }
+        if given_up_at.is_some() {
+            break;
+        }
+        now += MS; // the next request arrives
+    }
+    let at = given_up_at.expect("the silent stream is given up");
+    assert!(at >= STALL_MS * MS && at < STALL_MS * MS + 250 * MS, "{at}");
+    assert_eq!(s.token(), None);
+}
+
+#[test]
+fn an_answer_after_a_timeout_restarts_the_stall_clock() {
+    let mut s: Session<u32> = Session::default();
+    s.opened(3);
+    let (a, _) = s.pick(b"", 200 * MS, 1);
+    s.expire(5 * MS);
+    assert_eq!(s.expire(200 * MS).0.len(), 1);
+    // The timed-out pick's answer arrives late: the stream is alive.
+    assert!(s.answer(&answer(a, picked("10.0.0.1:8000"))).is_none());
+    // Long after, a pick that times out is not a stall yet.
+    let t = 10 * STALL_MS * MS;
+    s.pick(b"", t + 200 * MS, 2);
+    s.expire(t + 5 * MS);
+    let (gone, give_up) = s.expire(t + 200 * MS);
+    assert_eq!(gone.len(), 1);
+    assert!(!give_up);
+}
+
+#[test]
 fn a_close_fails_every_waiter_and_sets_the_retry() {
     let mut s: Session<u32> = Session::default();
     assert!(!s.should_open(0), "only once a request wants it");
