@@ -93,9 +93,21 @@ impl Band {
 
     /// Releases the request with the smallest start tag among the tenants
     /// `allow` lets go (the others' heads keep their tags and wait).
-    pub(crate) fn pop_where(
+    pub(crate) fn pop_where(&mut self, allow: impl FnMut(&str) -> bool) -> Option<(u64, String)> {
+        self.pop_chosen_where(allow, |tickets| tickets.next())
+    }
+
+    /// Releases one request of the tenant with the smallest start tag among
+    /// those `allow` lets go: the ticket `choose` picks from that tenant's
+    /// waiting tickets (given in arrival order), or its head when it picks
+    /// none of them. The tenant's turn and start tag are what the fair
+    /// order says either way; its finish tag is charged with the request
+    /// actually released, so the tenants' shares of tokens keep their
+    /// bound whichever of its requests goes.
+    pub(crate) fn pop_chosen_where(
         &mut self,
         mut allow: impl FnMut(&str) -> bool,
+        choose: impl FnOnce(&mut dyn Iterator<Item = u64>) -> Option<u64>,
     ) -> Option<(u64, String)> {
         let key = self
             .ready
@@ -103,8 +115,11 @@ impl Band {
             .find(|(_, _, name)| allow(name))
             .cloned()?;
         self.ready.remove(&key);
-        let (start, ticket, name) = key;
+        let (start, head, name) = key;
         let t = self.tenants.get_mut(&name)?;
+        let ticket = choose(&mut t.queue.keys().copied())
+            .filter(|c| t.queue.contains_key(c))
+            .unwrap_or(head);
         let service = t.queue.remove(&ticket).unwrap_or(0);
         self.len -= 1;
         self.vtime = self.vtime.max(start);

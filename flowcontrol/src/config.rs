@@ -67,6 +67,31 @@ pub struct FlowControlConfig {
     /// their share last ([`engine_priority`]); `prefill` puts the shortest
     /// uncached prompt on the chosen engine first ([`prefill_priority`]).
     pub engine_priority_by: EnginePriorityBy,
+    /// Which of a tenant's waiting picks goes when the fair order gives
+    /// that tenant its turn: `fair` (the default) its oldest;
+    /// `quickestFirst` the one with the least predicted prefill on the
+    /// engine that has room ([`ReleaseOrder`]). Bands and the fair share
+    /// between tenants are the same either way.
+    pub release_order: ReleaseOrder,
+    /// With `quickestFirst`: how long a tenant's oldest waiting pick may be
+    /// passed over for quicker ones, in milliseconds; from then on it goes
+    /// first (its arrival order), so a long prompt is not starved by a
+    /// stream of short ones. 0 is the fair order.
+    pub max_quickest_skip_ms: u64,
+}
+
+/// Which of a tenant's waiting picks is released when its turn comes
+/// ([`FlowControlConfig::release_order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ReleaseOrder {
+    /// The oldest: arrival order within a tenant and band.
+    #[default]
+    Fair,
+    /// The one with the least predicted prefill on the engine that would
+    /// take it (the caller's cost, [`crate::FlowQueue::pop_quickest_where`]),
+    /// within the aging bound.
+    QuickestFirst,
 }
 
 /// What orders the engines' waiting queues within a band
@@ -100,9 +125,19 @@ impl Default for FlowControlConfig {
             reserve_counts_waiting: DEFAULT_RESERVE_COUNTS_WAITING,
             engine_priority: false,
             engine_priority_by: EnginePriorityBy::Share,
+            release_order: DEFAULT_RELEASE_ORDER,
+            max_quickest_skip_ms: DEFAULT_MAX_QUICKEST_SKIP_MS,
         }
     }
 }
+
+/// The default [`FlowControlConfig::release_order`].
+pub const DEFAULT_RELEASE_ORDER: ReleaseOrder = ReleaseOrder::Fair;
+
+/// The default [`FlowControlConfig::max_quickest_skip_ms`]: a pick is
+/// passed over for quicker ones for at most 5 s, half the default maximum
+/// wait, so the aging bound takes hold before a long prompt is shed.
+pub const DEFAULT_MAX_QUICKEST_SKIP_MS: u64 = 5_000;
 
 /// The default [`FlowControlConfig::saturated_prefill_tokens`]: off. A
 /// pick's tokens leave the term at its first-token report, or at its DONE
@@ -390,6 +425,21 @@ mod tests {
         assert!(prefill_priority(0, 1 << 40) < prefill_priority(1, 0));
         assert!(prefill_priority(-1, 1 << 40) < prefill_priority(0, 0));
         assert_eq!(prefill_priority(i32::MAX, 1 << 20), i32::MAX, "saturates");
+    }
+
+    #[test]
+    fn release_order_parses_and_is_fair_by_default() {
+        let d = FlowControlConfig::default();
+        assert_eq!(d.release_order, ReleaseOrder::Fair);
+        assert_eq!(d.max_quickest_skip_ms, DEFAULT_MAX_QUICKEST_SKIP_MS);
+        let c: FlowControlConfig =
+            serde_json::from_str(r#"{"releaseOrder": "quickestFirst", "maxQuickestSkipMs": 750}"#)
+                .unwrap();
+        assert_eq!(c.release_order, ReleaseOrder::QuickestFirst);
+        assert_eq!(c.max_quickest_skip_ms, 750);
+        let e = serde_json::from_str::<FlowControlConfig>(r#"{"releaseOrder": "shortest"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("unknown variant `shortest`"), "{e}");
     }
 
     #[test]

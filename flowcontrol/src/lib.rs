@@ -67,6 +67,19 @@
 //! many idle rounds or a coarse unfairness bound. Tags are integers (fixed
 //! point), so equal input gives equal order on every replica.
 //!
+//! # Quickest first within a tenant
+//!
+//! With [`ReleaseOrder::QuickestFirst`] the band and the tenant whose turn
+//! it is are the fair order's, but of that tenant's waiting requests the
+//! caller's cheapest goes ([`FlowQueue::pop_quickest_where`]: the cost is
+//! the caller's, e.g. the prefill a request still needs on the engine with
+//! room, so the queue stays free of any index), ties by arrival. Its
+//! finish tag is charged with the request released, so the bound between
+//! tenants holds as in the fair order. Aging: a tenant's oldest request
+//! that has waited the caller's `max_skip` goes first, so short prompts
+//! cannot starve a long one. It releases exactly when the fair order
+//! would: a request is never held back to wait for a quicker one.
+//!
 //! Tags are computed lazily for each tenant's head only, so cancelling or
 //! expiring a request in the middle of a queue touches nothing behind it.
 //! [`FlowQueue::settle`] corrects a charge once the real output is known.
@@ -82,9 +95,10 @@ mod shares;
 
 pub use config::{
     engine_priority, has_room, prefill_priority, room_bound, should_queue, work_saturation,
-    ConfigError, EnginePriorityBy, FlowControlConfig, Limits, DEFAULT_OVER_SHARE_SLACK,
-    DEFAULT_RESERVE, DEFAULT_RESERVE_COUNTS_WAITING, DEFAULT_SATURATED_PREFILL_TOKENS,
-    PREFILL_PRIORITY_STEPS, PREFILL_PRIORITY_STEP_TOKENS,
+    ConfigError, EnginePriorityBy, FlowControlConfig, Limits, ReleaseOrder,
+    DEFAULT_MAX_QUICKEST_SKIP_MS, DEFAULT_OVER_SHARE_SLACK, DEFAULT_RELEASE_ORDER, DEFAULT_RESERVE,
+    DEFAULT_RESERVE_COUNTS_WAITING, DEFAULT_SATURATED_PREFILL_TOKENS, PREFILL_PRIORITY_STEPS,
+    PREFILL_PRIORITY_STEP_TOKENS,
 };
 pub use queue::{FlowQueue, Refusal, Refused, Released, Ticket, Waiting};
 pub use shares::Shares;
@@ -94,3 +108,6 @@ mod queue_tests;
 
 #[cfg(test)]
 mod queue_props;
+
+#[cfg(test)]
+mod quickest_tests;

@@ -1,7 +1,7 @@
 //! One pool's queue of waiting picks: bounds, deadlines, priority bands.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -225,6 +225,55 @@ impl<T> FlowQueue<T> {
         let mut found = None;
         for (&priority, band) in self.bands.iter_mut() {
             if let Some((ticket, _)) = band.pop_where(&mut allow) {
+                found = Some((priority, ticket, band.len() == 0));
+                break;
+            }
+        }
+        let (priority, ticket, emptied) = found?;
+        if emptied {
+            self.bands.remove(&priority);
+        }
+        self.take(ticket)
+    }
+
+    /// [`FlowQueue::pop_next_where`] with the tenant's request chosen by
+    /// cost ([`crate::ReleaseOrder::QuickestFirst`]): the band and the
+    /// tenant are those of the fair order, and of that tenant's requests in
+    /// the band the one with the least `cost` goes (ties: the earliest),
+    /// unless its oldest has waited `max_skip` or longer, which then goes
+    /// (the aging bound: a long prompt is passed over for at most that
+    /// long). `cost` is the caller's price of a request on the engine that
+    /// would take it now (its predicted prefill there): the queue knows no
+    /// index. It releases exactly when [`FlowQueue::pop_next_where`] would
+    /// (never holds a request back for a quicker one), and the tenant's
+    /// finish tag is charged with the tokens of the one released.
+    pub fn pop_quickest_where(
+        &mut self,
+        mut allow: impl FnMut(&str) -> bool,
+        now: Instant,
+        max_skip: Duration,
+        mut cost: impl FnMut(&Waiting<T>) -> u64,
+    ) -> Option<Released<T>> {
+        let entries = &self.entries;
+        let mut choose = |tickets: &mut dyn Iterator<Item = u64>| {
+            let mut best: Option<(u64, u64)> = None;
+            for (i, ticket) in tickets.enumerate() {
+                let Some(e) = entries.get(&ticket) else {
+                    continue;
+                };
+                if i == 0 && now.saturating_duration_since(e.enqueued_at) >= max_skip {
+                    return Some(ticket);
+                }
+                let c = cost(&e.waiting);
+                if best.is_none_or(|(b, _)| c < b) {
+                    best = Some((c, ticket));
+                }
+            }
+            best.map(|(_, ticket)| ticket)
+        };
+        let mut found = None;
+        for (&priority, band) in self.bands.iter_mut() {
+            if let Some((ticket, _)) = band.pop_chosen_where(&mut allow, &mut choose) {
                 found = Some((priority, ticket, band.len() == 0));
                 break;
             }
