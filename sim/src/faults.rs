@@ -12,6 +12,8 @@ pub struct Faults {
     fail_rate_bits: AtomicU64,
     drop_event_rate_bits: AtomicU64,
     drop_next_batches: AtomicU64,
+    duplicate_next_batches: AtomicU64,
+    reorder_next_batches: AtomicU64,
     unhealthy: AtomicBool,
     stall_until: Mutex<Option<Instant>>,
 }
@@ -33,6 +35,14 @@ pub struct FaultSettings {
     /// Drop exactly the next N event batches.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drop_next_event_batches: Option<u64>,
+    /// Send each of the next N event batches twice in a row (same
+    /// sequence number and payload), as a redelivering transport would.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duplicate_next_event_batches: Option<u64>,
+    /// Hold back each of the next N event batches and send it right after
+    /// the batch that follows it, so subscribers see seq n+1 before n.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reorder_next_event_batches: Option<u64>,
     /// Stall the engine (no steps) for this many wall milliseconds from now;
     /// 0 ends a stall.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -66,6 +76,12 @@ impl Faults {
         if let Some(n) = s.drop_next_event_batches {
             self.drop_next_batches.store(n, Ordering::Relaxed);
         }
+        if let Some(n) = s.duplicate_next_event_batches {
+            self.duplicate_next_batches.store(n, Ordering::Relaxed);
+        }
+        if let Some(n) = s.reorder_next_event_batches {
+            self.reorder_next_batches.store(n, Ordering::Relaxed);
+        }
         if let Some(ms) = s.stall_ms {
             *self.stall_until.lock() = (ms > 0).then(|| Instant::now() + Duration::from_millis(ms));
         }
@@ -83,6 +99,8 @@ impl Faults {
                 self.drop_event_rate_bits.load(Ordering::Relaxed),
             )),
             drop_next_event_batches: Some(self.drop_next_batches.load(Ordering::Relaxed)),
+            duplicate_next_event_batches: Some(self.duplicate_next_batches.load(Ordering::Relaxed)),
+            reorder_next_event_batches: Some(self.reorder_next_batches.load(Ordering::Relaxed)),
             stall_ms: Some(self.stall_until().map_or(0, |t| {
                 t.saturating_duration_since(Instant::now()).as_millis() as u64
             })),
@@ -115,6 +133,23 @@ impl Faults {
             .is_ok();
         took || roll < f64::from_bits(self.drop_event_rate_bits.load(Ordering::Relaxed))
     }
+
+    /// Whether to send the next event batch twice (consumes one of the
+    /// "duplicate next N" budget).
+    pub fn duplicate_event_batch(&self) -> bool {
+        take_one(&self.duplicate_next_batches)
+    }
+
+    /// Whether to hold the next event batch back until the one after it
+    /// was sent (consumes one of the "reorder next N" budget).
+    pub fn reorder_event_batch(&self) -> bool {
+        take_one(&self.reorder_next_batches)
+    }
+}
+
+fn take_one(n: &AtomicU64) -> bool {
+    n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 #[cfg(test)]
@@ -138,6 +173,17 @@ mod tests {
         assert!(f.drop_event_batch(0.99));
         assert!(f.drop_event_batch(0.99));
         assert!(!f.drop_event_batch(0.99));
+        f.apply(&FaultSettings {
+            duplicate_next_event_batches: Some(1),
+            reorder_next_event_batches: Some(2),
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(f.duplicate_event_batch());
+        assert!(!f.duplicate_event_batch());
+        assert!(f.reorder_event_batch());
+        assert!(f.reorder_event_batch());
+        assert!(!f.reorder_event_batch());
         f.apply(&FaultSettings {
             stall_ms: Some(10_000),
             ..Default::default()

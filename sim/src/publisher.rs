@@ -89,10 +89,13 @@ async fn publish_task(
     faults: Arc<Faults>,
 ) {
     let mut seq: u64 = 0;
+    // A batch held back by the reorder fault, sent after the next one.
+    let mut held: Option<ZmqMessage> = None;
     while let Some(cmd) = rx.recv().await {
         let events = match cmd {
             PublisherCmd::RestartSequence => {
                 seq = 0;
+                held = None;
                 ring.lock().clear();
                 tracing::info!("kv events: sequence restarted at 0");
                 continue;
@@ -127,8 +130,21 @@ async fn publish_task(
             Bytes::copy_from_slice(&this.to_be_bytes()),
             payload,
         ]);
-        if let Err(e) = sock.send(msg).await {
-            tracing::warn!(error = %e, "kv events: publish failed");
+        if held.is_none() && faults.reorder_event_batch() {
+            tracing::debug!(seq = this, "kv events: batch held back by fault injection");
+            held = Some(msg);
+            continue;
+        }
+        let mut out = vec![msg.clone()];
+        if faults.duplicate_event_batch() {
+            tracing::debug!(seq = this, "kv events: batch sent twice by fault injection");
+            out.push(msg);
+        }
+        out.extend(held.take());
+        for m in out {
+            if let Err(e) = sock.send(m).await {
+                tracing::warn!(error = %e, "kv events: publish failed");
+            }
         }
     }
 }
