@@ -149,6 +149,8 @@ pub fn resolve(fc: &FlowControl) -> FlowControlConfig {
         reserve_counts_waiting: d.reserve_counts_waiting,
         engine_priority: d.engine_priority,
         engine_priority_by: d.engine_priority_by,
+        release_order: d.release_order,
+        max_quickest_skip_ms: d.max_quickest_skip_ms,
     }
 }
 
