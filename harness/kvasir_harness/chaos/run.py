@@ -72,7 +72,7 @@ def run(names: list[str], quick: bool, out: Path | None = OUT, keep_logs: bool =
                     print(f"   known bug: {c['what']}: measured {c['measured']}, bound {c['bound']}: {c['known_bug']}",
                           flush=True)
                 elif c.get("known_bug"):
-                    print(f"   FIXED? {c['what']} holds now: remove its known_bug mark", flush=True)
+                    print(f"   {c['what']} held this time (a known bug that shows in some runs)", flush=True)
                 elif not c["held"]:
                     print(f"   FAILED: {c['what']}: measured {c['measured']}, bound {c['bound']}", flush=True)
             if res.error:
@@ -96,26 +96,41 @@ def one_line(r: Result) -> str:
 
 
 def write(out: Path, results: list[Result], cond: dict[str, Any]) -> None:
+    """Writes the results, replacing the same scenarios' earlier results in
+    `out` and keeping the others (each with the conditions of its run)."""
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"conditions": cond, "scenarios": [r.as_dict() for r in results]}
+    order = list(scenarios())
+    kept: dict[str, dict[str, Any]] = {}
+    old = out / "summary.json"
+    if old.exists():
+        try:
+            prev = json.loads(old.read_text())
+            for s in prev.get("scenarios", []):
+                kept[s["name"]] = {"conditions": prev.get("conditions"), **s}
+        except (ValueError, KeyError):
+            kept = {}
+    for r in results:
+        kept[r.name] = {**r.as_dict(), "conditions": cond}
+    ranked = sorted(kept.values(), key=lambda s: order.index(s["name"]) if s["name"] in order else len(order))
+    doc = {"conditions": cond, "scenarios": ranked}
     (out / "summary.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out / "summary.md").write_text(markdown(doc))
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    c = doc["conditions"]
     lines = ["# Fault suite results", "",
-             f"Run {c['started_utc']} to {c.get('finished_utc', '?')}, {'quick' if c['quick'] else 'full'} durations, "
-             f"{c['cores']} cores, load average {c['loadavg_at_start']} at the start and "
-             f"{c.get('loadavg_at_end', '?')} at the end (other builds shared the machine).", "",
-             "| scenario | held | sent | succeeded | failed (why) | retried by Envoy | wall s |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "Written by `make chaos` (bench/chaos.py); each scenario's run, its durations (quick or full) and "
+             "the machine's load average (other builds shared its 2 cores) are in its row.", "",
+             "| scenario | held | sent | succeeded | failed (why) | retried by Envoy | wall s | run (UTC), durations, load average start / end |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in doc["scenarios"]:
         l = s["load"]
+        c = s.get("conditions") or doc["conditions"]
         why = ", ".join(f"{k} {v}" for k, v in (l.get("failed_by_reason") or {}).items())
         lines.append(f"| {s['name']} | {'yes' if s['ok'] else 'NO'} | {l.get('sent', 0)} | {l.get('succeeded', 0)} | "
                      f"{l.get('failed', 0)}{f' ({why})' if why else ''} | {s['figures'].get('retries_total', '-')} | "
-                     f"{s['wall_s']} |")
+                     f"{s['wall_s']} | {c['started_utc']}, {'quick' if c['quick'] else 'full'}, "
+                     f"{c['loadavg_at_start'][0]} / {c.get('loadavg_at_end', ['?'])[0]} |")
     for s in doc["scenarios"]:
         lines += ["", f"## {s['name']}: {s['fault']}", "", f"`{s['command']}`", ""]
         if s.get("error"):

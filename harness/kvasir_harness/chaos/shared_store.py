@@ -159,7 +159,12 @@ def redis_faults(logdir: Path, quick: bool) -> Result:
             acme.stop()
             beta.stop()
         r.memory = {"before": mem0, "after": st.memory()}
-        r.load = summarize(acme.records + beta.records)
+        # The load is the unbudgeted tenant's mix; the budgeted tenant's
+        # requests (refused 429 by design beyond its budget) apart.
+        r.load = summarize(acme.records)
+        b = summarize(beta.records)
+        r.figures["budgeted_tenant"] = {"sent": b["sent"], "served": b["succeeded"],
+                                        "refused": b["failed_by_reason"]}
         r.figures["recovery_s"] = {k: r3(v) for k, v in recovery.items()}
         r.figures["store_down_picks"] = sum(ix.metric("kvasir_indexer_budget_store_down_picks_total")
                                             for ix in st.indexers)
