@@ -2,8 +2,7 @@
 //! the caller never says stop, and the caller is asked at block boundaries
 //! inside uncached text only.
 
-mod common;
-
+use crate::common;
 use common::{document, tokenizer_dir};
 use kvasir_tokenizer::ChatTokenizer;
 

@@ -1,8 +1,7 @@
 //! Chat rendering must give the exact prompt text vLLM renders, and
 //! `encode_chat` the exact ids vLLM then computes.
 
-mod common;
-
+use crate::common;
 use common::{assert_same_ids, tokenizer_dir, FAST, REFERENCE};
 use kvasir_tokenizer::{ChatMessage, ChatTokenizer, TokenizerError};
 use serde::Deserialize;
@@ -46,7 +45,7 @@ struct Case {
 #[test]
 fn renders_like_transformers_jinja2() {
     let cases: Vec<Case> =
-        serde_json::from_str(include_str!("fixtures/chat_expected.json")).expect("fixture parses");
+        serde_json::from_str(include_str!("../fixtures/chat_expected.json")).expect("fixture parses");
     assert!(cases.len() >= 20);
     for case in &cases {
         let got = FAST

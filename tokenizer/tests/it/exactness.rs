@@ -2,8 +2,7 @@
 //! (what vLLM uses) on any text. The reference is slow in debug builds:
 //! run these with `cargo test -p kvasir-tokenizer --release`.
 
-mod common;
-
+use crate::common;
 use common::{assert_same_ids, document, FAST, REFERENCE};
 use kvasir_tokenizer::ChatTokenizer;
 

@@ -3,8 +3,7 @@
 //! them the ids are a prefix of the whole text's, stopped before the first
 //! piece that would exceed a limit.
 
-mod common;
-
+use crate::common;
 use common::{assert_same_ids, document, tokenizer_dir, FAST, REFERENCE};
 use kvasir_tokenizer::{ChatMessage, ChatTokenizer, EncodeLimits};
 

@@ -1,0 +1,5 @@
+//! The crate's integration tests as one binary: one link instead of one
+//! per file, which is most of a test build's time.
+
+mod admin_endpoints;
+mod priority_api;

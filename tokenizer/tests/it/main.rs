@@ -1,0 +1,9 @@
+//! The crate's integration tests as one binary: one link instead of one
+//! per file, which is most of a test build's time.
+
+mod chat;
+mod common;
+mod exactness;
+mod limits;
+mod loading;
+mod prefix;
