@@ -8,7 +8,7 @@ SECONDS_PER=${BENCH_SECONDS:-8}
 echo "== vllm-sim: throughput at time scale 0, memory at 25k cached blocks"
 target/release/vllm-sim-bench --seconds "$SECONDS_PER" --out bench/results/sim.json >/dev/null
 
-echo "== cache-indexer: event ingestion, memory per block, overlap latency"
+echo "== cache-indexer: event ingestion, memory per block, overlap latency (its examples, the soak's load among them, built here)"
 cargo build --release -q -p kvasir-cache-indexer --examples
 target/release/examples/ingest_bench > bench/results/indexer_ingest.json
 
@@ -30,5 +30,12 @@ deployed=bench/results/routing-deployed$([ "${ROUTING_PRESET:-short}" = full ] |
 echo "== governance: a noisy neighbour, budgets over 2 Envoys x 2 replicas, saturation and below it, flow control on and off (short version)"
 .tools/venv/bin/python bench/governance.py --preset "${GOVERNANCE_PRESET:-short}"
 
+echo "== soaks: 1,000 held streams through Envoy with the filter, then the indexer alone under 10k KV events/s + 2k picks/s (SOAK_SECONDS each, default 600)"
+# A soak that fails (an error, or memory not steady) fails `make bench`, after
+# the other benchmarks have written their results.
+soak_rc=0
+.tools/venv/bin/python bench/soak.py all --seconds "${SOAK_SECONDS:-600}" --check || soak_rc=$?
+
 .tools/venv/bin/python scripts/bench_report.py
-echo "== results: bench/results/ (summary in docs/benchmarks.md)"
+echo "== results: bench/results/ (summary in docs/benchmarks.md; soaks in bench/results/soak/report.md)"
+exit "$soak_rc"
