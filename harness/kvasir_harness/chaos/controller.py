@@ -157,6 +157,7 @@ def controller_faults(logdir: Path, quick: bool) -> Result:
         finally:
             load.stop()
         r.memory = {"before": mem0, "after": st.memory()}
+        r.figures["retries_total"] = st.retries()
         r.load = summarize(load.records)
         r.check("zero failed requests through the data path meanwhile", r.load["failed"] == 0, r.load["failed"], 0)
     return r

@@ -137,6 +137,7 @@ def replica_killed(logdir: Path, quick: bool) -> Result:
         finally:
             load.stop()
         r.memory = {"before": mem0, "after": st.memory()}
+        r.figures["retries_total"] = st.retries()
         r.load = summarize(load.records)
         r.figures["pick_ok_while_one_down"] = ok_d
         _failures(r, load.records, "zero failed requests but follow-ups on stored responses while picks failed open")
@@ -210,6 +211,7 @@ def stalled_and_slowed(logdir: Path, quick: bool) -> Result:
             px.set(FORWARD)
             load.stop()
         r.memory = {"before": mem0, "after": st.memory()}
+        r.figures["retries_total"] = st.retries()
         r.load = summarize(load.records)
         _failures(r, load.records, "zero failed requests but follow-ups on stored responses while picks failed open")
         base = _ttfb(load.records, *marks["baseline"][:2])
@@ -271,6 +273,7 @@ def network_cut(logdir: Path, quick: bool) -> Result:
             px.set(FORWARD)
             load.stop()
         r.memory = {"before": mem0, "after": st.memory()}
+        r.figures["retries_total"] = st.retries()
         r.load = summarize(load.records)
         r.figures.update({"cut_s": cut, "picks_ok_during_cut": ok1 - ok0, "failopen_during_cut": fo1 - fo0,
                           "session_stalled_during_cut": stalled1 - stalled0})

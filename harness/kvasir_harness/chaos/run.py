@@ -127,7 +127,9 @@ def markdown(doc: dict[str, Any]) -> str:
         l = s["load"]
         c = s.get("conditions") or doc["conditions"]
         why = ", ".join(f"{k} {v}" for k, v in (l.get("failed_by_reason") or {}).items())
-        lines.append(f"| {s['name']} | {'yes' if s['ok'] else 'NO'} | {l.get('sent', 0)} | {l.get('succeeded', 0)} | "
+        known = sum(1 for ch in s["checks"] if ch.get("known_bug") and not ch["held"])
+        held = ("yes" if s["ok"] else "NO") + (f", {known} known bug" if known else "")
+        lines.append(f"| {s['name']} | {held} | {l.get('sent', 0)} | {l.get('succeeded', 0)} | "
                      f"{l.get('failed', 0)}{f' ({why})' if why else ''} | {s['figures'].get('retries_total', '-')} | "
                      f"{s['wall_s']} | {c['started_utc']}, {'quick' if c['quick'] else 'full'}, "
                      f"{c['loadavg_at_start'][0]} / {c.get('loadavg_at_end', ['?'])[0]} |")

@@ -159,6 +159,7 @@ def redis_faults(logdir: Path, quick: bool) -> Result:
             acme.stop()
             beta.stop()
         r.memory = {"before": mem0, "after": st.memory()}
+        r.figures["retries_total"] = st.retries()
         # The load is the unbudgeted tenant's mix; the budgeted tenant's
         # requests (refused 429 by design beyond its budget) apart.
         r.load = summarize(acme.records)

@@ -87,6 +87,10 @@ class ChaosStack:
             out["redis"] = rss_mib(self.redis.proc.p.pid if self.redis.proc.alive() else None)
         return out
 
+    def retries(self) -> int:
+        """Requests Envoy retried on another engine (every Envoy of the stack)."""
+        return sum(e.stat("cluster.kvasir_pool.upstream_rq_retry") for e in (self.envoys or [self.envoy]))
+
     def sim_fault(self, sim: Sim, **faults: Any) -> dict[str, Any]:
         status, _, b = request("POST", sim.port, "/sim/faults", json.dumps(faults),
                                {"content-type": "application/json"}, timeout=5)
