@@ -198,8 +198,9 @@ class Load:
 
     def _worker(self, w: int) -> None:
         kinds = self.cfg.kinds
-        # The last stored response of this worker, and whose it is.
-        last_response: tuple[str, str] | None = None
+        # The last stored response of this worker, whose it is, and the
+        # listener it was made through.
+        last_response: tuple[str, str, int] | None = None
         for n in range(self.cfg.max_requests_per_worker):
             if self._stop.is_set():
                 return
@@ -210,9 +211,14 @@ class Load:
                 if last_response is None:
                     api = "responses"
                 else:
-                    previous, tenant = last_response
+                    previous, tenant, made_at = last_response
             ports = self.cfg.port if isinstance(self.cfg.port, list) else [self.cfg.port]
-            rec = Record(api, stream, tenant, time.monotonic(), ports[(w + n) % len(ports)], previous=previous)
+            port = ports[(w + n) % len(ports)]
+            if previous is not None and len(ports) > 1:
+                # A follow-up through another listener than its response:
+                # with one Envoy per indexer replica, another replica.
+                port = ports[(ports.index(made_at) + 1) % len(ports)]
+            rec = Record(api, stream, tenant, time.monotonic(), port, previous=previous)
             with self._lock:
                 self._inflight[id(rec)] = rec
             self._one(rec, body_for(api, stream, w, n, self.cfg.max_tokens, previous))
@@ -220,7 +226,7 @@ class Load:
                 self._inflight.pop(id(rec), None)
                 self.records.append(rec)
             if rec.response_id:
-                last_response = (rec.response_id, rec.tenant)
+                last_response = (rec.response_id, rec.tenant, rec.port)
             if self.cfg.think_s:
                 time.sleep(self.cfg.think_s)
 

@@ -194,7 +194,11 @@ def redis_faults(logdir: Path, quick: bool) -> Result:
             r.figures[name] = {"acme_p99_s": r3(p99), "acme_max_s": r3(max(lat) if lat else None),
                                "beta_served": len(served),
                                "beta_refused_429": sum(1 for x in beta.records if not x.ok and t0 <= x.start < t1),
-                               "beta_max_in_flight": conc}
+                               "beta_max_in_flight": conc,
+                               "followups": sum(1 for x in acme.records
+                                                if x.api == "responses_followup" and t0 <= x.start < t1),
+                               "followups_404": sum(1 for x in acme.records if x.api == "responses_followup"
+                                                    and (x.reason or "").startswith("status_404") and t0 <= x.start < t1)}
             r.check(f"{name}: no hang (p99 within the baseline's + 1 s)", p99 is not None and p99 <= base_p99 + 1.0,
                     r3(p99), r3(base_p99 + 1.0))
             bound = LIMIT if name in ("baseline", "resumed") else 2 * LIMIT
