@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::DynamicObject;
 use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::utils::Backoff;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use kvasir_api::eep::{FIELD_MANAGER, MANAGED_BY_LABEL};
@@ -187,7 +188,7 @@ where
     let (reader, writer) = reflector::store();
     let streams = apis::<K>(client, namespaces).into_iter().map(|api| {
         watcher(api, watcher::Config::default())
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .boxed()
     });
     let merged = futures::stream::select_all(streams);
@@ -222,7 +223,7 @@ where
         .into_iter()
         .map(|api| {
             watcher(api, watcher::Config::default())
-                .default_backoff()
+                .backoff(WatchBackoff::default())
                 .boxed()
         });
     let merged = futures::stream::select_all(streams);
@@ -256,9 +257,11 @@ fn policy_touches(client: &Client, namespaces: &[String]) -> Touches {
             .collect()
     };
     let cfg = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"));
-    let streams = apis
-        .into_iter()
-        .map(|api| watcher(api, cfg.clone()).default_backoff().boxed());
+    let streams = apis.into_iter().map(|api| {
+        watcher(api, cfg.clone())
+            .backoff(WatchBackoff::default())
+            .boxed()
+    });
     futures::stream::select_all(streams)
         .touched_objects()
         .filter_map(|r| async move {
@@ -280,7 +283,7 @@ fn secret_touches(client: &Client, namespaces: &[String], stores: Stores) -> Tou
         .into_iter()
         .map(|api| {
             watcher(api, watcher::Config::default())
-                .default_backoff()
+                .backoff(WatchBackoff::default())
                 .boxed()
         });
     futures::stream::select_all(streams)
@@ -412,6 +415,47 @@ pub async fn run(
     }
 }
 
+/// The watches' backoff after an error: 500 ms, doubling, at most 5 s;
+/// back to 500 ms at the first event that arrives (kube's stream resets it
+/// on any success). kube's default grows to 30 s and is not reset by the
+/// errors that follow an outage, so after a minute without the API server
+/// the watches came back in two of its longest steps (the reconnect, then
+/// the relist its expired resource version forces): an edit made just
+/// after the server returned waited about 35 s. A handful of namespaced
+/// watches relisting every 5 s at worst is little load on a server that
+/// is back.
+#[derive(Debug, Clone)]
+pub struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const MIN: Duration = Duration::from_millis(500);
+    const MAX: Duration = Duration::from_secs(5);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self { next: Self::MIN }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let d = self.next;
+        self.next = (d * 2).min(Self::MAX);
+        Some(d)
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::MIN;
+    }
+}
+
 /// `retry_min * 2^(n-1)`, at most `retry_max`.
 pub fn backoff(t: &Timing, failures: u32) -> Duration {
     let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(16));
@@ -421,6 +465,15 @@ pub fn backoff(t: &Timing, failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watch_backoff_caps_at_5_s_and_resets() {
+        let mut b = WatchBackoff::default();
+        let steps: Vec<u64> = b.by_ref().take(6).map(|d| d.as_millis() as u64).collect();
+        assert_eq!(steps, [500, 1000, 2000, 4000, 5000, 5000]);
+        b.reset();
+        assert_eq!(b.next(), Some(Duration::from_millis(500)));
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {
