@@ -19,6 +19,7 @@ Modules:
     prometheus a real Prometheus server scraping the stack, queried over its HTTP API
     secret_scan  the end-of-run scan of every process log for the secrets the tests used
     bench      the benchmarks' drivers (bench/*.py are their command lines)
+    chaos      the fault suite: faults injected under load (bench/chaos.py, make chaos)
 
 The common names are re-exported here (`import kvasir_harness as h`). The
 package needs only the standard library, so envoy/render.py (which wraps
