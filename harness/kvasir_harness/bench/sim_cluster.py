@@ -208,10 +208,11 @@ class Cluster:
         if not flow:
             return POLICY
         pol = copy.deepcopy(POLICY)
-        # enginePriority(By) is the indexer's pools file's alone (the filter
-        # writes whatever priority the pick answers).
-        pol["pools"][0]["flowControl"] = {k: v for k, v in flow.items()
-                                          if k not in ("enginePriority", "enginePriorityBy")}
+        # enginePriority(By) and the release order are the indexer's pools
+        # file's alone (the filter writes whatever priority the pick answers,
+        # and waits the same whichever pick the queue releases first).
+        indexer_only = ("enginePriority", "enginePriorityBy", "releaseOrder", "maxQuickestSkipMs")
+        pol["pools"][0]["flowControl"] = {k: v for k, v in flow.items() if k not in indexer_only}
         return pol
 
     def indexer_config(self, i: int, redis: h.Redis | None, overrides: dict | None) -> dict:
