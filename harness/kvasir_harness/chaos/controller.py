@@ -151,6 +151,7 @@ def controller_faults(logdir: Path, quick: bool) -> Result:
                 (_condition(api, POLICY, "Programmed") or {}).get("status") == "True"
                 and (_condition(api, POLICY, "Accepted") or {}).get("status") == "True"), timeout=60, interval=0.2)
             r.figures["valid_edit_programmed_after_outage_s"] = None if fixed is None else r3(time.monotonic() - t_fix)
+            r.figures["time_to_recover_s"] = r.figures["valid_edit_programmed_after_outage_s"]
             r.check("a valid edit after the outage is programmed within 60 s", fixed is not None,
                     r.figures["valid_edit_programmed_after_outage_s"], 60)
             time.sleep(0.5)

@@ -115,6 +115,7 @@ def engine_killed(logdir: Path, quick: bool) -> Result:
         nonstream = [x for x in inflight if not x.stream and x.api != "count_tokens"]
         r.check("in-flight non-streamed requests all succeed (retried on another engine)",
                 all(x.ok for x in nonstream), sum(not x.ok for x in nonstream), 0)
+        r.figures["time_to_recover_s"] = r.figures["back_in_service_s"]
         r.check("the indexer detects the dead engine within 5 s", d_ix is not None and d_ix <= 5, r3(d_ix), 5)
         r.check("its blocks leave the index within 5 s", gone is not None and t_detected - t_kill <= 5,
                 r.figures["blocks_left_index_s"], 5)
@@ -212,6 +213,9 @@ def kv_events(logdir: Path, quick: bool) -> Result:
         r.memory = {"before": mem0, "after": st.memory()}
         r.figures["retries_total"] = st.retries()
         r.load = summarize(records)
+        conv = [f["converged_after_load_stop_s"] for f in r.figures.values()
+                if isinstance(f, dict) and "converged_after_load_stop_s" in f]
+        r.figures["time_to_recover_s"] = None if None in conv else max(conv)
         r.check("zero failed requests", r.load["failed"] == 0, r.load["failed"], 0)
         for name, counter in (("loss", "event_gaps_total"), ("duplicate", "event_duplicates_total"),
                               ("reorder", "event_gaps_total"), ("publisher_restart", "engine_restarts_total")):

@@ -152,6 +152,7 @@ def replica_killed(logdir: Path, quick: bool) -> Result:
                      and t_kill - 1.0 <= ended.get(x.previous, 0.0) <= t_kill + 0.5)
         _failures(r, load.records, "zero failed requests but follow-ups refused while picks failed open, or on "
                   "responses recorded by the killed replica in its last second", [died_with])
+        r.figures["time_to_recover_s"] = r.figures["restarted_correct_pick_s"]
         lost = sum(r.figures["failed_named"].values())
         # Whether the responses those 404s followed are in Redis now (the
         # killed replica never wrote them through, or it did and the
@@ -251,6 +252,8 @@ def stalled_and_slowed(logdir: Path, quick: bool) -> Result:
         r.check("sigstop: picks failed open", marks["sigstop"][3] > 0, marks["sigstop"][3], "> 0")
         r.check("slow_500ms: picks failed open at their deadline", marks["slow_500ms"][3] > 0, marks["slow_500ms"][3], "> 0")
         r.check("slow_50ms: picks still answered (below the timeout)", marks["slow_50ms"][2] > 0, marks["slow_50ms"][2], "> 0")
+        resumes = [r.figures["picks_resume_after_sigcont_s"], r.figures["picks_resume_after_delay_s"]]
+        r.figures["time_to_recover_s"] = None if None in resumes else max(resumes)
         r.check("picks resume after the stall and after the delay",
                 back is not None and back2 is not None, [r.figures["picks_resume_after_sigcont_s"],
                                                          r.figures["picks_resume_after_delay_s"]], 20)
@@ -306,5 +309,6 @@ def network_cut(logdir: Path, quick: bool) -> Result:
                 added is not None and added <= bound, r3(added), r3(bound))
         r.check("the filter gave the silent stream up (session.stalled)", stalled1 - stalled0 >= 1,
                 stalled1 - stalled0, ">= 1")
+        r.figures["time_to_recover_s"] = r.figures["picks_resume_after_restore_s"]
         r.check("picks resume after the link returns", back is not None, r.figures["picks_resume_after_restore_s"], 30)
     return r

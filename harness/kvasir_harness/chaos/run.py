@@ -92,7 +92,9 @@ def run(names: list[str], quick: bool, out: Path | None = OUT, keep_logs: bool =
 def one_line(r: Result) -> str:
     l = r.load
     return (f"chaos: {r.name}: {'ok' if r.ok else 'FAILED'} in {r.wall_s:.0f} s; requests sent {l.get('sent', 0)}, "
-            f"succeeded {l.get('succeeded', 0)}, failed {l.get('failed', 0)} {l.get('failed_by_reason', {}) or ''}")
+            f"succeeded {l.get('succeeded', 0)}, failed {l.get('failed', 0)} {l.get('failed_by_reason', {}) or ''}, "
+            f"retried by Envoy {r.figures.get('retries_total', '-')}, time to recover "
+            f"{r.figures.get('time_to_recover_s', '-')} s")
 
 
 def write(out: Path, results: list[Result], cond: dict[str, Any]) -> None:
@@ -121,8 +123,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = ["# Fault suite results", "",
              "Written by `make chaos` (bench/chaos.py); each scenario's run, its durations (quick or full) and "
              "the machine's load average (other builds shared its 2 cores) are in its row.", "",
-             "| scenario | held | sent | succeeded | failed (why) | retried by Envoy | wall s | run (UTC), durations, load average start / end |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| scenario | held | sent | succeeded | failed (why) | retried by Envoy | time to recover s | wall s | run (UTC), durations, load average start / end |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for s in doc["scenarios"]:
         l = s["load"]
         c = s.get("conditions") or doc["conditions"]
@@ -131,7 +133,7 @@ def markdown(doc: dict[str, Any]) -> str:
         held = ("yes" if s["ok"] else "NO") + (f", {known} known bug" if known else "")
         lines.append(f"| {s['name']} | {held} | {l.get('sent', 0)} | {l.get('succeeded', 0)} | "
                      f"{l.get('failed', 0)}{f' ({why})' if why else ''} | {s['figures'].get('retries_total', '-')} | "
-                     f"{s['wall_s']} | {c['started_utc']}, {'quick' if c['quick'] else 'full'}, "
+                     f"{s['figures'].get('time_to_recover_s', '-')} | {s['wall_s']} | {c['started_utc']}, {'quick' if c['quick'] else 'full'}, "
                      f"{c['loadavg_at_start'][0]} / {c.get('loadavg_at_end', ['?'])[0]} |")
     for s in doc["scenarios"]:
         lines += ["", f"## {s['name']}: {s['fault']}", "", f"`{s['command']}`", ""]

@@ -167,6 +167,7 @@ def redis_faults(logdir: Path, quick: bool) -> Result:
         r.figures["budgeted_tenant"] = {"sent": b["sent"], "served": b["succeeded"],
                                         "refused": b["failed_by_reason"]}
         r.figures["recovery_s"] = {k: r3(v) for k, v in recovery.items()}
+        r.figures["time_to_recover_s"] = None if None in recovery.values() else r3(max(recovery.values()))
         r.figures["store_down_picks"] = sum(ix.metric("kvasir_indexer_budget_store_down_picks_total")
                                             for ix in st.indexers)
         r.figures["responses_store_fallbacks"] = sum(ix.metric("kvasir_indexer_responses_store_fallbacks_total")
