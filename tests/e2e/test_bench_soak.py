@@ -55,6 +55,9 @@ def test_held_streams_through_envoy_are_all_answered(summary):
         assert RSS_FIELDS <= set(s["rss"][proc]), proc
         assert s["rss"][proc]["samples"] >= SECONDS // 2, proc
     assert s["rss_series"]["envoy"]
+    # Envoy's heap beside its RSS, and what Redis holds, key by key.
+    assert s["envoy_heap"]["allocated"]["samples"] >= SECONDS // 2
+    assert s["redis"]["by_key"]["kvasir:budget:acme"]["type"] == "hash"
 
 
 def test_indexer_takes_the_events_and_picks_it_is_sent(summary):

@@ -83,6 +83,12 @@ def envoy_stat_sum(e, pattern: str, suffix: str) -> float:
     return float(sum(s.get("value", 0) for s in json.loads(b)["stats"] if s["name"].endswith(suffix)))
 
 
+def envoy_memory(e, field: str) -> float:
+    """A field of Envoy's admin /memory, in MiB."""
+    _, _, b = request("GET", e.admin, "/memory", timeout=5)
+    return round(int(json.loads(b)[field]) / 2**20, 2)
+
+
 def filter_counters(e) -> dict[str, int]:
     """The filter's pool counters (picks answered, failed open and why)."""
     out = {}
@@ -178,6 +184,11 @@ def run_streams(a, logdir: Path) -> dict:
         probes = {
             "envoy_active_requests": lambda: envoy_stat_sum(e, r"^http\..*downstream_rq_active$", "downstream_rq_active"),
             "redis_used_memory_mib": lambda: round(int(redis_info(redis.port)["used_memory"]) / 2**20, 2),
+            # Envoy's own heap (tcmalloc): live bytes and the heap's size. Its
+            # RSS is these plus the filter's Wasm VMs' linear memory and the
+            # binary, so a heap that stays flat while RSS grows points there.
+            "envoy_heap_allocated_mib": lambda: envoy_memory(e, "allocated"),
+            "envoy_heap_size_mib": lambda: envoy_memory(e, "heap_size"),
         }
         log(f"streams: {a.streams} held for {a.seconds:.0f} s, samples every {a.sample_s} s (logs: {logdir})")
         with S.Sampler(pids, a.sample_s, probes) as sampler:
@@ -202,7 +213,10 @@ def run_streams(a, logdir: Path) -> dict:
     errors = streams["sent"] - ok
     procs = list(pids)
     rss = {p: S.steadiness(sampler.series(p), a.seconds, streams["sent"]) for p in procs}
-    active = [v for t, v in sampler.series("envoy_active_requests") if t >= S.WARMUP_SHARE * a.seconds]
+    # Between the warm-up and the end of sending (after it the clients only
+    # finish what they hold, and the count falls to 0).
+    active = sorted(v for t, v in sampler.series("envoy_active_requests")
+                    if S.WARMUP_SHARE * a.seconds <= t <= a.seconds)
     return {
         "what": f"{a.streams} concurrent streamed chat requests (closed loop) through one Envoy with the filter, "
                 f"{a.seconds:.0f} s",
@@ -221,6 +235,7 @@ def run_streams(a, logdir: Path) -> dict:
         "p99_ok_s": round(streams["p99_ok_s"], 2),
         "peak_open": streams["peak_open"],
         "envoy_active_requests_after_warmup": {"min": min(active, default=0), "max": max(active, default=0),
+                                              "p05": active[len(active) // 20] if active else 0,
                                               "median": S.statistics.median(active) if active else 0},
         "filter": counters,
         "failopen": counters.get("failopen", 0),
@@ -231,6 +246,7 @@ def run_streams(a, logdir: Path) -> dict:
         "machine_busy_share": round((busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9), 3),
         "rss": rss,
         "redis_used_memory": S.steadiness(sampler.series("redis_used_memory_mib"), a.seconds),
+        "envoy_heap": {k: S.steadiness(sampler.series(f"envoy_heap_{k}_mib"), a.seconds) for k in ("allocated", "size")},
         "rss_series": {p: S.thin(sampler.series(p)) for p in ("envoy", "indexer", "redis")},
         # A pick failed open still serves its request (routed without the
         # indexer's choice): counted, reported, not an error.

@@ -21,11 +21,14 @@ def _streams(r: dict) -> list[str]:
         f"- **{'PASS' if r['pass'] else 'FAIL'}**: {r['requests']} requests, {r['ok']} answered 200 and read to "
         f"their end, **{r['errors']} errors** ({r['failed']} without an answer: {r['failures'] or 'none'}; "
         f"by status {r['by_status']}), {r['failopen']} picks failed open.",
-        f"- Streams held: Envoy's active requests after the warm-up min {act['min']:.0f} / median "
+        f"- Streams held: Envoy's active requests after the warm-up min {act['min']:.0f} / "
+        + (f"5th percentile {act['p05']:.0f} / " if "p05" in act else "") + "median "
         f"{act['median']:.0f} / max {act['max']:.0f} (the load generator's peak: {r['peak_open']}); "
         f"{r['requests_per_s']} requests/s, mean {r['mean_ok_s']} s, p99 {r['p99_ok_s']} s each.",
         f"- Budgeted picks through Redis: {r['budget_picks']}; Redis at the end: {r['redis']['used_memory_mib']} MiB "
-        f"used, keys `{r['redis']['keys']}`.",
+        f"used, keys `{r['redis']['keys']}`"
+        + (": " + ", ".join(f"`{k}` ({v['type']}, {v['entries']} entries, {v['bytes']} B)"
+                            for k, v in r["redis"]["by_key"].items()) if r["redis"].get("by_key") else "") + ".",
         f"- Machine busy {r['machine_busy_share']:.0%} of its {r['machine']['cpus']} cores over the run "
         f"(load average at start {r['machine']['loadavg_at_start']}).",
         "",
@@ -36,6 +39,11 @@ def _streams(r: dict) -> list[str]:
     if rm.get("samples"):
         lines += [f"Redis's own `used_memory`: {rm['start_mib']} → {rm['end_mib']} MiB, slope "
                   f"{rm['slope_mib_per_10min']:+} MiB/10 min, {'steady' if rm['steady'] else 'NOT steady'}.", ""]
+    for k, h in r.get("envoy_heap", {}).items():
+        if h.get("samples"):
+            lines += [f"Envoy's heap (admin `/memory`, `{'heap_size' if k == 'size' else k}`): {h['start_mib']} → "
+                      f"{h['end_mib']} MiB, slope {h['slope_mib_per_10min']:+} MiB/10 min, "
+                      f"{'steady' if h['steady'] else 'NOT steady'}.", ""]
     leak = {k: v.get("leak_bound_bytes_per_request") for k, v in r["rss"].items() if k in ("envoy", "indexer", "redis")}
     lines += [f"At this run's request count the slope limit lets through at most {leak} bytes per request.", ""]
     return lines
