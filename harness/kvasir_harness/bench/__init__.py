@@ -16,6 +16,7 @@ Modules:
     governance        budgets and flow control under load
     filter_overhead   the latency the filter adds
     failopen          picks under held streams: fail-open counts and pick cost
+    soak              long runs judged on errors and steady memory (soak_stats: the rule; soak_report)
 
 The trace, the `kvasir-bench` binary and the results folder are
 `kvasir_harness.paths.TRACE`, `BENCH_BIN` and `RESULTS`.
