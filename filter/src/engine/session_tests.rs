@@ -5,6 +5,7 @@
 use kvasir_proto::v1::{session_request, session_response, SessionRequest, SessionResponse};
 
 use super::*;
+use crate::pick::NoPick;
 use crate::session::{Answer, Delivery, TOKEN_BIT};
 
 const ENDPOINT: &str = "x-gateway-destination-endpoint";
