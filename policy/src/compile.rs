@@ -10,10 +10,11 @@
 use std::collections::BTreeSet;
 
 use crate::config::*;
+use crate::diagnostic::{Severity, ValidationError};
 use crate::glob::is_glob;
 use crate::scope::tenant_scope;
 use crate::types::*;
-use crate::validate::{validate, Severity, ValidationError, DEFAULT_TENANT_HEADER};
+use crate::validate::{validate, DEFAULT_TENANT_HEADER};
 
 /// Default `Pick` timeout (ms): short, because a slow pick must not cost
 /// more than the cache hit it could win; the filter fails open after it.

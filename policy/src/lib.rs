@@ -178,6 +178,7 @@ pub use config::{
     ActionConfig, BudgetConfig, ConfigError, FilterConfig, PoolConfig, ProviderConfig,
     TenantConfig, TenantSourceConfig, TenantSourceKind, FILTER_CONFIG_VERSION,
 };
+pub use diagnostic::{Severity, ValidationError};
 pub use glob::{Glob, GlobError};
 pub use matcher::{
     estimate_tokens, Decision, Headers, Matched, NoHeaders, NoText, Outcome, PoolSample,
@@ -187,4 +188,4 @@ pub use parse::{deserialize_with_path, parse_json, parse_json_slice, ParseError,
 pub use pii::PiiKinds;
 pub use tenant::{hash_api_key, resolve_tenant, TenantError, TenantInput, TenantMatch, TenantVia};
 pub use types::*;
-pub use validate::{check, validate, Severity, ValidationError};
+pub use validate::{check, validate};
