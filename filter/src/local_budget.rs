@@ -15,10 +15,11 @@
 //! here is also reported to the indexer (`ADMISSION_LOCAL`), which charges
 //! it to the shared budget when it hears of it.
 
-use kvasir_budget::{CachedWeight, Limits, Refusal, Request, TenantBudget, Usage};
+use kvasir_budget::{Limits, Refusal, Request, TenantBudget, Usage};
 use kvasir_policy::BudgetConfig;
 
 use crate::host::SharedData;
+use crate::pick::budget_message;
 
 /// Shared-data key of a tenant's local budget (then the tenant's name).
 pub const KEY_PREFIX: &str = "kvasir.local_budget.";
@@ -52,17 +53,12 @@ pub enum LocalVerdict {
     Unavailable,
 }
 
-/// The limits of a compiled budget, divided into this Envoy's share.
+/// The limits of a compiled budget, divided into this Envoy's share. They
+/// are read from the budget a pick sends ([`budget_message`]) as the indexer
+/// reads them, so a request admitted here is held to the limits the indexer
+/// would hold it to.
 pub fn share_of(b: &BudgetConfig, gateway_replicas: u32) -> Limits {
-    Limits {
-        requests_per_minute: b.requests_per_minute,
-        prompt_tokens_per_minute: b.prompt_tokens_per_minute,
-        completion_tokens_per_minute: b.completion_tokens_per_minute,
-        total_tokens_per_minute: b.tokens_per_minute,
-        max_concurrent: b.max_concurrent,
-        cached_token_weight: CachedWeight::from_permille(b.cached_token_weight_permille),
-    }
-    .divided(gateway_replicas)
+    Limits::from(&budget_message("", b, 0)).divided(gateway_replicas)
 }
 
 /// What a request asks of its budget: its prompt's estimate, nothing

@@ -1,11 +1,33 @@
-//! A budget's state as the wire carries it ([`v1::BudgetStatus`]), from
-//! `kvasir-budget`'s figures: one conversion for the indexer's answers and
-//! the filter's own refusals (a request it admits itself when it cannot
-//! ask the indexer).
+//! Budgets between the wire and the ledger, each way converted here once:
+//!
+//! * a pick's budget ([`v1::Budget`]) into the ledger's [`Limits`]: what the
+//!   indexer reserves against, and what the filter holds a request it admits
+//!   itself to (its share of the same limits), so both sides read the limits
+//!   the same way;
+//! * a budget's state ([`v1::BudgetStatus`]) from the ledger's figures: the
+//!   indexer's answers and the filter's own refusals.
 
-use kvasir_budget::{RateLimitHeaders, Refusal};
+use kvasir_budget::{CachedWeight, Limits, RateLimitHeaders, Refusal};
 
 use crate::v1;
+
+/// The ledger's limits of a pick's budget: a limit of 0 is not limited; a
+/// cached-token weight past 1000 thousandths counts as 1000.
+impl From<&v1::Budget> for Limits {
+    fn from(b: &v1::Budget) -> Limits {
+        let some = |v: u64| (v > 0).then_some(v);
+        Limits {
+            requests_per_minute: some(b.requests_per_minute),
+            prompt_tokens_per_minute: some(b.prompt_tokens_per_minute),
+            completion_tokens_per_minute: some(b.completion_tokens_per_minute),
+            total_tokens_per_minute: some(b.tokens_per_minute),
+            max_concurrent: (b.max_concurrent > 0).then_some(b.max_concurrent),
+            cached_token_weight: CachedWeight::from_permille(
+                u16::try_from(b.cached_token_weight_permille).unwrap_or(u16::MAX),
+            ),
+        }
+    }
+}
 
 /// The status of a budget's headers and, when refused, why.
 pub fn budget_status(h: &RateLimitHeaders, refusal: Option<&Refusal>) -> v1::BudgetStatus {
@@ -37,6 +59,22 @@ mod tests {
     use kvasir_budget::{Dimension, LimitState};
 
     use super::*;
+
+    #[test]
+    fn limits_of_a_wire_budget() {
+        let l = Limits::from(&v1::Budget {
+            key: "a".into(),
+            tokens_per_minute: 10,
+            requests_per_minute: 0,
+            max_concurrent: 3,
+            cached_token_weight_permille: 250,
+            ..Default::default()
+        });
+        assert_eq!(l.total_tokens_per_minute, Some(10));
+        assert_eq!(l.requests_per_minute, None);
+        assert_eq!(l.max_concurrent, Some(3));
+        assert_eq!(l.cached_token_weight.permille(), 250);
+    }
 
     #[test]
     fn status_of_a_refusal() {

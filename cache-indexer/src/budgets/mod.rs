@@ -26,8 +26,7 @@ use std::future::Future;
 use std::time::Instant;
 
 use futures::FutureExt;
-use kvasir_budget::{CachedWeight, Cost, Limits, RateLimitHeaders, Refusal, Usage};
-use kvasir_proto::v1 as pb;
+use kvasir_budget::{Cost, Limits, RateLimitHeaders, Refusal, Usage};
 
 pub use metrics::{
     limited_by, BudgetMetrics, TenantCounts, MAX_TENANT_LABELS, OTHER_TENANT, REPORT_OPS,
@@ -69,21 +68,6 @@ pub struct Ask {
     /// After this long without its end reported, the reservation expires
     /// (the pool's in-flight timeout).
     pub max_age_ms: u64,
-}
-
-/// The limits of a proto budget (0: not limited).
-pub fn limits_of(b: &pb::Budget) -> Limits {
-    let some = |v: u64| (v > 0).then_some(v);
-    Limits {
-        requests_per_minute: some(b.requests_per_minute),
-        prompt_tokens_per_minute: some(b.prompt_tokens_per_minute),
-        completion_tokens_per_minute: some(b.completion_tokens_per_minute),
-        total_tokens_per_minute: some(b.tokens_per_minute),
-        max_concurrent: (b.max_concurrent > 0).then_some(b.max_concurrent),
-        cached_token_weight: CachedWeight::from_permille(
-            u16::try_from(b.cached_token_weight_permille).unwrap_or(u16::MAX),
-        ),
-    }
 }
 
 /// What the store answered a reservation.

@@ -250,22 +250,6 @@ fn bounds_evict_the_oldest_and_leave_new_keys_untracked() {
 }
 
 #[test]
-fn limits_of_a_proto_budget() {
-    let l = limits_of(&pb::Budget {
-        key: "a".into(),
-        tokens_per_minute: 10,
-        requests_per_minute: 0,
-        max_concurrent: 3,
-        cached_token_weight_permille: 250,
-        ..Default::default()
-    });
-    assert_eq!(l.total_tokens_per_minute, Some(10));
-    assert_eq!(l.requests_per_minute, None);
-    assert_eq!(l.max_concurrent, Some(3));
-    assert_eq!(l.cached_token_weight.permille(), 250);
-}
-
-#[test]
 fn limited_by_words() {
     assert_eq!(limited_by(&Refusal::Concurrency { limit: 1 }), "concurrent");
     let r = Refusal::Limited {

@@ -126,7 +126,7 @@ impl Pool {
         let ask = Ask {
             key: b.key.clone(),
             request_id: call.request_id.clone(),
-            limits: budgets::limits_of(b),
+            limits: kvasir_budget::Limits::from(b),
             default_output_tokens: u64::from(b.default_output_tokens),
             max_tokens: (b.max_tokens > 0).then_some(u64::from(b.max_tokens)),
             prompt_tokens: u64::from(prompt_tokens),
