@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flow_support::flow_pool;
-use kvasir_cache_indexer::config::ResponsesConfig;
 use kvasir_cache_indexer::load::EngineLoad;
+use kvasir_cache_indexer::responses::config::ResponsesConfig;
 use kvasir_cache_indexer::Pool;
 use kvasir_flowcontrol::FlowControlConfig;
 use kvasir_proto::v1 as pb;

@@ -16,9 +16,9 @@ mod service_support;
 
 use std::time::{Duration, Instant};
 
+use kvasir_cache_indexer::budgets::config::{BudgetStoreKind, BudgetsConfig};
 use kvasir_cache_indexer::budgets::redis::OnStoreDown;
-use kvasir_cache_indexer::config::budgets::{BudgetStoreKind, BudgetsConfig};
-use kvasir_cache_indexer::config::ResponsesConfig;
+use kvasir_cache_indexer::responses::config::ResponsesConfig;
 use kvasir_proto::v1 as pb;
 use responses_support::{config, Redis};
 use service_support::{ids_pick, metric_value, start_indexer, Running, POOL};

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flow_support::{done, flow_pool};
-use kvasir_cache_indexer::config::SharedLoadConfig;
 use kvasir_cache_indexer::load::EngineLoad;
+use kvasir_cache_indexer::shared_load::config::SharedLoadConfig;
 use kvasir_cache_indexer::{shared_load, Pool, Pools};
 use kvasir_flowcontrol::FlowControlConfig;
 use kvasir_proto::v1 as pb;

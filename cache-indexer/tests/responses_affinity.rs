@@ -10,7 +10,7 @@ mod service_support;
 
 use std::time::{Duration, Instant};
 
-use kvasir_cache_indexer::config::ResponsesConfig;
+use kvasir_cache_indexer::responses::config::ResponsesConfig;
 use kvasir_cache_indexer::types::EndpointSpec;
 use kvasir_proto::v1 as pb;
 use responses_support::*;

@@ -19,7 +19,8 @@ mod service_support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use kvasir_cache_indexer::config::{self, Config, SharedLoadConfig};
+use kvasir_cache_indexer::config::{self, Config};
+use kvasir_cache_indexer::shared_load::config::SharedLoadConfig;
 use kvasir_proto::v1 as pb;
 use responses_support::{metric, Redis};
 use service_support::{ids_pick, start_indexer, wait_for, Running, POOL};

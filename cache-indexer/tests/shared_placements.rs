@@ -20,7 +20,8 @@ mod service_support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kvasir_cache_indexer::config::{Config, SharedLoadConfig};
+use kvasir_cache_indexer::config::Config;
+use kvasir_cache_indexer::shared_load::config::SharedLoadConfig;
 use kvasir_proto::v1 as pb;
 use responses_support::{metric, Redis};
 use service_support::*;

@@ -8,14 +8,16 @@
 //! Expiry runs lazily, at most once a second, on the next reservation or
 //! report.
 
+use std::any::Any;
 use std::collections::HashMap;
 
+use futures::future::{self, BoxFuture};
 use kvasir_budget::{
     Cost, OutputEstimate, RateLimitHeaders, Released, Request, TenantBudget, Usage, WINDOW_MS,
 };
 use parking_lot::Mutex;
 
-use super::{Ask, BudgetMetrics, Report, ReportOp, Reported, Reserved, IDLE_MS};
+use super::{Ask, BudgetMetrics, Report, ReportOp, Reported, Reserved, Store, IDLE_MS};
 
 /// How often the lazy sweep runs, at most.
 const SWEEP_EVERY_MS: u64 = 1_000;
@@ -236,6 +238,45 @@ impl MemoryStore {
 /// The end of a request the filter admitted itself, with no reservation
 /// open under its id: its usage is charged to its key, if the key is
 /// known here (its limits came with an earlier pick).
+/// Never awaits: each future is ready on its first poll.
+impl Store for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        now_ms: u64,
+        ask: &'a Ask,
+        metrics: &'a BudgetMetrics,
+    ) -> BoxFuture<'a, Reserved> {
+        Box::pin(future::ready(MemoryStore::reserve(
+            self, now_ms, ask, metrics,
+        )))
+    }
+
+    fn report<'a>(
+        &'a self,
+        now_ms: u64,
+        rep: &'a Report,
+        metrics: &'a BudgetMetrics,
+    ) -> BoxFuture<'a, Reported> {
+        Box::pin(future::ready(self.report_swept(now_ms, rep, metrics)))
+    }
+
+    fn open_reservations(&self) -> usize {
+        self.open()
+    }
+
+    fn keys(&self) -> usize {
+        MemoryStore::keys(self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 fn charge_unreserved(keys: &mut HashMap<String, Key>, now: u64, rep: &Report) -> Reported {
     let (
         ReportOp::Release {

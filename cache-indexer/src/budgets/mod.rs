@@ -14,17 +14,27 @@
 //! * **redis**: shared by replicas through atomic scripts ([`redis`]),
 //!   with a local fallback while Redis is unreachable.
 //!
-//! Every operation is an `async fn` so that a store behind a network round
-//! trip fits; the memory store never awaits, so its futures are ready on
-//! their first poll and [`run_detached`] applies them at once.
+//! Both implement [`Store`]. Every operation returns a future so that a
+//! store behind a network round trip fits; the memory store never awaits,
+//! so its futures are ready on their first poll and [`run_detached`]
+//! applies them at once.
+//!
+//! Beside the state: the `budgets:` section of the config file
+//! ([`config`]), the counters ([`BudgetMetrics`]) and their `/metrics`
+//! families (`exposition`; the Redis store's own in `redis`).
 
+pub mod config;
+pub(crate) mod exposition;
 mod memory;
 mod metrics;
 pub mod redis;
 
+use std::any::Any;
+use std::fmt::Debug;
 use std::future::Future;
 use std::time::Instant;
 
+use futures::future::BoxFuture;
 use futures::FutureExt;
 use kvasir_budget::{Cost, Limits, RateLimitHeaders, Refusal, Usage};
 
@@ -164,17 +174,47 @@ pub struct Reported {
     pub unreserved: bool,
 }
 
-/// Where budget state lives.
-#[derive(Debug)]
-enum Store {
-    Memory(memory::MemoryStore),
-    Redis(Box<redis::RedisBudgets>),
+/// Where budget state lives: this process ([`memory`]) or Redis shared by
+/// the replicas ([`redis::RedisBudgets`]). `now_ms` is the clock of
+/// [`Budgets::now_ms`].
+pub trait Store: Send + Sync + Debug {
+    /// `memory` or `redis`, for stats.
+    fn kind(&self) -> &'static str;
+
+    /// Reserves a pick's cost against its key's budget, or says why not.
+    fn reserve<'a>(
+        &'a self,
+        now_ms: u64,
+        ask: &'a Ask,
+        metrics: &'a BudgetMetrics,
+    ) -> BoxFuture<'a, Reserved>;
+
+    /// Applies a report to the reservation of its request id.
+    fn report<'a>(
+        &'a self,
+        now_ms: u64,
+        rep: &'a Report,
+        metrics: &'a BudgetMetrics,
+    ) -> BoxFuture<'a, Reported>;
+
+    /// Open reservations tracked in this process.
+    fn open_reservations(&self) -> usize;
+
+    /// Budget keys tracked in this process.
+    fn keys(&self) -> usize;
+
+    /// Notes how many replicas `sharedLoad` sees; nothing by default.
+    fn note_peers(&self, _peers: &crate::load::PeerStats) {}
+
+    /// The store as [`Any`], for a caller that reads one implementation's
+    /// own figures ([`Budgets::shared`]).
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// Every budget this replica knows (or reaches through its store).
 #[derive(Debug)]
 pub struct Budgets {
-    store: Store,
+    store: Box<dyn Store>,
     metrics: BudgetMetrics,
     epoch: Instant,
 }
@@ -193,44 +233,37 @@ impl Budgets {
 
     /// Budgets kept in this process, with other bounds (tests).
     pub fn memory_bounded(max_keys: usize, max_open: usize) -> Self {
-        Budgets {
-            store: Store::Memory(memory::MemoryStore::new(max_keys, max_open)),
-            metrics: BudgetMetrics::default(),
-            epoch: Instant::now(),
-        }
+        Budgets::with_store(Box::new(memory::MemoryStore::new(max_keys, max_open)))
     }
 
     /// Budgets in Redis shared by replicas (connects on first use).
     pub fn redis(s: &redis::RedisSettings) -> Result<Self, redis::script::BudgetStoreError> {
-        Ok(Budgets {
-            store: Store::Redis(Box::new(redis::RedisBudgets::new(s)?)),
+        Ok(Budgets::with_store(Box::new(redis::RedisBudgets::new(s)?)))
+    }
+
+    /// Budgets kept in `store`.
+    pub fn with_store(store: Box<dyn Store>) -> Self {
+        Budgets {
+            store,
             metrics: BudgetMetrics::default(),
             epoch: Instant::now(),
-        })
+        }
     }
 
     /// Notes how many replicas `sharedLoad` sees (the Redis store's local
     /// fallback divides limits by it); nothing in memory.
     pub fn note_peers(&self, s: &crate::load::PeerStats) {
-        if let Store::Redis(r) = &self.store {
-            r.note_peers(s);
-        }
+        self.store.note_peers(s);
     }
 
     /// `memory` or `redis`, for stats.
     pub fn store_kind(&self) -> &'static str {
-        match self.store {
-            Store::Memory(_) => "memory",
-            Store::Redis(_) => "redis",
-        }
+        self.store.kind()
     }
 
     /// The shared store, with its counters (none in memory).
     pub fn shared(&self) -> Option<&redis::RedisBudgets> {
-        match &self.store {
-            Store::Memory(_) => None,
-            Store::Redis(r) => Some(r),
-        }
+        self.store.as_any().downcast_ref()
     }
 
     /// Milliseconds since these budgets were made: the clock of every
@@ -246,27 +279,18 @@ impl Budgets {
 
     /// Open reservations tracked here.
     pub fn open_reservations(&self) -> usize {
-        match &self.store {
-            Store::Memory(m) => m.open(),
-            Store::Redis(r) => r.local_open(),
-        }
+        self.store.open_reservations()
     }
 
     /// Budget keys tracked here.
     pub fn keys(&self) -> usize {
-        match &self.store {
-            Store::Memory(m) => m.keys(),
-            Store::Redis(r) => r.local_keys(),
-        }
+        self.store.keys()
     }
 
     /// Reserves a pick's cost against its key's budget, or says why not.
     pub async fn reserve(&self, ask: &Ask) -> Reserved {
         let now = self.now_ms();
-        let r = match &self.store {
-            Store::Memory(m) => m.reserve(now, ask, &self.metrics),
-            Store::Redis(r) => r.reserve(now, ask, &self.metrics).await,
-        };
+        let r = self.store.reserve(now, ask, &self.metrics).await;
         self.metrics.count_reserve(ask, &r);
         r
     }
@@ -274,10 +298,7 @@ impl Budgets {
     /// Applies a report to the reservation of its request id.
     pub async fn report(&self, rep: &Report) -> Reported {
         let now = self.now_ms();
-        let r = match &self.store {
-            Store::Memory(m) => m.report_swept(now, rep, &self.metrics),
-            Store::Redis(r) => r.report(now, rep).await,
-        };
+        let r = self.store.report(now, rep, &self.metrics).await;
         self.metrics.count_report(rep, &r);
         r
     }

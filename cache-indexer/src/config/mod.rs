@@ -27,34 +27,29 @@
 //!     discovery: { namespace: serving, inferencePool: llama }   # kvEventSources: true by default
 //!   - name: legacy
 //!     discovery: { namespace: serving, inferencePool: old, eventsPort: 5557, replayPort: 5558 }
-//! responses: { store: redis, redisUrl: "redis://redis:6379" }  # see [`responses`]
-//! sharedLoad: { redisUrl: "redis://redis:6379" }  # replicas see each other's picks, see [`shared_load`]
+//! responses: { store: redis, redisUrl: "redis://redis:6379" }  # see [`crate::responses::config`]
+//! sharedLoad: { redisUrl: "redis://redis:6379" }  # replicas see each other's picks, see [`crate::shared_load::config`]
 //! ```
 //!
 //! The parts: [`schema`] (the file's types and defaults), [`error`],
 //! [`file`] (reading a file, with its [`pools_file`]), [`flags`] (the
 //! command line on top of the file) and [`validate`].
 
-pub mod budgets;
 pub mod error;
 pub mod file;
 pub mod flags;
 pub mod pools_file;
-pub mod responses;
 pub mod schema;
-pub mod shared_load;
 pub mod validate;
 
 pub use error::ConfigError;
 pub use file::{load_file, parse};
 pub use flags::{parse_endpoint_flag, Args};
-pub use responses::{ResponsesConfig, StoreKind};
 pub use schema::{
     Config, DiscoveryConfig, EndpointConfig, InFlightConfig, PoolConfig, ScrapeConfig,
     TokenizerSource, DEFAULT_BLOCK_SIZE, DEFAULT_SCRAPE_INTERVAL_MS, DEFAULT_SHUTDOWN_GRACE_MS,
     MAX_SCRAPE_INTERVAL_MS, MIN_SCRAPE_INTERVAL_MS,
 };
-pub use shared_load::SharedLoadConfig;
 
 #[cfg(test)]
 #[path = "config_tests.rs"]

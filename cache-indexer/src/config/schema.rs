@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::budgets::BudgetsConfig;
-use super::responses::ResponsesConfig;
-use super::shared_load::SharedLoadConfig;
+use crate::budgets::config::BudgetsConfig;
 use crate::discovery::DiscoveryDefaults;
 use crate::health::FailureConfig;
 use crate::history::DEFAULT_PICK_HISTORY_BLOCKS;
 use crate::load::SaturationThresholds;
+use crate::responses::config::ResponsesConfig;
 use crate::scoring::Weights;
+use crate::shared_load::config::SharedLoadConfig;
 use crate::tokenize::TokenizeBudget;
 use crate::types::{EndpointSpec, IndexSource};
 use kvasir_flowcontrol::FlowControlConfig;
@@ -64,14 +64,14 @@ pub struct Config {
     #[serde(default, alias = "pools_file")]
     pub pools_file: Option<PathBuf>,
     /// Which engine holds each stored Responses API response (see
-    /// [`super::responses`]).
+    /// [`crate::responses::config`]).
     #[serde(default)]
     pub responses: ResponsesConfig,
     /// Other replicas' in-flight picks and queued prefill, through Redis
-    /// (see [`super::shared_load`]); off by default.
+    /// (see [`crate::shared_load::config`]); off by default.
     #[serde(default, alias = "shared_load")]
     pub shared_load: SharedLoadConfig,
-    /// Where tenants' token budgets are kept (see [`super::budgets`]): in
+    /// Where tenants' token budgets are kept (see [`crate::budgets::config`]): in
     /// this process by default, or in Redis shared by replicas.
     #[serde(default)]
     pub budgets: BudgetsConfig,

@@ -12,14 +12,10 @@
 //! first and its bounds as `1e-5` / `1.0`, which would change the `le`
 //! label values series and dashboards know (`0.00001`, `1`).
 
-mod budget_store;
-mod budgets;
 mod flow;
 mod histograms;
 mod lifecycle;
 mod pools;
-mod responses;
-mod shared_load;
 
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
@@ -31,8 +27,12 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use crate::budgets::exposition::BudgetsCollector;
+use crate::budgets::redis::exposition::BudgetStoreCollector;
 use crate::lifecycle::Lifecycle;
 use crate::pools::Pools;
+use crate::responses::exposition::ResponsesCollector;
+use crate::shared_load::exposition::SharedLoadCollector;
 
 /// The `/metrics` page of one indexer.
 #[derive(Debug)]
@@ -50,15 +50,11 @@ impl Exposition {
             pools: Arc::clone(&pools),
             life,
         }));
-        registry.register_collector(Box::new(responses::ResponsesCollector(Arc::clone(&pools))));
-        registry.register_collector(Box::new(budgets::BudgetsCollector(Arc::clone(&pools))));
-        registry.register_collector(Box::new(budget_store::BudgetStoreCollector(Arc::clone(
-            &pools,
-        ))));
+        registry.register_collector(Box::new(ResponsesCollector(Arc::clone(&pools))));
+        registry.register_collector(Box::new(BudgetsCollector(Arc::clone(&pools))));
+        registry.register_collector(Box::new(BudgetStoreCollector(Arc::clone(&pools))));
         registry.register_collector(Box::new(flow::FlowCollector(Arc::clone(&pools))));
-        registry.register_collector(Box::new(shared_load::SharedLoadCollector(Arc::clone(
-            &pools,
-        ))));
+        registry.register_collector(Box::new(SharedLoadCollector(Arc::clone(&pools))));
         Exposition { registry, pools }
     }
 
@@ -78,11 +74,11 @@ impl Exposition {
 }
 
 /// One family's samples, after its `# HELP` and `# TYPE` lines.
-struct Family<'e>(MetricEncoder<'e>);
+pub(crate) struct Family<'e>(MetricEncoder<'e>);
 
 /// Starts a family: `kind` is `Counter` or `Gauge`, `name` the samples'
 /// whole name (a counter's with its `_total`).
-fn family<'e>(
+pub(crate) fn family<'e>(
     enc: &'e mut DescriptorEncoder<'_>,
     name: &'e str,
     kind: MetricType,
@@ -93,7 +89,11 @@ fn family<'e>(
 
 impl Family<'_> {
     /// One sample line, labels in the given order.
-    fn sample(&mut self, labels: &[(&str, &str)], value: impl EncodeGaugeValue) -> fmt::Result {
+    pub(crate) fn sample(
+        &mut self,
+        labels: &[(&str, &str)],
+        value: impl EncodeGaugeValue,
+    ) -> fmt::Result {
         if labels.is_empty() {
             // `encode_family` with no labels would write `name{} v`.
             return self.0.encode_gauge(&value);

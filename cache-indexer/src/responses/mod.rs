@@ -25,6 +25,8 @@
 //! which can race the client's follow-up (another Envoy worker's stream,
 //! another replica).
 
+pub mod config;
+pub(crate) mod exposition;
 mod redis;
 mod store;
 

@@ -84,6 +84,8 @@
 //!   round when they changed. Their increments reach the other replicas'
 //!   flow control one round later, instead of at their next scrape.
 
+pub mod config;
+pub(crate) mod exposition;
 pub mod merge;
 pub mod moves;
 pub mod pending;
@@ -99,7 +101,7 @@ pub use merge::{decode, encode, Entry, Merged, PeerTable};
 pub use store::StoreError;
 pub use sync::run;
 
-/// The running settings (from [`crate::config::SharedLoadConfig`]).
+/// The running settings (from [`config::SharedLoadConfig`]).
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// The Redis client (connects on first use).

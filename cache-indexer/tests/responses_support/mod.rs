@@ -10,7 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kvasir_cache_indexer::config::{self, Config, ResponsesConfig};
+use kvasir_cache_indexer::config::{self, Config};
+use kvasir_cache_indexer::responses::config::{ResponsesConfig, StoreKind};
 use kvasir_cache_indexer::types::EndpointSpec;
 use kvasir_proto::v1 as pb;
 
@@ -255,7 +256,7 @@ impl Redis {
     /// The responses section using it, with `graceMs` set.
     pub fn responses(&self, grace_ms: u64) -> ResponsesConfig {
         ResponsesConfig {
-            store: config::StoreKind::Redis,
+            store: StoreKind::Redis,
             redis_url: Some(self.url()),
             grace_ms,
             ..ResponsesConfig::default()

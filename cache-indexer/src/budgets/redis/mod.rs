@@ -22,19 +22,22 @@
 //! the local fallback) goes to the local budgets. Counted in
 //! [`StoreStats`].
 
+pub(crate) mod exposition;
 pub mod script;
 
+use std::any::Any;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use kvasir_budget::{OutputEstimate, Request};
 use lru::LruCache;
 use parking_lot::Mutex;
 
 use self::script::{BudgetStore, BudgetStoreError};
 use super::memory::MemoryStore;
-use super::{Ask, BudgetMetrics, Report, ReportOp, Reported, Reserved, MAX_KEYS, MAX_OPEN};
+use super::{Ask, BudgetMetrics, Report, ReportOp, Reported, Reserved, Store, MAX_KEYS, MAX_OPEN};
 use crate::load::PeerStats;
 use crate::metrics::Counter;
 
@@ -191,16 +194,6 @@ impl RedisBudgets {
             .max(1)
     }
 
-    /// Open reservations in the local fallback (Redis holds the rest).
-    pub(super) fn local_open(&self) -> usize {
-        self.local.open()
-    }
-
-    /// Keys in the local fallback.
-    pub(super) fn local_keys(&self) -> usize {
-        self.local.keys()
-    }
-
     /// Reserves `ask` in Redis, or decides it by `onStoreDown`.
     pub(super) async fn reserve(&self, now: u64, ask: &Ask, metrics: &BudgetMetrics) -> Reserved {
         let req = Request {
@@ -350,6 +343,49 @@ impl RedisBudgets {
                 }))
             }
         }
+    }
+}
+
+/// Each call one script round trip, bounded by the store's timeout.
+impl Store for RedisBudgets {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        now_ms: u64,
+        ask: &'a Ask,
+        metrics: &'a BudgetMetrics,
+    ) -> BoxFuture<'a, Reserved> {
+        Box::pin(RedisBudgets::reserve(self, now_ms, ask, metrics))
+    }
+
+    fn report<'a>(
+        &'a self,
+        now_ms: u64,
+        rep: &'a Report,
+        _metrics: &'a BudgetMetrics,
+    ) -> BoxFuture<'a, Reported> {
+        Box::pin(RedisBudgets::report(self, now_ms, rep))
+    }
+
+    /// Open reservations in the local fallback (Redis holds the rest).
+    fn open_reservations(&self) -> usize {
+        self.local.open()
+    }
+
+    /// Keys in the local fallback.
+    fn keys(&self) -> usize {
+        self.local.keys()
+    }
+
+    fn note_peers(&self, peers: &PeerStats) {
+        RedisBudgets::note_peers(self, peers);
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 

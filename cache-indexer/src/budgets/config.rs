@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{invalid, ConfigError};
 use crate::budgets::redis::{OnStoreDown, RedisSettings};
 use crate::budgets::Budgets;
+use crate::config::error::{invalid, ConfigError};
 
 /// Longest allowed Redis call bound: a budgeted pick waits at most this
 /// long for its reservation.

@@ -12,13 +12,13 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType::Counter;
 
-use super::family;
 use crate::budgets::redis::{OnStoreDown, DOWN_DECISIONS, STORE_ERRORS, STORE_OPS};
+use crate::exposition::family;
 use crate::pools::Pools;
 
 /// Reads the process's budgets (the first pool's) at each scrape.
 #[derive(Debug)]
-pub(super) struct BudgetStoreCollector(pub(super) Arc<Pools>);
+pub(crate) struct BudgetStoreCollector(pub(crate) Arc<Pools>);
 
 impl Collector for BudgetStoreCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {

@@ -9,13 +9,13 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType::{Counter, Gauge};
 
-use super::family;
+use crate::exposition::family;
 use crate::pools::Pools;
 use crate::responses::Lost;
 
 /// Reads each pool's [`crate::responses::Affinity`] at each scrape.
 #[derive(Debug)]
-pub(super) struct ResponsesCollector(pub(super) Arc<Pools>);
+pub(crate) struct ResponsesCollector(pub(crate) Arc<Pools>);
 
 impl Collector for ResponsesCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {

@@ -17,8 +17,8 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType::{Counter, Gauge};
 
-use super::family;
 use crate::budgets::{Budgets, TenantCounts, REPORT_OPS};
+use crate::exposition::family;
 use crate::pools::Pools;
 use kvasir_proto::v1::LimitedBy;
 
@@ -56,7 +56,7 @@ const TOKEN_FAMILIES: [TenantFamily; 5] = [
 /// Reads the process's budgets (the first pool's: every pool shares them)
 /// at each scrape.
 #[derive(Debug)]
-pub(super) struct BudgetsCollector(pub(super) Arc<Pools>);
+pub(crate) struct BudgetsCollector(pub(crate) Arc<Pools>);
 
 impl Collector for BudgetsCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {

@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{invalid, ConfigError};
+use crate::config::error::{invalid, ConfigError};
 use crate::shared_load::Settings;
 
 /// Fastest allowed round interval.

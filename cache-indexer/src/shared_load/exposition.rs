@@ -13,7 +13,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType::{Counter, Gauge};
 
-use super::family;
+use crate::exposition::family;
 use crate::load::PeerStats;
 use crate::pools::Pools;
 
@@ -22,7 +22,7 @@ type GaugeFamily = (&'static str, &'static str, fn(&PeerStats) -> f64);
 
 /// Reads each pool's tracker at each scrape.
 #[derive(Debug)]
-pub(super) struct SharedLoadCollector(pub(super) Arc<Pools>);
+pub(crate) struct SharedLoadCollector(pub(crate) Arc<Pools>);
 
 impl Collector for SharedLoadCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {

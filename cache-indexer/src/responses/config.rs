@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{invalid, ConfigError};
+use crate::config::error::{invalid, ConfigError};
 use crate::responses::{AffinityConfig, RedisStore, ResponseStore};
 
 /// Longest allowed TTL: a week (records past vLLM's own lifetime of a
