@@ -1,8 +1,9 @@
 //! The indexer's HTTP side: `/metrics` (Prometheus text), `/healthz`
 //! (process alive) and `/readyz` (200 only once every pool is warm and
 //! every endpoint's KV-event stream is in sync, until shutdown). No route
-//! takes a request body: one over [`MAX_REQUEST_BODY_BYTES`] is answered
-//! 413, read no further than that.
+//! takes a request body: one over
+//! [`kvasir_httpedge::MAX_REQUEST_BODY_BYTES`] is answered 413, read no
+//! further than that.
 
 use std::sync::Arc;
 
@@ -18,12 +19,6 @@ use crate::pools::Pools;
 
 type Shared = (Arc<Pools>, Arc<Lifecycle>, Arc<Exposition>);
 
-/// Largest request body the port reads. Every route is a GET, so any body
-/// is useless; up to this much is read and dropped, beyond it the request
-/// is answered 413 without reading on. (Headers are bounded by hyper: 100
-/// of them in at most about 400 KiB, else 431.)
-pub const MAX_REQUEST_BODY_BYTES: usize = 64 << 10;
-
 /// The HTTP routes over `pools`.
 pub fn router(pools: Arc<Pools>, life: Arc<Lifecycle>) -> Router {
     Router::new()
@@ -35,54 +30,7 @@ pub fn router(pools: Arc<Pools>, life: Arc<Lifecycle>) -> Router {
             Arc::clone(&life),
             Arc::new(Exposition::new(pools, life)),
         ))
-        .layer(axum::middleware::from_fn(limit_body))
-}
-
-/// Answers 413 for a body over [`MAX_REQUEST_BODY_BYTES`], declared
-/// (`Content-Length`) or sent (chunked), reading at most that much of it.
-async fn limit_body(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    use futures::StreamExt;
-    let too_large = || {
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            [(header::CONNECTION, "close")],
-            format!("request body over {MAX_REQUEST_BODY_BYTES} bytes: this port reads none\n"),
-        )
-            .into_response()
-    };
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_REQUEST_BODY_BYTES as u64) {
-        return too_large();
-    }
-    let (parts, body) = req.into_parts();
-    let mut data = body.into_data_stream();
-    let mut read = 0usize;
-    while let Some(chunk) = data.next().await {
-        match chunk {
-            Ok(c) => {
-                read += c.len();
-                if read > MAX_REQUEST_BODY_BYTES {
-                    return too_large();
-                }
-            }
-            Err(_) => {
-                return (
-                    StatusCode::BAD_REQUEST,
-                    "the request body could not be read\n",
-                )
-                    .into_response()
-            }
-        }
-    }
-    next.run(axum::extract::Request::from_parts(
-        parts,
-        axum::body::Body::empty(),
-    ))
-    .await
+        .layer(axum::middleware::from_fn(kvasir_httpedge::limit_body))
 }
 
 async fn metrics(State((_, _, page)): State<Shared>) -> Response {

@@ -9,8 +9,8 @@
 //!
 //! HEAD works wherever GET does; another method on a known path gets 405,
 //! an unknown path 404. No route takes a request body: one over
-//! [`MAX_REQUEST_BODY_BYTES`] is answered 413 on either port, read no
-//! further than that.
+//! [`kvasir_httpedge::MAX_REQUEST_BODY_BYTES`] is answered 413 on either
+//! port, read no further than that.
 
 use std::fmt;
 use std::future::Future;
@@ -26,6 +26,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use kvasir_httpedge::limit_body;
 use sha2::{Digest, Sha256};
 
 use crate::metrics::Metrics;
@@ -167,15 +168,9 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
         .with_state(metrics)
 }
 
-/// Largest request body either port reads. Every route is a GET, so any
-/// body is useless; up to this much is read and dropped, beyond it the
-/// request is answered 413 without reading on. (Headers are bounded by
-/// hyper: 100 of them in at most about 400 KiB, else 431.)
-pub const MAX_REQUEST_BODY_BYTES: usize = 64 << 10;
-
 /// Serves `router` on `listener` until `shutdown` resolves, then lets the
 /// requests in flight finish. Request bodies are limited
-/// ([`MAX_REQUEST_BODY_BYTES`]).
+/// ([`kvasir_httpedge::limit_body`]).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -185,53 +180,6 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
-}
-
-/// Answers 413 for a body over [`MAX_REQUEST_BODY_BYTES`], declared
-/// (`Content-Length`) or sent (chunked), reading at most that much of it.
-async fn limit_body(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    use futures::StreamExt;
-    let too_large = || {
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            [(CONNECTION, HeaderValue::from_static("close"))],
-            format!("request body over {MAX_REQUEST_BODY_BYTES} bytes: this port reads none\n"),
-        )
-            .into_response()
-    };
-    let declared = req
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_REQUEST_BODY_BYTES as u64) {
-        return too_large();
-    }
-    let (parts, body) = req.into_parts();
-    let mut data = body.into_data_stream();
-    let mut read = 0usize;
-    while let Some(chunk) = data.next().await {
-        match chunk {
-            Ok(c) => {
-                read += c.len();
-                if read > MAX_REQUEST_BODY_BYTES {
-                    return too_large();
-                }
-            }
-            Err(_) => {
-                return (
-                    StatusCode::BAD_REQUEST,
-                    "the request body could not be read\n",
-                )
-                    .into_response()
-            }
-        }
-    }
-    next.run(axum::extract::Request::from_parts(
-        parts,
-        axum::body::Body::empty(),
-    ))
-    .await
 }
 
 async fn healthz() -> &'static str {
@@ -314,6 +262,7 @@ async fn render_metrics(State(metrics): State<Arc<Metrics>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvasir_httpedge::MAX_REQUEST_BODY_BYTES;
     use std::path::PathBuf;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
