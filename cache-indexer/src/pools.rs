@@ -71,6 +71,16 @@ impl Pools {
         self.get(&req.pool)?.pick(req).await
     }
 
+    /// [`Pools::pick`] holding the caller's permit while it computes (see
+    /// [`crate::pick::PickPermit`]).
+    pub(crate) async fn pick_with(
+        &self,
+        req: pb::PickRequest,
+        permit: crate::pick::PickPermit,
+    ) -> Result<pb::PickResponse, ServiceError> {
+        self.get(&req.pool)?.pick_with(req, permit).await
+    }
+
     /// Accounts a report for the request's pool (see [`Pool::report`]).
     pub fn report(&self, req: &pb::ReportRequest) -> Result<pb::ReportResponse, ServiceError> {
         self.get(&req.pool)?.report(req)

@@ -8,19 +8,20 @@
 //! once) and is answered with its id whenever it is done. Errors are per
 //! call (the stream goes on), in the codes the unary RPCs would have used.
 //!
-//! A pick's permit covers its work, not its wait: a pick that waits in a
-//! flow-control queue gives it back ([`release_pick_permit`]), so picks
+//! A pick's permit covers its work, not its wait: the pick is handed it
+//! ([`crate::pick::PickPermit`]) and gives it back when it waits in a
+//! flow-control queue, so picks
 //! waiting for room (as many as the pools' queues hold) never stop the
 //! stream from reading its next report or pick.
 
-use std::cell::RefCell;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::{SinkExt, Stream, StreamExt};
 use kvasir_proto::v1 as pb;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
+use crate::pick::PickPermit;
 use crate::pool::ServiceError;
 use crate::pools::Pools;
 
@@ -30,18 +31,6 @@ pub const MAX_CONCURRENT_PICKS: usize = 256;
 
 /// Answers buffered for a caller that reads slowly.
 const ANSWER_BUFFER: usize = 1024;
-
-tokio::task_local! {
-    /// The stream permit of the pick running in this task, if any.
-    static PICK_PERMIT: RefCell<Option<OwnedSemaphorePermit>>;
-}
-
-/// Gives back the current pick's stream permit, if it holds one (a pick
-/// of a `Session` stream about to wait in a flow-control queue; elsewhere,
-/// e.g. a unary pick, nothing).
-pub(crate) fn release_pick_permit() {
-    let _ = PICK_PERMIT.try_with(|p| p.borrow_mut().take());
-}
 
 /// The answer stream's type.
 pub type SessionStream =
@@ -127,10 +116,9 @@ where
                     let id = msg.id;
                     tokio::spawn(async move {
                         let pick = Unanswered::of(&req);
-                        // (The permit goes with the pick's scope, or
-                        // earlier if the pick waits.)
-                        let held = RefCell::new(Some(permit));
-                        let picked = PICK_PERMIT.scope(held, pools.pick(req)).await;
+                        // (The permit goes back when the pick is done, or
+                        // earlier if it waits.)
+                        let picked = pools.pick_with(req, PickPermit::held(permit)).await;
                         let placed = picked.as_ref().is_ok_and(|r| !r.endpoints.is_empty());
                         let answer = match picked {
                             Ok(r) => pb::SessionResponse {

@@ -258,6 +258,7 @@ mod tests {
             weight: 1,
             tokens: 1234,
             max_wait: Duration::from_secs(5),
+            price: Default::default(),
         };
         let th = pool.load.config().saturation.clone();
         let _waiting = pool.flow.arrive(&full, &th, ask, Instant::now());
@@ -324,6 +325,7 @@ mod tests {
             weight: 1,
             tokens,
             max_wait: Duration::from_secs(5),
+            price: Default::default(),
         }
     }
 

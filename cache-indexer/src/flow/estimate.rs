@@ -48,10 +48,7 @@ pub(crate) fn engine_saturation(view: &LoadView, since: Since, extra: u64, scale
     let requests = saturation(view, since, scale.thresholds);
     // (What the engine computed since its last report, by its rate, is
     // not queued any more: `load::drain`.)
-    let queued = view
-        .queued_prefill_tokens
-        .saturating_sub(view.prefill_drained_tokens)
-        .saturating_add(extra);
+    let queued = backlog_tokens(view).saturating_add(extra);
     requests.max(work_saturation(queued, scale.saturated_prefill_tokens))
 }
 
@@ -135,12 +132,24 @@ fn moved_on(
 /// the tokens as its queued prefill; `None` without endpoints. `loads` are
 /// each endpoint's view and what moved on it since its scrape. Stops adding
 /// once every endpoint is at `threshold` (the answer is then known).
+#[cfg(test)]
 pub(crate) fn least_saturation(
     loads: &[(&LoadView, Since)],
     in_transit: (usize, u64),
     scale: &Scale,
     threshold: f64,
 ) -> Option<f64> {
+    freest(loads, in_transit, scale, threshold).map(|(_, s)| s)
+}
+
+/// [`least_saturation`] with the position in `loads` of the endpoint that
+/// has it: the one a pick released now would find the most room on.
+pub(crate) fn freest(
+    loads: &[(&LoadView, Since)],
+    in_transit: (usize, u64),
+    scale: &Scale,
+    threshold: f64,
+) -> Option<(usize, f64)> {
     let (picks, tokens) = in_transit;
     let each = if picks > 0 {
         tokens.div_ceil(picks as u64)
@@ -153,13 +162,21 @@ pub(crate) fn least_saturation(
     for _ in 0..picks {
         let (i, s) = argmin(&sats)?;
         if s >= threshold {
-            return Some(s);
+            return Some((i, s));
         }
         since[i].0.placed = since[i].0.placed.saturating_add(1);
         since[i].1 = since[i].1.saturating_add(each);
         sats[i] = sat(i, since[i]);
     }
-    argmin(&sats).map(|(_, s)| s)
+    argmin(&sats)
+}
+
+/// An endpoint's prefill backlog now: the uncached prompt tokens of the
+/// picks placed there not at their first token yet, less what the engine
+/// computed since its last report by its learned rate.
+pub(crate) fn backlog_tokens(view: &LoadView) -> u64 {
+    view.queued_prefill_tokens
+        .saturating_sub(view.prefill_drained_tokens)
 }
 
 fn argmin(sats: &[f64]) -> Option<(usize, f64)> {

@@ -50,6 +50,7 @@ mod estimate;
 pub mod metrics;
 mod moves;
 mod passage;
+mod quickest;
 pub mod recheck;
 mod release;
 
@@ -60,7 +61,7 @@ use std::time::{Duration, Instant};
 
 use kvasir_flowcontrol::{
     engine_priority, has_room, room_bound, EnginePriorityBy, FlowControlConfig, FlowQueue, Refusal,
-    Shares, Ticket,
+    ReleaseOrder, Shares, Ticket,
 };
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
@@ -72,6 +73,8 @@ pub use metrics::{FlowMetrics, ShedCause};
 use moves::{since_scrape, PeerMoves};
 pub use passage::Passage;
 use passage::{Charge, EngineRank, ShareGuard, Transit};
+use quickest::Taker;
+pub use quickest::{Price, MOVE_PENALTY};
 
 /// Placements remembered per endpoint between two scrapes; past it the
 /// oldest are forgotten (the endpoint looks less loaded until the scrape).
@@ -102,6 +105,8 @@ pub struct Ask {
     pub tokens: u64,
     /// How long its caller waits at most (the pool's maximum also holds).
     pub max_wait: Duration,
+    /// Its prefill on each endpoint, for `releaseOrder: quickestFirst`.
+    pub price: Price,
 }
 
 /// What a pick waiting in the queue is woken with.
@@ -136,6 +141,7 @@ pub enum Arrival {
 struct Waiter {
     tx: oneshot::Sender<Wake>,
     request_id: String,
+    price: Price,
 }
 
 #[derive(Debug)]
@@ -357,6 +363,7 @@ impl PoolFlow {
             item: Waiter {
                 tx,
                 request_id: ask.request_id,
+                price: ask.price,
             },
         };
         match g.queue.push(waiting, now) {
@@ -419,15 +426,24 @@ impl PoolFlow {
                 .count_shed(ShedCause::MaxWait, r.waiting.tokens);
             let _ = r.waiting.item.tx.send(Wake::Expired);
         }
+        let quickest = self.config.release_order == ReleaseOrder::QuickestFirst;
+        let max_skip = Duration::from_millis(self.config.max_quickest_skip_ms);
         loop {
-            let sat = self.saturation(g, loads, thresholds, now);
+            let (freest, sat) = self.freest(g, loads, thresholds, now);
             if !has_room(sat, self.config.threshold) {
                 break;
             }
             let r = {
                 let shares = self.shares.lock();
-                g.queue
-                    .pop_next_where(|t| has_room(sat, self.bound(&shares, t)))
+                let allow = |t: &str| has_room(sat, self.bound(&shares, t));
+                match freest.filter(|_| quickest) {
+                    Some(id) => {
+                        let taker = Taker::new(id, loads);
+                        g.queue
+                            .pop_quickest_where(allow, now, max_skip, |w| taker.cost(&w.item.price))
+                    }
+                    None => g.queue.pop_next_where(allow),
+                }
             };
             let Some(r) = r else {
                 break;
@@ -613,24 +629,40 @@ impl PoolFlow {
         thresholds: &SaturationThresholds,
         now: Instant,
     ) -> f64 {
+        self.freest(g, loads, thresholds, now).1
+    }
+
+    /// The endpoint a pick released now finds the most room on (picks in
+    /// transit placed first), and the pool's saturation for flow control
+    /// (its saturation; not a number when no endpoint is healthy).
+    fn freest(
+        &self,
+        g: &mut Inner,
+        loads: &[(EndpointId, LoadView)],
+        thresholds: &SaturationThresholds,
+        now: Instant,
+    ) -> (Option<EndpointId>, f64) {
         let since = since_scrape(g, loads, now);
-        let healthy: Vec<(&LoadView, Since)> = loads
+        let healthy: Vec<(EndpointId, &LoadView, Since)> = loads
             .iter()
             .zip(since)
             .filter(|((_, v), _)| v.healthy)
-            .map(|((_, v), p)| (v, p))
+            .map(|((id, v), p)| (*id, v, p))
             .collect();
+        let views: Vec<(&LoadView, Since)> = healthy.iter().map(|(_, v, p)| (*v, *p)).collect();
         let transit = (
             self.in_transit(),
             self.in_transit.tokens.load(Ordering::Acquire),
         );
-        estimate::least_saturation(
-            &healthy,
+        match estimate::freest(
+            &views,
             transit,
             &self.scale(thresholds),
             self.config.threshold,
-        )
-        .unwrap_or(f64::NAN)
+        ) {
+            Some((i, sat)) => (Some(healthy[i].0), sat),
+            None => (None, f64::NAN),
+        }
     }
 
     fn scale<'t>(&self, thresholds: &'t SaturationThresholds) -> estimate::Scale<'t> {
@@ -697,3 +729,7 @@ fn untrack(tokens: &mut HashMap<String, u64>, tenant: &str, n: u64) {
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "quickest_tests.rs"]
+mod quickest_tests;

@@ -39,6 +39,7 @@ fn ask(tenant: &str, tokens: u64) -> Ask {
         weight: 1,
         tokens,
         max_wait: Duration::from_secs(10),
+        price: Default::default(),
     }
 }
 

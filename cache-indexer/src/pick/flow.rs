@@ -3,10 +3,10 @@
 //! leaves (late binding): on an endpoint with room then, matched against
 //! the index as it is then.
 //!
-//! A waiting pick gives its `Session` stream's permit back
-//! ([`crate::session::release_pick_permit`]): its tokenizing is done, and a
-//! full queue must not stop the stream's other calls. If its caller goes
-//! away while it waits, its queue entry is taken out with it.
+//! A waiting pick gives its caller's permit back ([`super::PickPermit`]):
+//! its tokenizing is done, and a full queue must not stop a `Session`
+//! stream's other calls. If its caller goes away while it waits, its queue
+//! entry is taken out with it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,9 +19,10 @@ use super::matching::Matched;
 use super::prompt::Call;
 use super::rank::Ranked;
 use super::tokenize::{PickTokens, PrefixHashes};
+use super::PickPermit;
 use crate::endpoint::Endpoint;
 use crate::flow::recheck::RECHECK_PERIOD;
-use crate::flow::{Arrival, Ask, Passage, PoolFlow, ShedCause, Wake};
+use crate::flow::{Arrival, Ask, Passage, PoolFlow, Price, ShedCause, Wake};
 use crate::load::LoadView;
 use crate::pool::Pool;
 use crate::types::EndpointId;
@@ -47,6 +48,7 @@ impl Pool {
         endpoints: Arc<Vec<Arc<Endpoint>>>,
         matched: Matched<'p>,
         hashes: &mut PrefixHashes,
+        permit: &mut PickPermit,
     ) -> Result<Room<'p>, pb::PickResponse> {
         if !self.flow.enabled() {
             return Ok((endpoints, matched, Passage::free()));
@@ -60,6 +62,7 @@ impl Pool {
             weight: call.weight,
             tokens: charge(call, tokens),
             max_wait: Duration::from_millis(call.max_wait_ms.into()),
+            price: self.price(tokens, &matched),
         };
         let thresholds = &self.load.config().saturation;
         let (ticket, rx, deadline) = match self.flow.arrive(&loads, thresholds, ask, now) {
@@ -71,7 +74,7 @@ impl Pool {
                 deadline,
             } => (ticket, rx, deadline),
         };
-        crate::session::release_pick_permit();
+        permit.give_back();
         let recheck = || self.capacity_freed();
         let Some(pass) = wait_in_queue(&self.flow, ticket, rx, deadline, recheck).await else {
             let loads = self.flow_loads(&self.endpoints(), Instant::now());
@@ -131,6 +134,23 @@ impl Pool {
             .cloned()
             .collect();
         (Arc::new(endpoints), matched)
+    }
+
+    /// A waiting pick's prefill on each endpoint, by its prefix match now
+    /// (for `releaseOrder: quickestFirst`; empty when it was not matched:
+    /// its whole prompt is uncached everywhere).
+    fn price(&self, tokens: &PickTokens, matched: &Matched<'_>) -> Price {
+        let block = u64::from(self.block_size);
+        let cached = matched.overlap.as_ref().map_or_else(Vec::new, |o| {
+            o.matched
+                .iter()
+                .map(|(id, blocks)| (*id, *blocks as u64 * block))
+                .collect()
+        });
+        Price {
+            prompt_tokens: u64::from(prompt_tokens(tokens)),
+            cached,
+        }
     }
 
     /// Something freed room in the pool (a report, a scrape, an endpoint

@@ -25,18 +25,54 @@ use std::time::Instant;
 use std::sync::Arc;
 
 use kvasir_proto::v1 as pb;
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::pool::{Endpoint, Pool, ServiceError};
+
+/// What a pick's caller lends it while it computes (a `Session` stream's
+/// concurrency permit): given back as soon as the pick waits in a
+/// flow-control queue, since its work is done until it is released, and a
+/// full queue must not stop the stream's other calls.
+#[derive(Debug, Default)]
+pub(crate) struct PickPermit(Option<OwnedSemaphorePermit>);
+
+impl PickPermit {
+    /// Nothing lent (a unary pick).
+    pub(crate) fn none() -> Self {
+        PickPermit(None)
+    }
+
+    /// The caller's permit, held until the pick ends or waits.
+    pub(crate) fn held(permit: OwnedSemaphorePermit) -> Self {
+        PickPermit(Some(permit))
+    }
+
+    /// Gives the permit back now (the pick is about to wait).
+    pub(crate) fn give_back(&mut self) {
+        self.0 = None;
+    }
+}
 
 impl Pool {
     /// Answers a pick. Counts and times itself. A pick whose request was
     /// admitted without it meanwhile ([`crate::abandoned`]) is ended as
     /// soon as it is done.
     pub async fn pick(&self, req: pb::PickRequest) -> Result<pb::PickResponse, ServiceError> {
+        self.pick_with(req, PickPermit::none()).await
+    }
+
+    /// [`Pool::pick`] holding the caller's `permit` while it computes (see
+    /// [`PickPermit`]).
+    pub(crate) async fn pick_with(
+        &self,
+        req: pb::PickRequest,
+        mut permit: PickPermit,
+    ) -> Result<pb::PickResponse, ServiceError> {
         let started = Instant::now();
         let request_id = req.request_id.clone();
         let budget_key = req.budget.as_ref().map(|b| b.key.clone());
-        let r = self.run_pick(req, started).await;
+        let r = self.run_pick(req, started, &mut permit).await;
+        drop(permit);
         if r.as_ref().is_ok_and(|a| !a.endpoints.is_empty()) {
             self.end_if_abandoned(&request_id, budget_key.as_deref());
         }
@@ -72,6 +108,7 @@ impl Pool {
         &self,
         req: pb::PickRequest,
         started: Instant,
+        permit: &mut PickPermit,
     ) -> Result<pb::PickResponse, ServiceError> {
         if !req.response_id.is_empty() {
             return self.pick_response(req, started).await;
@@ -90,7 +127,7 @@ impl Pool {
             Err(refused) => return Ok(refused),
         };
         let (endpoints, matched, pass) = match self
-            .wait_for_room(&call, &tokens, endpoints, matched, &mut hashes)
+            .wait_for_room(&call, &tokens, endpoints, matched, &mut hashes, permit)
             .await
         {
             Ok(room) => room,
