@@ -11,11 +11,11 @@ use kvasir_api::indexer::indexer_pools;
 use kvasir_api::{compile, Compiled, Finding, Options, Resources, TargetKind, TargetRef};
 
 const EXAMPLES: &[&str] = &[
-    include_str!("../../crds/examples/base.yaml"),
-    include_str!("../../crds/examples/pii-stays-inside.yaml"),
-    include_str!("../../crds/examples/cheaper-model-for-easy-prompts.yaml"),
-    include_str!("../../crds/examples/batch-when-idle.yaml"),
-    include_str!("../../crds/examples/burst-to-provider.yaml"),
+    include_str!("../../../crds/examples/base.yaml"),
+    include_str!("../../../crds/examples/pii-stays-inside.yaml"),
+    include_str!("../../../crds/examples/cheaper-model-for-easy-prompts.yaml"),
+    include_str!("../../../crds/examples/batch-when-idle.yaml"),
+    include_str!("../../../crds/examples/burst-to-provider.yaml"),
 ];
 
 fn load() -> Resources {

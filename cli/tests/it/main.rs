@@ -1,0 +1,7 @@
+//! The crate's integration tests as one binary: one link instead of one
+//! per file, which is most of a test build's time.
+
+mod cli;
+mod extension_policy;
+mod inline;
+mod validate_routes;
