@@ -116,7 +116,10 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test]
+// Paused time: a sleep ends once every task is idle and the virtual clock
+// has moved on, so "nothing written meanwhile" is checked after the loop
+// has done all it would, not after a guess at wall-clock time.
+#[tokio::test(start_paused = true)]
 async fn only_the_leader_writes() {
     let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "default");
