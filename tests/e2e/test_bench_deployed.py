@@ -7,38 +7,20 @@ The benchmark itself is `bench/routing.py --deployment deployed`."""
 
 from __future__ import annotations
 
-import csv
 import json
-from pathlib import Path
 
 import pytest
 
-from kvasir_harness import TARGET, redis_available
-
+from bench_tiny import rows, use_tiny
 from kvasir_harness.bench import routing
-
-TINY = {"trace_time_scale": 0.25, "chat_time_scale": 1.0, "trace_loads": [1.0], "chat_loads": [1.0],
-        # 28 requests, the longest 37k tokens.
-        "trace_from_s": 360.0, "trace_window_s": 8.0, "chat_duration_s": 5.0, "trace_guess": 1.0, "chat_guess": 1.0}
 
 
 @pytest.fixture
 def tiny(monkeypatch, artifacts):
-    for b in (TARGET / "release" / "kvasir-bench", routing.h.INDEXER_BIN):
-        if not b.exists():
-            pytest.skip(f"{b} not built")
-    if not redis_available():
-        pytest.skip("redis-server not installed (scripts/setup.sh installs it)")
-    monkeypatch.setitem(routing.PRESETS, "tiny", TINY)
-    monkeypatch.setattr(routing.CL, "ENGINES", 3)
-    # Small caches need a small max-model-len (vllm-sim wants one sequence to fit).
-    monkeypatch.setattr(routing.CL, "MAX_MODEL_LEN", 40_960)
+    use_tiny(monkeypatch, redis=True)
     # Past the clusters' start and the first requests (a quarter of the
     # 8 s window at this time scale is 0.5 s wall).
     monkeypatch.setattr(routing, "RESTART_AT", 0.4)
-    # main() sets kvasir's pool settings for its run (late binding in the
-    # deployed shape); they go with the test.
-    monkeypatch.setattr(routing.VAR, "KVASIR", {})
 
 
 def test_the_deployed_mode_spreads_restarts_and_reports(tiny, tmp_path):
@@ -52,13 +34,12 @@ def test_the_deployed_mode_spreads_restarts_and_reports(tiny, tmp_path):
         assert len(via) == 2 and all(v > 0 for v in via.values()), notes
         assert "restart at s" in notes, notes
         restart_s = notes["restart at s"]
-        with (out / f"trace-1.00-{mode}.csv").open() as f:
-            rows = list(csv.DictReader(f))
-        assert len(rows) == 28
+        recs = rows(out / f"trace-1.00-{mode}.csv")
+        assert len(recs) == 28
         # Requests sent once the engine is back (it restarts within a
         # simulated second or two; Envoy and the indexer notice within
         # their health-check and scrape intervals) all succeed.
-        later = [r for r in rows if float(r["sent_s"]) > restart_s + 4.0]
+        later = [r for r in recs if float(r["sent_s"]) > restart_s + 4.0]
         assert later and all(r["outcome"] == "ok" for r in later), later
         assert all(r["endpoint"] for r in later)
     notes = json.loads((out / "trace-1.00-kvasir.json").read_text())["notes"]

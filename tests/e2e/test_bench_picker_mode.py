@@ -8,33 +8,17 @@ the engines holding their prefix). The benchmark itself is
 
 from __future__ import annotations
 
-import csv
 import json
 
 import pytest
 
-from kvasir_harness import TARGET
+from bench_tiny import rows, use_tiny
 from kvasir_harness.bench import routing
-
-TINY = {"trace_time_scale": 0.25, "chat_time_scale": 1.0, "trace_loads": [1.0], "chat_loads": [1.0],
-        # 28 requests, the longest 37k tokens.
-        "trace_from_s": 360.0, "trace_window_s": 8.0, "chat_duration_s": 5.0, "trace_guess": 1.0, "chat_guess": 1.0}
 
 
 @pytest.fixture
 def tiny(monkeypatch, artifacts):
-    for b in (TARGET / "release" / "kvasir-bench", routing.h.INDEXER_BIN):
-        if not b.exists():
-            pytest.skip(f"{b} not built")
-    monkeypatch.setitem(routing.PRESETS, "tiny", TINY)
-    monkeypatch.setattr(routing.CL, "ENGINES", 3)
-    monkeypatch.setattr(routing.CL, "MAX_MODEL_LEN", 40_960)
-    monkeypatch.setattr(routing.VAR, "KVASIR", {})
-
-
-def rows(path) -> list[dict]:
-    with path.open() as f:
-        return list(csv.DictReader(f))
+    use_tiny(monkeypatch)
 
 
 def test_the_picker_mode_routes_through_ext_proc_beside_the_filter(tiny, tmp_path):

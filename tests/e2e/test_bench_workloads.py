@@ -9,14 +9,12 @@ engines' tokenizer, chat template and block hashing. The benchmark itself is
 
 from __future__ import annotations
 
-import csv
 import json
 from collections import defaultdict
 
 import pytest
 
-from kvasir_harness import TARGET
-
+from bench_tiny import rows, use_tiny
 from kvasir_harness.bench import routing
 
 SHAPES = ["longchat", "agents", "bursty"]
@@ -34,16 +32,7 @@ RATES = {"longchat": 2.0, "agents": 2.0, "bursty": 8.0}
 
 @pytest.fixture
 def tiny(monkeypatch, artifacts):
-    for b in (TARGET / "release" / "kvasir-bench", routing.h.INDEXER_BIN):
-        if not b.exists():
-            pytest.skip(f"{b} not built")
-    monkeypatch.setitem(routing.PRESETS, "tiny", TINY)
-    monkeypatch.setattr(routing.CL, "ENGINES", 3)
-
-
-def rows(path) -> list[dict]:
-    with path.open() as f:
-        return list(csv.DictReader(f))
+    use_tiny(monkeypatch, TINY, max_model_len=None, pool_settings=True)
 
 
 def test_each_shape_runs_through_the_stack_into_one_report(tiny, tmp_path):
