@@ -613,8 +613,8 @@ def test_a_conflicting_field_manager_is_reported_not_forced(cluster, controllers
     c.apply([theirs], manager="someone-else", force=True)
     prog = wait_condition(c, "inferencepolicy", "burst-to-provider", ns, "Programmed", "False", "Conflicted")
     assert "someone-else" in prog["message"], prog
-    # Not forced: their value stays.
-    time.sleep(0.5)
+    # Not forced: their value stays once the controller has done all it does.
+    settle(c, ns)
     assert c.get("eep", EEP, ns)["spec"]["wasm"][0]["failOpen"] is True
     # The documented way out: delete it; the controller recreates its own.
     c.kubectl("delete", "eep", EEP, "-n", ns)

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 import random
 import socket
-import time
 
 import pytest
 
-from kvasir_harness import MODEL, request, wasm_failures
+from kvasir_harness import MODEL, request, wait_until, wasm_failures
 from conftest import Stack
 
 OK_MSGS = [{"role": "user", "content": "hi"}]
@@ -171,7 +170,9 @@ def test_chunked_bodies_and_clients_that_vanish(stack: Stack, vm_before):
         raw(port, head + b"content-length: %d\r\n\r\n" % len(body) + body)
     stream = j({"model": MODEL, "messages": OK_MSGS, "max_tokens": 200, "stream": True})
     raw(port, head + b"content-length: %d\r\n\r\n" % len(stream) + stream)
-    time.sleep(0.3)
+    # Envoy has seen every one of those clients go.
+    wait_until("the vanished clients' connections closed",
+               lambda: stack.envoy.stat("http.kvasir.downstream_cx_active") == 0, timeout=10)
     # Still serving.
     got, _, rb = request("POST", port, CHAT, body, {"authorization": "Bearer sk-e2e-acme"})
     assert got == 200, rb

@@ -117,7 +117,8 @@ def test_a_restarting_indexer_loses_nothing_and_never_reads_as_saturated(artifac
         t = threading.Thread(target=load)
         t.start()
         try:
-            time.sleep(1.0)
+            # Under load, with Session streams open, before the signal.
+            wait_until("requests through the picking indexer", lambda: len(results) >= 20, timeout=30)
             # SIGTERM with Envoy's Session streams open: it ends them and
             # exits on its own, well within the grace period's bound.
             t0 = time.monotonic()
@@ -126,9 +127,13 @@ def test_a_restarting_indexer_loses_nothing_and_never_reads_as_saturated(artifac
             took = time.monotonic() - t0
             assert code == 0, ix.proc.log()[-2000:]
             assert took < 10, took
-            time.sleep(0.5)
+            # Requests go on while it is gone (they fail open).
+            gone = len(results)
+            wait_until("requests while the indexer is gone", lambda: len(results) >= gone + 10, timeout=30)
             ix.start()  # same ports; answers UNAVAILABLE until warm
-            time.sleep(2.0)
+            wait_until("the indexer healthy in Envoy again", lambda: e.healthy("kvasir_indexer", [ix.address]))
+            back = len(results)
+            wait_until("requests after the restart", lambda: len(results) >= back + 10, timeout=30)
         finally:
             stop.set()
             t.join(timeout=60)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import http.client
 import json
 import threading
-import time
 
 import pytest
 
@@ -128,8 +127,7 @@ def test_messages_errors_in_each_shape(sim_factory):
 
 def test_messages_kv_events_carry_the_chat_prompt(sim_factory):
     sim = sim_factory(*FAST, DETAILS)
-    sub = sim_factory.subscribe(sim)
-    time.sleep(0.3)  # the subscription settles
+    sub = sim_factory.subscribe(sim)  # settled once it returns
     msgs = [{"role": "user", "content": QUESTION}]
     ids = sim.post_ok("/v1/messages/render", messages_body(msgs))["token_ids"]
     sim.post_ok("/v1/messages", messages_body(msgs, max_tokens=1))
