@@ -3,13 +3,13 @@
 //! and decide sample requests end to end (tenant resolution, then the
 //! matcher).
 
-mod common;
+use crate::common;
 use common::*;
 use kvasir_policy::*;
 
-const MULTI: &str = include_str!("../examples/multi-tenant-pii.json");
-const BURST: &str = include_str!("../examples/saturation-burst.json");
-const JWT: &str = include_str!("../examples/jwt-models.json");
+const MULTI: &str = include_str!("../../examples/multi-tenant-pii.json");
+const BURST: &str = include_str!("../../examples/saturation-burst.json");
+const JWT: &str = include_str!("../../examples/jwt-models.json");
 
 /// Resolves the tenant from `headers`, then evaluates. (Flat arguments keep
 /// each case one readable line.)

@@ -2,9 +2,9 @@
 
 use kvasir_policy::*;
 
-const MULTI: &str = include_str!("../examples/multi-tenant-pii.json");
-const BURST: &str = include_str!("../examples/saturation-burst.json");
-const JWT: &str = include_str!("../examples/jwt-models.json");
+const MULTI: &str = include_str!("../../examples/multi-tenant-pii.json");
+const BURST: &str = include_str!("../../examples/saturation-burst.json");
+const JWT: &str = include_str!("../../examples/jwt-models.json");
 
 fn load(doc: &str) -> FilterConfig {
     compile(&parse_json(doc).unwrap()).unwrap()

@@ -1,6 +1,6 @@
 //! Validation: each finding with its exact path and message.
 
-mod common;
+use crate::common;
 use common::*;
 use kvasir_policy::*;
 

@@ -1,7 +1,7 @@
 //! Token budgets: validation paths and messages, class defaults, and the
 //! compiled `tenants[].budget`.
 
-mod common;
+use crate::common;
 use common::*;
 use kvasir_policy::*;
 use serde_json::{json, Value};

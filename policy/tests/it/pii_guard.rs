@@ -2,7 +2,7 @@
 //! provider, whatever the order of the policies; everything else is plain
 //! first match.
 
-mod common;
+use crate::common;
 use common::*;
 use kvasir_policy::*;
 use rand::rngs::StdRng;

@@ -106,9 +106,9 @@ fn any_deserializer_gets_paths() {
 #[test]
 fn policy_sets_round_trip_through_serde() {
     for ex in [
-        include_str!("../examples/multi-tenant-pii.json"),
-        include_str!("../examples/saturation-burst.json"),
-        include_str!("../examples/jwt-models.json"),
+        include_str!("../../examples/multi-tenant-pii.json"),
+        include_str!("../../examples/saturation-burst.json"),
+        include_str!("../../examples/jwt-models.json"),
     ] {
         let set = parse_json(ex).unwrap();
         let text = serde_json::to_string(&set).unwrap();

@@ -3,7 +3,7 @@
 //! compiled `tenants[].weight` and `pools[].maxQueueWaitMs`, and the
 //! indexer's section from the same source.
 
-mod common;
+use crate::common;
 use common::*;
 use kvasir_flowcontrol::FlowControlConfig;
 use kvasir_policy::flow::{check_flow_control, max_queue_wait_ms, resolve};

@@ -1,15 +1,15 @@
 //! Compilation: deterministic bytes, the JSON round trip, and the loader's
 //! refusals.
 
-mod common;
+use crate::common;
 use common::*;
 use kvasir_policy::*;
 use serde_json::Value;
 
 const EXAMPLES: [&str; 3] = [
-    include_str!("../examples/multi-tenant-pii.json"),
-    include_str!("../examples/saturation-burst.json"),
-    include_str!("../examples/jwt-models.json"),
+    include_str!("../../examples/multi-tenant-pii.json"),
+    include_str!("../../examples/saturation-burst.json"),
+    include_str!("../../examples/jwt-models.json"),
 ];
 
 struct Rng(u64);

@@ -1,7 +1,7 @@
 //! The matcher: every condition kind, first-match order, the default,
 //! actions and lazy classification.
 
-mod common;
+use crate::common;
 use common::*;
 use kvasir_policy::*;
 
