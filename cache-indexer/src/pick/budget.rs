@@ -144,7 +144,7 @@ impl Pool {
                 Ok(Admission::reserved(held, budget_status(&headers, None)))
             }
             Reserved::Untracked => Ok(Admission::default()),
-            // onStoreDown: closed, Redis unreachable (budgets/redis.rs).
+            // onStoreDown: closed, Redis unreachable (budgets/redis/mod.rs).
             Reserved::StoreUnavailable { retry_after_ms } => {
                 let mut status = pb::BudgetStatus {
                     retry_after_ms,
