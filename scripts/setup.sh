@@ -55,7 +55,7 @@ ln -sf "$ENVOY_BIN" "$TOOLS/bin/envoy"
 # Debian packages the tests run for real: kubectl (Debian's
 # kubernetes-client, for `kubectl kustomize gateway-api/` in
 # tests/e2e/test_gateway_api.py) and redis-server (the indexer's shared
-# Responses store, cache-indexer/tests/responses_redis.rs and the shared
+# Responses store, cache-indexer/tests/it/responses_redis.rs and the shared
 # load tests, each starting its own on a free loopback port). Installed only
 # when missing, `apt-get update` at most once; setup fails, naming the
 # package, where it cannot install one, instead of letting tests skip.

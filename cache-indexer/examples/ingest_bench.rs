@@ -18,7 +18,7 @@
 //!   32k-token requests against 8 and 64 endpoints of ~25k blocks each, p50 /
 //!   p99 in microseconds.
 
-#[path = "../tests/testkit/mod.rs"]
+#[path = "../tests/it/testkit/mod.rs"]
 mod testkit;
 
 use kvasir_cache_indexer::events::decode::decode_batch;

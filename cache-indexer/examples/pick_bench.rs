@@ -27,7 +27,7 @@
 //! none. Needs the Qwen3 tokenizer (`$KVASIR_TOKENIZER_DIR` or
 //! `.tools/tokenizers/qwen3`).
 
-#[path = "../tests/testkit/mod.rs"]
+#[path = "../tests/it/testkit/mod.rs"]
 mod testkit;
 
 use std::path::PathBuf;

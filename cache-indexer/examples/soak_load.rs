@@ -29,7 +29,7 @@
 //! `--max-in-flight` picks are already waiting, in which case it is
 //! counted as `dropped` (the achieved rate then shows the shortfall).
 
-#[path = "../tests/testkit/mod.rs"]
+#[path = "../tests/it/testkit/mod.rs"]
 mod testkit;
 
 use std::collections::VecDeque;

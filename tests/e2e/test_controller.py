@@ -16,7 +16,7 @@ InferencePool) come from tests/upstream-crds/, vendored from
 Each test works in a namespace of its own with a Lease of its own, so the
 tests share one API server (about 4 s to start) and stay independent.
 Fault injection the real server cannot produce on demand (a 500, a stale
-resourceVersion) is in controller/tests/mock_api.rs.
+resourceVersion) is in controller/tests/it/mock_api.rs.
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@
 //! turn goes where the conversation went, and an endpoint's history is
 //! bounded by `pickHistoryBlocks`, oldest prefixes evicted first.
 
-mod service_support;
-
+use crate::service_support;
 use std::time::Duration;
 
 use kvasir_cache_indexer::config::Config;

@@ -7,8 +7,7 @@
 //! that cannot wait), a caller that goes away, flow control off, and the
 //! config's checks.
 
-mod flow_support;
-
+use crate::flow_support;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -586,4 +585,37 @@ fn engine_priority_is_a_pools_file_setting() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("fastest"), "{e}");
+}
+
+/// Through the pick path: with `releaseOrder: quickestFirst` a freed slot
+/// goes to the tenant's waiting pick with the least prefill (the shortest
+/// uncached prompt), with the fair order to the oldest; each freed slot
+/// releases one pick either way.
+#[tokio::test]
+async fn quickest_first_releases_the_shortest_prefill_and_fair_the_oldest() {
+    for (order, first) in [
+        (kvasir_flowcontrol::ReleaseOrder::Fair, "long"),
+        (kvasir_flowcontrol::ReleaseOrder::QuickestFirst, "short"),
+    ] {
+        let flow = FlowControlConfig {
+            release_order: order,
+            ..flow_on(64, 64, 10_000)
+        };
+        let pool = pool(flow, 1);
+        let f = fillers(&pool, 2).await;
+        scrape_all(&pool, 2, 5, 0.3);
+        let long = queued(&pool, req("long", "a", ids(0, 640))).await;
+        let short = queued(&pool, req("short", "a", ids(5_000, 48))).await;
+        done(&pool, &f[0].0);
+        let (released, held) = if first == "short" {
+            (short, long)
+        } else {
+            (long, short)
+        };
+        assert_eq!(answer(released).await.endpoints.len(), 1, "{order:?}");
+        wait_len(&pool, 1).await;
+        assert!(!held.is_finished(), "one freed slot, one release");
+        done(&pool, &f[1].0);
+        assert_eq!(answer(held).await.endpoints.len(), 1, "{order:?}");
+    }
 }

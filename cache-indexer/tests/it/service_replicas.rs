@@ -3,8 +3,7 @@
 //! tie-break is a hash of the request id and the address, and each replica's
 //! in-flight state follows the same picks and reports.
 
-mod service_support;
-
+use crate::service_support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

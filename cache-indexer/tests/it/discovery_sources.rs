@@ -4,9 +4,8 @@
 //! followed by the real subscriber, and by InferencePool discovery over
 //! kube-rs' client against a scripted API server.
 
-mod service_support;
-mod testkit;
-
+use crate::service_support;
+use crate::testkit;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

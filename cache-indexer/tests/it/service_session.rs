@@ -2,8 +2,7 @@
 //! answered by id on one stream, a report applied before the pick sent
 //! after it, errors per call, and the stream counted in `/metrics`.
 
-mod service_support;
-
+use crate::service_support;
 use std::time::Duration;
 
 use futures::StreamExt;

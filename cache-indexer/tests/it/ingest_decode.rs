@@ -2,8 +2,7 @@
 //! encoder lays them out (FACTS.md "vLLM KV-cache events"): both event
 //! layouts, every hash encoding, optional and unknown fields, and garbage.
 
-mod testkit;
-
+use crate::testkit;
 use kvasir_cache_indexer::events::decode::{decode_batch, DecodedBatch, EngineEvent, EngineHash};
 use testkit::Rng;
 

@@ -13,9 +13,8 @@
 //! `picks`, or `events` with no events ever coming), so every difference in
 //! the picks comes from what the replicas placed.
 
-mod responses_support;
-mod service_support;
-
+use crate::responses_support;
+use crate::service_support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -5,9 +5,8 @@
 //! or whose record expired or was evicted; a report arriving shortly after
 //! the pick still routes it (the grace), and a pick's deadline holds.
 
-mod responses_support;
-mod service_support;
-
+use crate::responses_support;
+use crate::service_support;
 use std::time::{Duration, Instant};
 
 use kvasir_cache_indexer::responses::config::ResponsesConfig;

@@ -3,8 +3,7 @@
 //! the filter's), and a pathological prompt is answered with bounded
 //! tokenization (`tokenizeBudget`).
 
-mod service_support;
-
+use crate::service_support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

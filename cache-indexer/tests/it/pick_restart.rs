@@ -9,8 +9,7 @@
 //! and it takes new conversations again: it is the idle engine that has
 //! started the fewest conversations lately.
 
-mod service_support;
-
+use crate::service_support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

@@ -14,9 +14,8 @@
 //!   Each replica spreading only its own would put B's first two wherever
 //!   its ties fall (two per engine by luck one time in three).
 
-mod responses_support;
-mod service_support;
-
+use crate::responses_support;
+use crate::service_support;
 use std::collections::HashMap;
 use std::time::Duration;
 

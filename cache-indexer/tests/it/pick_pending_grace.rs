@@ -10,8 +10,7 @@
 //! ([`PENDING_GRACE`]) is over, nobody is credited with it any more (the
 //! index alone tells, and here it never learned).
 
-mod service_support;
-
+use crate::service_support;
 use std::time::Duration;
 
 use kvasir_cache_indexer::load::PENDING_GRACE;

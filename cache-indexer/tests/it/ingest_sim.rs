@@ -4,9 +4,8 @@
 //! The simulator binary is `$VLLM_SIM_BIN` or `target/release/vllm-sim`
 //! (built with `cargo build --release -p vllm-sim`).
 
-mod service_support;
-mod testkit;
-
+use crate::service_support;
+use crate::testkit;
 use bytes::Bytes;
 use kvasir_cache_indexer::events::subscriber::{
     spawn_subscriber, SubscriberConfig, SubscriberHandle, SyncState,

@@ -11,9 +11,8 @@
 //! Fails, naming the package, where `redis-server` is not installed
 //! (`make setup` installs it): never skipped.
 
-mod responses_support;
-mod service_support;
-
+use crate::responses_support;
+use crate::service_support;
 use std::time::{Duration, Instant};
 
 use kvasir_cache_indexer::budgets::config::{BudgetStoreKind, BudgetsConfig};

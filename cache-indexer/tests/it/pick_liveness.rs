@@ -11,8 +11,7 @@
 //!   indexer and the engine's PUB socket drops its connections) is probed
 //!   too; it answers, so it stays healthy and keeps its prefix credit.
 
-mod service_support;
-
+use crate::service_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

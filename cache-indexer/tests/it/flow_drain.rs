@@ -7,8 +7,7 @@
 //! drains, and the drain never passes the oldest pick in prefill without
 //! its report. In process: one engine, scraped once (idle), no scrape loop.
 
-mod flow_support;
-
+use crate::flow_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

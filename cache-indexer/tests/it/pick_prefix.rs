@@ -3,8 +3,7 @@
 //! estimated, and a stopped pick's chain is completed for later requests.
 //! Needs the Qwen3 tokenizer (`make setup`).
 
-mod service_support;
-
+use crate::service_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

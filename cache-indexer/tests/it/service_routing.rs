@@ -2,8 +2,7 @@
 //! affinity with exact cached-token predictions, spreading of a shared
 //! system prompt, load from scrapes, in-flight accounting, bad requests.
 
-mod service_support;
-
+use crate::service_support;
 use std::collections::HashMap;
 use std::time::Duration;
 

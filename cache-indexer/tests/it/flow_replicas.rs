@@ -8,10 +8,8 @@
 //! overshoot sharing removes). Also what the flow hash holds, and that a
 //! pool without flow control writes none.
 
-mod flow_support;
-mod responses_support;
-mod service_support;
-
+use crate::flow_support;
+use crate::responses_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

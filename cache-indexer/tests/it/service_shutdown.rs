@@ -4,8 +4,7 @@
 //! while a caller keeps its stream open; the binary does the same on
 //! SIGTERM and exits 0.
 
-mod service_support;
-
+use crate::service_support;
 use std::ffi::OsString;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -12,9 +12,7 @@
 //! Fails, naming the package, where `redis-server` is not installed
 //! (`make setup` installs it): never skipped.
 
-mod responses_support;
-mod service_support;
-
+use crate::responses_support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -8,10 +8,9 @@
 //! In process, with flow control: a pick shed from the queue, or whose
 //! caller goes away while it waits, gives its reservation back.
 
-mod flow_support;
-mod responses_support;
-mod service_support;
-
+use crate::flow_support;
+use crate::responses_support;
+use crate::service_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -4,8 +4,7 @@
 //! shift each engine's load view by at most the cap while real traffic
 //! still reaches every engine, and expires without reports.
 
-mod service_support;
-
+use crate::service_support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 

@@ -5,8 +5,7 @@
 //! each engine starts two conversations, and every later turn goes where
 //! its conversation started.
 
-mod service_support;
-
+use crate::service_support;
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -5,8 +5,7 @@
 //! room once the holder is saturated. In process: two engines whose load
 //! is set by recorded scrapes, a DONE report that frees a slot.
 
-mod flow_support;
-
+use crate::flow_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

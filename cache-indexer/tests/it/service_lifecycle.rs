@@ -2,8 +2,7 @@
 //! readiness, `/metrics`, gRPC health, and the binary itself (flags,
 //! SIGTERM).
 
-mod service_support;
-
+use crate::service_support;
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::process::Command;

@@ -1,0 +1,41 @@
+//! The crate's integration tests as one binary: one link instead of one
+//! per file, which is most of a test build's time.
+
+mod budget_lua;
+mod budgets;
+mod budgets_redis;
+mod config_pools_file;
+mod discovery_crd;
+mod discovery_endpoints;
+mod discovery_mock;
+mod discovery_sources;
+mod flow_control;
+mod flow_drain;
+mod flow_late_binding;
+mod flow_replicas;
+mod flow_support;
+mod ingest_decode;
+mod ingest_index;
+mod ingest_sim;
+mod pick_liveness;
+mod pick_pending_grace;
+mod pick_prefix;
+mod pick_restart;
+mod pick_spread;
+mod responses_affinity;
+mod responses_redis;
+mod responses_support;
+mod service_guard;
+mod service_guards;
+mod service_lifecycle;
+mod service_limits;
+mod service_picks;
+mod service_replicas;
+mod service_routing;
+mod service_session;
+mod service_shared_prefix;
+mod service_shutdown;
+mod service_support;
+mod shared_load;
+mod shared_placements;
+mod testkit;
