@@ -144,3 +144,29 @@ impl Pool {
         Ok(answer)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::sync::Semaphore;
+
+    use super::PickPermit;
+
+    #[test]
+    fn a_pick_gives_its_callers_permit_back_when_it_waits_or_ends() {
+        let permits = Arc::new(Semaphore::new(1));
+        let take = || Arc::clone(&permits).try_acquire_owned().unwrap();
+        let mut waiting = PickPermit::held(take());
+        assert_eq!(permits.available_permits(), 0, "held while it computes");
+        waiting.give_back();
+        assert_eq!(permits.available_permits(), 1, "given back as it waits");
+        drop(waiting);
+        assert_eq!(permits.available_permits(), 1);
+        let done = PickPermit::held(take());
+        drop(done);
+        assert_eq!(permits.available_permits(), 1, "given back as it ends");
+        let mut none = PickPermit::none();
+        none.give_back();
+    }
+}
