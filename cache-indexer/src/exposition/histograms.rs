@@ -43,19 +43,19 @@ pub(super) fn render(out: &mut String, pools: &Pools) {
 }
 
 /// Text format 0.0.4 lines.
-pub(super) struct TextWriter<'a> {
-    pub(super) out: &'a mut String,
+pub(crate) struct TextWriter<'a> {
+    pub(crate) out: &'a mut String,
 }
 
 impl TextWriter<'_> {
     /// `# HELP` and `# TYPE` lines; once per family, before its samples.
-    pub(super) fn header(&mut self, name: &str, kind: &str, help: &str) {
+    pub(crate) fn header(&mut self, name: &str, kind: &str, help: &str) {
         let _ = writeln!(self.out, "# HELP {name} {help}");
         let _ = writeln!(self.out, "# TYPE {name} {kind}");
     }
 
     /// The `_bucket`, `_sum` and `_count` samples of `h`.
-    pub(super) fn histogram(&mut self, h: &Histogram, name: &str, labels: &[(&str, &str)]) {
+    pub(crate) fn histogram(&mut self, h: &Histogram, name: &str, labels: &[(&str, &str)]) {
         let mut cumulative = 0;
         for (bound, n) in LATENCY_BUCKETS.iter().zip(h.buckets()) {
             cumulative += n;
@@ -73,7 +73,7 @@ impl TextWriter<'_> {
     }
 
     /// One sample line.
-    pub(super) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
+    pub(crate) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
         self.out.push_str(name);
         if !labels.is_empty() {
             self.out.push('{');

@@ -12,8 +12,7 @@
 //! first and its bounds as `1e-5` / `1.0`, which would change the `le`
 //! label values series and dashboards know (`0.00001`, `1`).
 
-mod flow;
-mod histograms;
+pub(crate) mod histograms;
 mod lifecycle;
 mod pools;
 
@@ -29,6 +28,7 @@ use prometheus_client::registry::Registry;
 
 use crate::budgets::exposition::BudgetsCollector;
 use crate::budgets::redis::exposition::BudgetStoreCollector;
+use crate::flow::exposition as flow;
 use crate::lifecycle::Lifecycle;
 use crate::pools::Pools;
 use crate::responses::exposition::ResponsesCollector;

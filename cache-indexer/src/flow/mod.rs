@@ -47,6 +47,7 @@
 //! ([`PoolFlow::peer_moves`], [`crate::shared_load::moves`]).
 
 mod estimate;
+pub(crate) mod exposition;
 pub mod metrics;
 mod moves;
 mod passage;

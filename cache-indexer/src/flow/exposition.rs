@@ -15,8 +15,8 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType::{Counter, Gauge};
 
-use super::family;
-use super::histograms::TextWriter;
+use crate::exposition::family;
+use crate::exposition::histograms::TextWriter;
 use crate::flow::metrics::{ShedCause, TenantCounts, WaitHistogram, WAIT_BUCKETS};
 use crate::flow::FlowMetrics;
 use crate::pools::Pools;
@@ -32,7 +32,7 @@ type Waiting = Vec<(String, usize, u64)>;
 
 /// Reads each pool's flow control at each scrape.
 #[derive(Debug)]
-pub(super) struct FlowCollector(pub(super) Arc<Pools>);
+pub(crate) struct FlowCollector(pub(crate) Arc<Pools>);
 
 impl Collector for FlowCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> fmt::Result {
@@ -191,7 +191,7 @@ impl FlowCollector {
 }
 
 /// Appends the queue-wait histogram of every pool.
-pub(super) fn render_wait(out: &mut String, pools: &Pools) {
+pub(crate) fn render_wait(out: &mut String, pools: &Pools) {
     let name = "kvasir_indexer_flow_queue_wait_seconds";
     let mut w = TextWriter { out };
     w.header(
