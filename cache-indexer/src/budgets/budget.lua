@@ -1,5 +1,6 @@
 -- One tenant's token budget in Redis, shared by every indexer replica:
--- reserve / settle / release / cancel / expire, each one atomic EVALSHA.
+-- reserve / settle / release / cancel / expire / abandon, each one atomic
+-- EVALSHA.
 --
 -- A transcription of kvasir-budget's integer arithmetic (budget/src/
 -- bucket.rs, ledger.rs, limits.rs); tests/budget_lua.rs runs random
@@ -15,8 +16,12 @@
 --          l<d> / mc / w the limits of the last reserve, px the last purge
 --          of stale reservations
 -- KEYS[2]  open reservations: request id -> "since held1..4 usage_p
---          usage_c usage_comp reserved_prompt reserved_cached"
--- ARGV[1]  op: reserve | settle | release | cancel | expire
+--          usage_c usage_comp reserved_prompt reserved_cached token"
+--          (token: the reserve attempt that opened it; absent before
+--          attempts carried one)
+-- KEYS[3]  abandoned attempts: token -> ms until which a reserve carrying
+--          that token opens nothing
+-- ARGV[1]  op: reserve | settle | release | cancel | expire | abandon
 -- ARGV[2]  now ms; negative: Redis TIME (so replicas' clocks never disagree)
 -- ARGV[3..6] per-minute limits of d = 1..4; negative: unlimited; ARGV[3]
 --          empty: the limits the last reserve stored (a report carries
@@ -34,6 +39,15 @@
 --          negative: never. release: 1 to charge the usage on its own
 --          (one request plus its tokens) when nothing is open under the id
 --          (the end of a request a proxy admitted itself)
+-- ARGV[15] reserve: the attempt's token (empty: none); abandon: the token
+--          of the attempt its caller gave up on
+--
+-- abandon (ARGV[11]: how long, in ms, the token stays refused) undoes a
+-- reserve whose answer its caller never saw: the reservation under the id
+-- is cancelled only when that attempt opened it (a reservation opened by
+-- another attempt, or none, is left alone), else the token is remembered
+-- so that the reserve, should it run later (still on its way, or queued
+-- in a connection Redis has not read yet), opens nothing.
 --
 -- Reply (integers): reserve {code, a, b, c, held1..4, hdr}; code 0
 -- admitted, 1 limited (a dimension, b retry ms), 2 concurrency (a limit),
@@ -42,7 +56,9 @@
 -- settle {found, extra1..4, hdr}; release {found, refunded1..4,
 -- charged1..4, final1..4, hdr} (found 2: nothing was open, the usage was
 -- charged on its own); cancel {found, held1..4, hdr}; expire
--- {dropped}. hdr: per dimension the limit, remaining whole tokens and ms
+-- {dropped}; abandon {found} (1: the attempt's reservation was cancelled,
+-- 0: the token is remembered instead); reserve code 5: the attempt was
+-- abandoned before it ran, nothing opened. hdr: per dimension the limit, remaining whole tokens and ms
 -- until whole (-1 -1 -1 when unlimited).
 
 local W = 60000
@@ -60,6 +76,7 @@ if now < 0 then
 end
 local IDLE = num(ARGV[9])
 local ID = ARGV[10]
+local TOKEN = ARGV[15] or ''
 local L, MC, WEIGHT
 if ARGV[3] == '' then
   local s = redis.call('HMGET', KEYS[1], 'l1', 'l2', 'l3', 'l4', 'mc', 'w')
@@ -185,8 +202,9 @@ local function fmt(x)
   return string.format('%.0f', x)
 end
 
--- An open reservation: since, held, usage so far, the prompt as reserved.
-local function encode(since, held, u, rp)
+-- An open reservation: since, held, usage so far, the prompt as reserved,
+-- the token of the attempt that opened it.
+local function encode(since, held, u, rp, token)
   local v = { fmt(since) }
   for _, x in ipairs(held) do
     v[#v + 1] = fmt(x)
@@ -196,18 +214,21 @@ local function encode(since, held, u, rp)
   end
   v[#v + 1] = fmt(rp[1])
   v[#v + 1] = fmt(rp[2])
+  if token and token ~= '' then
+    v[#v + 1] = token
+  end
   return table.concat(v, ' ')
 end
 
 local function decode(s)
   local v = {}
   for w in string.gmatch(s, '%S+') do
-    v[#v + 1] = tonumber(w) or 0
+    v[#v + 1] = w
   end
   local function at(i)
-    return v[i] or 0
+    return tonumber(v[i]) or 0
   end
-  return at(1), { at(2), at(3), at(4), at(5) }, { at(6), at(7), at(8) }, { at(9), at(10) }
+  return at(1), { at(2), at(3), at(4), at(5) }, { at(6), at(7), at(8) }, { at(9), at(10) }, v[11]
 end
 
 local function reset_ms(d)
@@ -298,11 +319,46 @@ end
 
 refill_all()
 
+if op == 'abandon' then
+  if TOKEN == '' then
+    return redis.error_reply('kvasir budget: abandon without a token')
+  end
+  local prior = redis.call('HGET', KEYS[2], ID)
+  if prior then
+    local _, held, _, _, token = decode(prior)
+    if token == TOKEN then
+      redis.call('HDEL', KEYS[2], ID)
+      give(held)
+      save()
+      return { 1 }
+    end
+  end
+  -- Not (yet) opened by that attempt: remember its token, dropping those
+  -- past their time.
+  local ttl = math.max(num(ARGV[11]), 1)
+  local gone = redis.call('HGETALL', KEYS[3])
+  for i = 1, #gone, 2 do
+    if (tonumber(gone[i + 1]) or 0) < now then
+      redis.call('HDEL', KEYS[3], gone[i])
+    end
+  end
+  redis.call('HSET', KEYS[3], TOKEN, fmt(now + ttl))
+  redis.call('PEXPIRE', KEYS[3], ttl)
+  return { 0 }
+end
+
 if op == 'reserve' then
   local max_age = num(ARGV[14])
   if max_age >= 0 and now - PX >= 1000 then
     expire(max_age)
     PX = now
+  end
+  if TOKEN ~= '' then
+    local until_ms = tonumber(redis.call('HGET', KEYS[3], TOKEN))
+    if until_ms and until_ms >= now then
+      save()
+      return reply({ 5, 0, 0, 0, 0, 0, 0, 0 }, headers())
+    end
   end
   local rp = { num(ARGV[11]), num(ARGV[12]) }
   local cost = cost_of(rp[1], rp[2], num(ARGV[13]))
@@ -335,7 +391,7 @@ if op == 'reserve' then
     return reply({ 1, worst_d, worst_ms, 0, 0, 0, 0, 0 }, headers())
   end
   take(cost)
-  redis.call('HSET', KEYS[2], ID, encode(now, cost, { 0, 0, 0 }, rp))
+  redis.call('HSET', KEYS[2], ID, encode(now, cost, { 0, 0, 0 }, rp, TOKEN))
   save()
   return reply({ 0, 0, 0, 0, cost[1], cost[2], cost[3], cost[4] }, headers())
 end
@@ -356,14 +412,14 @@ if not prior then
   end
   return reply({ 0, 0, 0, 0, 0 }, headers())
 end
-local since, held, usage, rp = decode(prior)
+local since, held, usage, rp, token = decode(prior)
 
 if op == 'settle' then
   usage = { math.max(usage[1], num(ARGV[11])), math.max(usage[2], num(ARGV[12])), math.max(usage[3], num(ARGV[13])) }
   local target = max4(held, cost_of(usage[1], usage[2], usage[3]))
   local extra = sub4(target, held)
   take(extra)
-  redis.call('HSET', KEYS[2], ID, encode(since, target, usage, rp))
+  redis.call('HSET', KEYS[2], ID, encode(since, target, usage, rp, token))
   save()
   return reply({ 1, extra[1], extra[2], extra[3], extra[4] }, headers())
 end

@@ -98,7 +98,7 @@ fn pools() -> Arc<Pools> {
 /// Every family the page had before `prometheus-client` wrote it, with
 /// its type: names, types and label names are what dashboards, alerts
 /// and the e2e tests read.
-const FAMILIES: [(&str, &str); 115] = [
+const FAMILIES: [(&str, &str); 116] = [
     ("kvasir_indexer_all_blocks_cleared_total", "counter"),
     ("kvasir_indexer_blocks_removed_total", "counter"),
     ("kvasir_indexer_blocks_stored_total", "counter"),
@@ -112,6 +112,10 @@ const FAMILIES: [(&str, &str); 115] = [
         "counter",
     ),
     ("kvasir_indexer_budget_store", "gauge"),
+    (
+        "kvasir_indexer_budget_store_abandoned_reserves_total",
+        "counter",
+    ),
     ("kvasir_indexer_budget_store_down_picks_total", "counter"),
     ("kvasir_indexer_budget_store_errors_total", "counter"),
     ("kvasir_indexer_budget_store_local_reports_total", "counter"),

@@ -42,6 +42,17 @@ impl Collector for BudgetStoreCollector {
             let n = shared.map_or(0, |s| s.stats().down_picks[i].get());
             f.sample(&[("mode", mode.as_str()), ("decision", decision)], n)?;
         }
+        let name = "kvasir_indexer_budget_store_abandoned_reserves_total";
+        let help = "Reserve calls given up on (timed out or failed after they may have been sent) and what became of them (given_up: remembered to be undone; undone: Redis answered their abandon, which cancels what the call opened or keeps it from opening; dropped: the bounded list was full or Redis refused the abandon).";
+        let mut f = family(enc, name, Counter, help)?;
+        let a = shared.map(|s| s.store().abandoned());
+        for (result, n) in [
+            ("given_up", a.map_or(0, |a| a.given_up.get())),
+            ("undone", a.map_or(0, |a| a.answered.get())),
+            ("dropped", a.map_or(0, |a| a.dropped.get())),
+        ] {
+            f.sample(&[("result", result)], n)?;
+        }
         let name = "kvasir_indexer_budget_store_local_reports_total";
         let help = "Reports of budgeted requests the shared store did not know (down, or admitted locally while it was) that this replica's local budgets settled.";
         let n = shared.map_or(0, |s| s.stats().local_reports.get());

@@ -20,8 +20,11 @@
 //!
 //! A report the store does not know (Redis down, or a request reserved in
 //! the local fallback) goes to the local budgets. Counted in
-//! [`StoreStats`].
+//! [`StoreStats`]. A reserve given up on (timed out while Redis was
+//! stalled) may still run when Redis resumes: it is undone then
+//! ([`abandon`]), so it does not hold the tenant's slots.
 
+pub mod abandon;
 pub(crate) mod exposition;
 pub mod script;
 
@@ -388,6 +391,9 @@ impl Store for RedisBudgets {
         self
     }
 }
+
+#[cfg(test)]
+mod stall_tests;
 
 #[cfg(test)]
 mod tests {

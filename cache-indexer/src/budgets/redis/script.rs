@@ -12,7 +12,8 @@
 //! [`crate::responses::RedisStore`]: every call, the connect included, is
 //! bounded by the timeout, and after a failure Redis is left alone for the
 //! retry delay ([`BudgetStoreError::Down`] at once) and the next call
-//! after it connects anew.
+//! after it connects anew. A reserve given up on is undone once Redis
+//! answers again ([`super::abandon`]).
 
 use std::time::Duration;
 
@@ -21,8 +22,9 @@ use kvasir_budget::{
 };
 use parking_lot::Mutex;
 
+use super::abandon::{Abandon, Abandoned, ABANDONS_PER_CALL, ABANDON_TTL};
 use crate::redis_link::{LinkError, RedisLink};
-use redis::{ErrorKind, ServerErrorKind};
+use redis::{ServerErrorKind, Value};
 
 /// The script (see its header for keys, arguments and replies).
 pub const SCRIPT: &str = include_str!("../budget.lua");
@@ -128,6 +130,8 @@ pub struct BudgetStore {
     idle: Duration,
     /// The script's SHA1 as Redis reported it (`SCRIPT LOAD`).
     sha: Mutex<Option<String>>,
+    /// Reserve attempts given up on, to be undone.
+    abandoned: Abandoned,
 }
 
 impl std::fmt::Debug for BudgetStore {
@@ -141,11 +145,13 @@ impl std::fmt::Debug for BudgetStore {
 }
 
 /// One script call: the op and its own arguments.
-enum Op<'a> {
+pub(super) enum Op<'a> {
     Reserve {
         id: &'a str,
         req: &'a Request,
         max_age_ms: Option<u64>,
+        /// This attempt's, kept with the reservation it opens.
+        token: &'a str,
     },
     Settle {
         id: &'a str,
@@ -165,6 +171,11 @@ enum Op<'a> {
     Expire {
         max_age_ms: u64,
     },
+    /// Undoes the reserve attempt `token` under `id` ([`super::abandon`]).
+    Abandon {
+        id: &'a str,
+        token: &'a str,
+    },
 }
 
 impl Op<'_> {
@@ -175,6 +186,15 @@ impl Op<'_> {
             Op::Release { .. } => "release",
             Op::Cancel { .. } => "cancel",
             Op::Expire { .. } => "expire",
+            Op::Abandon { .. } => "abandon",
+        }
+    }
+
+    /// ARGV[15]: the attempt's token (reserve, abandon).
+    fn token(&self) -> &str {
+        match self {
+            Op::Reserve { token, .. } | Op::Abandon { token, .. } => token,
+            _ => "",
         }
     }
 
@@ -195,6 +215,7 @@ impl Op<'_> {
                 id,
                 req,
                 max_age_ms,
+                ..
             } => (
                 id,
                 [
@@ -212,6 +233,15 @@ impl Op<'_> {
             ),
             Op::Cancel { id } => (id, [0; 3], -1),
             Op::Expire { max_age_ms } => ("", [ms(*max_age_ms), 0, 0], -1),
+            Op::Abandon { id, .. } => (
+                id,
+                [
+                    ms(u64::try_from(ABANDON_TTL.as_millis()).unwrap_or(u64::MAX)),
+                    0,
+                    0,
+                ],
+                -1,
+            ),
         }
     }
 }
@@ -255,6 +285,7 @@ impl BudgetStore {
             key_prefix: key_prefix.to_string(),
             idle: DEFAULT_IDLE,
             sha: Mutex::new(None),
+            abandoned: Abandoned::default(),
         })
     }
 
@@ -286,10 +317,18 @@ impl BudgetStore {
         self.link.resting()
     }
 
+    /// Reserve attempts given up on and what became of them.
+    pub fn abandoned(&self) -> &Abandoned {
+        &self.abandoned
+    }
+
     /// Reserves `req` under request id `id` with `limits` (stored for the
     /// reports); an open reservation older than `max_age_ms` is dropped
     /// first (at most once a second). `now_ms` replaces Redis's clock
-    /// (tests only).
+    /// (tests only). When the call fails after it may have been sent (any
+    /// error but [`BudgetStoreError::Down`]), or its answer is not
+    /// understood, the attempt is remembered and undone once Redis answers
+    /// again ([`super::abandon`]): whatever it opens is no one's.
     pub async fn reserve(
         &self,
         key: &str,
@@ -299,13 +338,25 @@ impl BudgetStore {
         max_age_ms: Option<u64>,
         now_ms: Option<u64>,
     ) -> Result<Reserved, BudgetStoreError> {
+        let token = self.abandoned.token();
         let op = Op::Reserve {
             id,
             req,
             max_age_ms,
+            token: &token,
         };
-        let v = self.call(key, Some(limits), &op, now_ms).await?;
-        decode_reserve(&v)
+        let r = self
+            .call(key, Some(limits), &op, now_ms)
+            .await
+            .and_then(|v| decode_reserve(&v));
+        if matches!(&r, Err(e) if *e != BudgetStoreError::Down) {
+            self.abandoned.push(Abandon {
+                key: key.to_owned(),
+                id: id.to_owned(),
+                token,
+            });
+        }
+        r
     }
 
     /// Settles request `id` to the usage so far (monotone). `limits`
@@ -390,7 +441,8 @@ impl BudgetStore {
         }
     }
 
-    /// Runs one script call, bounded.
+    /// Runs one script call, bounded, behind the abandons waiting (in the
+    /// same pipeline, so Redis runs them first).
     async fn call(
         &self,
         key: &str,
@@ -398,11 +450,55 @@ impl BudgetStore {
         op: &Op<'_>,
         now_ms: Option<u64>,
     ) -> Result<Vec<i64>, BudgetStoreError> {
+        let behind = self.abandoned.take(ABANDONS_PER_CALL);
+        let mut calls: Vec<Vec<String>> = behind
+            .iter()
+            .map(|a| {
+                let op = Op::Abandon {
+                    id: &a.id,
+                    token: &a.token,
+                };
+                self.args(&a.key, None, &op, None)
+            })
+            .collect();
+        calls.push(self.args(key, limits, op, now_ms));
+        let mut replies = match self.eval(&calls).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.abandoned.put_back(behind);
+                return Err(e);
+            }
+        };
+        let mine = replies.pop().ok_or_else(|| malformed(&[]))?;
+        for r in replies {
+            match r {
+                Value::ServerError(_) => self.abandoned.dropped.inc(),
+                _ => self.abandoned.answered.inc(),
+            }
+        }
+        match mine {
+            Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ResponseError) => {
+                Err(BudgetStoreError::Malformed(e.to_string()))
+            }
+            v => redis::from_redis_value::<Vec<i64>>(v)
+                .map_err(|e| self.link.failed(BudgetStoreError::Failed(e.to_string()))),
+        }
+    }
+
+    /// The script's KEYS and ARGV for `op` on budget `key`.
+    pub(super) fn args(
+        &self,
+        key: &str,
+        limits: Option<&Limits>,
+        op: &Op<'_>,
+        now_ms: Option<u64>,
+    ) -> Vec<String> {
         let state = self.state_key(key);
         let (id, figures, max_age) = op.tail();
         let mut args: Vec<String> = vec![
-            "2".into(),
+            "3".into(),
             format!("{state}:open"),
+            format!("{state}:gone"),
             op.name().into(),
             now_ms.map_or(-1, |n| clamp(n, i64::MAX as u64)).to_string(),
         ];
@@ -412,31 +508,48 @@ impl BudgetStore {
         args.push(id.to_string());
         args.extend(figures.iter().map(i64::to_string));
         args.push(max_age.to_string());
-        self.eval(args).await
+        args.push(op.token().to_string());
+        args
     }
 
-    /// `EVALSHA` with the script's SHA1; `EVAL` when Redis does not have
-    /// it (first call, or a restarted / flushed server), loading it in the
-    /// same round trip.
-    async fn eval(&self, args: Vec<String>) -> Result<Vec<i64>, BudgetStoreError> {
+    /// `calls` in one pipeline, in order: `EVALSHA` with the script's
+    /// SHA1; `EVAL` when Redis does not have it (first call, or a
+    /// restarted / flushed server), loading it in the same round trip.
+    /// One reply per call, an error reply among them (the script's own).
+    pub(super) async fn eval(&self, calls: &[Vec<String>]) -> Result<Vec<Value>, BudgetStoreError> {
         let mut conn = self.link.connection().await?;
         let sha = self.sha.lock().clone();
         if let Some(sha) = sha {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(sha).arg(&args);
-            match self.bounded(cmd.query_async::<Vec<i64>>(&mut conn)).await {
-                Err(Ok(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {}
-                other => return self.settled(other),
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for args in calls {
+                pipe.cmd("EVALSHA").arg(&sha).arg(args);
+            }
+            let v = self.settled(
+                self.bounded(pipe.query_async::<Vec<Value>>(&mut conn))
+                    .await,
+            )?;
+            let no_script = |x: &Value| matches!(x, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::NoScript));
+            if v.len() == calls.len() && !v.iter().any(no_script) {
+                return Ok(v);
             }
         }
-        let mut eval = redis::cmd("EVAL");
-        eval.arg(SCRIPT).arg(&args);
         let mut pipe = redis::pipe();
-        pipe.cmd("SCRIPT").arg("LOAD").arg(SCRIPT).add_command(eval);
-        let r = self
-            .bounded(pipe.query_async::<(String, Vec<i64>)>(&mut conn))
-            .await;
-        let (sha, v) = self.settled(r)?;
+        pipe.ignore_errors();
+        pipe.cmd("SCRIPT").arg("LOAD").arg(SCRIPT);
+        for args in calls {
+            pipe.cmd("EVAL").arg(SCRIPT).arg(args);
+        }
+        let mut v = self.settled(
+            self.bounded(pipe.query_async::<Vec<Value>>(&mut conn))
+                .await,
+        )?;
+        if v.len() != calls.len() + 1 {
+            let e = format!("{} replies to {} calls", v.len(), calls.len() + 1);
+            return Err(self.link.failed(BudgetStoreError::Failed(e)));
+        }
+        let sha = redis::from_redis_value::<String>(v.remove(0))
+            .map_err(|e| self.link.failed(BudgetStoreError::Failed(e.to_string())))?;
         *self.sha.lock() = Some(sha);
         Ok(v)
     }
@@ -462,7 +575,7 @@ impl BudgetStore {
     ) -> Result<T, BudgetStoreError> {
         match r {
             Ok(v) => Ok(v),
-            Err(Ok(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) => {
+            Err(Ok(e)) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::ResponseError) => {
                 Err(BudgetStoreError::Malformed(e.to_string()))
             }
             Err(Ok(e)) => Err(self.link.failed(BudgetStoreError::Failed(e.to_string()))),
@@ -704,7 +817,9 @@ mod tests {
             id: "x",
             req: &req,
             max_age_ms: None,
+            token: "t",
         };
+        assert_eq!(op.token(), "t");
         assert_eq!(op.tail(), ("x", [100_000_000, 1, 2], -1));
         let op = Op::Release {
             id: "y",
