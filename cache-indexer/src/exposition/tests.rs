@@ -112,10 +112,7 @@ const FAMILIES: [(&str, &str); 116] = [
         "counter",
     ),
     ("kvasir_indexer_budget_store", "gauge"),
-    (
-        "kvasir_indexer_budget_store_abandoned_reserves_total",
-        "counter",
-    ),
+    ("kvasir_indexer_budget_store_deferred_total", "counter"),
     ("kvasir_indexer_budget_store_down_picks_total", "counter"),
     ("kvasir_indexer_budget_store_errors_total", "counter"),
     ("kvasir_indexer_budget_store_local_reports_total", "counter"),

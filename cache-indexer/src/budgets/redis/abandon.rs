@@ -34,6 +34,12 @@
 //! connection: a broken connection loses both, while the reserve may
 //! already have run.
 //!
+//! The same list carries the ends (release, cancel) of requests whose
+//! reservation is in Redis but whose report could not reach it (Redis
+//! stalled or in its retry delay; the local budgets do not know the id):
+//! sent late, each gives back the slot it holds. Both are idempotent in
+//! the script (a second release or cancel finds nothing open).
+//!
 //! The list is bounded ([`MAX_ABANDONED`]): past it the oldest is dropped
 //! (its reservation, if it ran, expires as before) and counted.
 
@@ -57,15 +63,26 @@ pub const ABANDONS_PER_CALL: usize = 32;
 /// reservation is dropped at its max age, as before).
 pub const ABANDON_TTL: Duration = Duration::from_secs(5 * 60);
 
-/// One reserve attempt given up on.
+/// One call to make once Redis answers again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Abandon {
     /// The budget key.
     pub key: String,
     /// The request id it reserved under.
     pub id: String,
-    /// The attempt's token.
-    pub token: String,
+    /// What to undo.
+    pub undo: Undo,
+}
+
+/// What an [`Abandon`] does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undo {
+    /// Abandons the reserve attempt with this token.
+    Reserve(String),
+    /// Releases the request (its final usage, if the report had one).
+    Release(Option<kvasir_budget::Usage>),
+    /// Cancels the request (never served).
+    Cancel,
 }
 
 /// The attempts given up on, oldest first, and what became of them.
@@ -76,9 +93,9 @@ pub struct Abandoned {
     /// This process's token prefix (random), then a counter.
     seed: u64,
     next: AtomicU64,
-    /// Attempts given up on (each remembered once).
+    /// Calls given up on (each remembered once).
     pub given_up: Counter,
-    /// Abandons Redis answered.
+    /// Of those, answered by Redis.
     pub answered: Counter,
     /// Dropped: the list was full, or Redis answered an error.
     pub dropped: Counter,
@@ -161,7 +178,7 @@ mod tests {
         Abandon {
             key: "k".into(),
             id: format!("r{i}"),
-            token: format!("t{i}"),
+            undo: Undo::Reserve(format!("t{i}")),
         }
     }
 

@@ -42,8 +42,8 @@ impl Collector for BudgetStoreCollector {
             let n = shared.map_or(0, |s| s.stats().down_picks[i].get());
             f.sample(&[("mode", mode.as_str()), ("decision", decision)], n)?;
         }
-        let name = "kvasir_indexer_budget_store_abandoned_reserves_total";
-        let help = "Reserve calls given up on (timed out or failed after they may have been sent) and what became of them (given_up: remembered to be undone; undone: Redis answered their abandon, which cancels what the call opened or keeps it from opening; dropped: the bounded list was full or Redis refused the abandon).";
+        let name = "kvasir_indexer_budget_store_deferred_total";
+        let help = "Calls to the shared budget store kept to be made once Redis answers again: the undoing of reserves given up on (timed out or failed after they may have been sent: what they open is cancelled, or they open nothing) and the ends (release, cancel) of requests reserved in Redis whose report could not reach it; by result (given_up: kept; undone: answered by Redis, sent in front of a later call; dropped: the bounded list was full, or Redis refused it).";
         let mut f = family(enc, name, Counter, help)?;
         let a = shared.map(|s| s.store().abandoned());
         for (result, n) in [

@@ -267,16 +267,41 @@ impl RedisBudgets {
     /// Applies a report in Redis (when it names its key), else, or when
     /// Redis does not know the request, in the local budgets.
     pub(super) async fn report(&self, now: u64, rep: &Report) -> Reported {
+        let mut unsent = false;
         if let Some(key) = &rep.key {
             match self.report_shared(key, rep).await {
                 Ok(Some(r)) => return r,
                 Ok(None) => {}
-                Err((op, e)) => self.stats.error(op, &e),
+                Err((op, e)) => {
+                    self.stats.error(op, &e);
+                    unsent = true;
+                }
             }
         }
         let r = self.local.report(now, rep);
         if r.key.is_some() {
             self.stats.local_reports.inc();
+        } else if let (true, Some(key)) = (unsent, &rep.key) {
+            // Reserved in Redis, not here: its end goes to Redis once it
+            // answers again, or the reservation would hold its slot until
+            // its max age ([`abandon`]). A local admission's charge is not
+            // sent twice (it is not idempotent): left out.
+            let undo = match rep.op {
+                ReportOp::Release {
+                    usage,
+                    local: false,
+                    ..
+                } => Some(abandon::Undo::Release(usage)),
+                ReportOp::Cancel => Some(abandon::Undo::Cancel),
+                _ => None,
+            };
+            if let Some(undo) = undo {
+                self.store.abandoned().push(abandon::Abandon {
+                    key: key.clone(),
+                    id: rep.request_id.clone(),
+                    undo,
+                });
+            }
         }
         r
     }

@@ -22,7 +22,7 @@ use kvasir_budget::{
 };
 use parking_lot::Mutex;
 
-use super::abandon::{Abandon, Abandoned, ABANDONS_PER_CALL, ABANDON_TTL};
+use super::abandon::{Abandon, Abandoned, Undo, ABANDONS_PER_CALL, ABANDON_TTL};
 use crate::redis_link::{LinkError, RedisLink};
 use redis::{ServerErrorKind, Value};
 
@@ -353,7 +353,7 @@ impl BudgetStore {
             self.abandoned.push(Abandon {
                 key: key.to_owned(),
                 id: id.to_owned(),
-                token,
+                undo: Undo::Reserve(token),
             });
         }
         r
@@ -454,9 +454,15 @@ impl BudgetStore {
         let mut calls: Vec<Vec<String>> = behind
             .iter()
             .map(|a| {
-                let op = Op::Abandon {
-                    id: &a.id,
-                    token: &a.token,
+                let id = a.id.as_str();
+                let op = match &a.undo {
+                    Undo::Reserve(token) => Op::Abandon { id, token },
+                    Undo::Release(usage) => Op::Release {
+                        id,
+                        usage: usage.as_ref(),
+                        charge: false,
+                    },
+                    Undo::Cancel => Op::Cancel { id },
                 };
                 self.args(&a.key, None, &op, None)
             })
