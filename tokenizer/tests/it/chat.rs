@@ -44,8 +44,8 @@ struct Case {
 /// system-not-first, unknown roles, CRLF and unicode.
 #[test]
 fn renders_like_transformers_jinja2() {
-    let cases: Vec<Case> =
-        serde_json::from_str(include_str!("../fixtures/chat_expected.json")).expect("fixture parses");
+    let cases: Vec<Case> = serde_json::from_str(include_str!("../fixtures/chat_expected.json"))
+        .expect("fixture parses");
     assert!(cases.len() >= 20);
     for case in &cases {
         let got = FAST
