@@ -253,11 +253,9 @@ def test_a_queued_request_is_released_and_served_and_a_full_queue_sheds(artifact
                                      key=key, headers={"x-sim-output-tokens": str(tokens)})
 
         long = [threading.Thread(target=send, args=(f"long{i}", 250)) for i in range(2)]
-        # One after the other: the first running, then the second waiting.
-        long[0].start()
-        wait_until("the first stream running",
-                   lambda: g.sims[0].metric("vllm:num_requests_running") >= 1, timeout=10)
-        long[1].start()
+        for t in long:
+            t.start()
+            time.sleep(0.3)
         queued = threading.Thread(target=send, args=("queued", 4, "beta"))
         try:
             wait_until("the engine is saturated",
