@@ -221,18 +221,8 @@ impl<T> FlowQueue<T> {
     /// hold a less urgent band's allowed tenants back (the held ones could
     /// not use the room anyway). With `allow` always true it is
     /// [`FlowQueue::pop_next`]'s order.
-    pub fn pop_next_where(&mut self, mut allow: impl FnMut(&str) -> bool) -> Option<Released<T>> {
-        let mut found = None;
-        for (&priority, band) in self.bands.iter_mut() {
-            if let Some((ticket, _)) = band.pop_where(&mut allow) {
-                found = Some((priority, ticket, band.len() == 0));
-                break;
-            }
-        }
-        let (priority, ticket, emptied) = found?;
-        if emptied {
-            self.bands.remove(&priority);
-        }
+    pub fn pop_next_where(&mut self, allow: impl FnMut(&str) -> bool) -> Option<Released<T>> {
+        let ticket = pop_from_bands(&mut self.bands, allow, |tickets| tickets.next())?;
         self.take(ticket)
     }
 
@@ -249,13 +239,13 @@ impl<T> FlowQueue<T> {
     /// finish tag is charged with the tokens of the one released.
     pub fn pop_quickest_where(
         &mut self,
-        mut allow: impl FnMut(&str) -> bool,
+        allow: impl FnMut(&str) -> bool,
         now: Instant,
         max_skip: Duration,
         mut cost: impl FnMut(&Waiting<T>) -> u64,
     ) -> Option<Released<T>> {
         let entries = &self.entries;
-        let mut choose = |tickets: &mut dyn Iterator<Item = u64>| {
+        let choose = |tickets: &mut dyn Iterator<Item = u64>| {
             let mut best: Option<(u64, u64)> = None;
             for (i, ticket) in tickets.enumerate() {
                 let Some(e) = entries.get(&ticket) else {
@@ -271,17 +261,7 @@ impl<T> FlowQueue<T> {
             }
             best.map(|(_, ticket)| ticket)
         };
-        let mut found = None;
-        for (&priority, band) in self.bands.iter_mut() {
-            if let Some((ticket, _)) = band.pop_chosen_where(&mut allow, &mut choose) {
-                found = Some((priority, ticket, band.len() == 0));
-                break;
-            }
-        }
-        let (priority, ticket, emptied) = found?;
-        if emptied {
-            self.bands.remove(&priority);
-        }
+        let ticket = pop_from_bands(&mut self.bands, allow, choose)?;
         self.take(ticket)
     }
 
@@ -354,4 +334,27 @@ impl<T> FlowQueue<T> {
     pub(crate) fn tenant_states(&self) -> usize {
         self.bands.values().map(Band::tenants_held).sum()
     }
+}
+
+/// Releases from the most urgent band in which `allow` lets a tenant go:
+/// that band's fair turn, with the request of that tenant `choose` picks
+/// ([`Band::pop_chosen_where`]); a band left empty is dropped. A band whose
+/// tenants are all held back does not hold a less urgent band back.
+fn pop_from_bands(
+    bands: &mut BTreeMap<i32, Band>,
+    mut allow: impl FnMut(&str) -> bool,
+    mut choose: impl FnMut(&mut dyn Iterator<Item = u64>) -> Option<u64>,
+) -> Option<u64> {
+    let mut found = None;
+    for (&priority, band) in bands.iter_mut() {
+        if let Some((ticket, _)) = band.pop_chosen_where(&mut allow, &mut choose) {
+            found = Some((priority, ticket, band.len() == 0));
+            break;
+        }
+    }
+    let (priority, ticket, emptied) = found?;
+    if emptied {
+        bands.remove(&priority);
+    }
+    Some(ticket)
 }

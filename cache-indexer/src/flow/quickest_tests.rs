@@ -1,8 +1,8 @@
 //! The release order in the pool's flow control: quickest first within the
 //! tenants' shares, its aging bound, and release whenever there is room.
 
+use super::tests::ep;
 use super::*;
-use crate::load::EngineLoad;
 
 fn cfg(order: ReleaseOrder, skip_ms: u64) -> FlowControlConfig {
     FlowControlConfig {
@@ -16,23 +16,6 @@ fn cfg(order: ReleaseOrder, skip_ms: u64) -> FlowControlConfig {
         max_quickest_skip_ms: skip_ms,
         ..FlowControlConfig::default()
     }
-}
-
-/// An endpoint with `waiting` queued and `done` reported done since its
-/// scrape (5 waiting: saturated).
-fn ep(id: u64, waiting: u32, done: u32) -> (EndpointId, LoadView) {
-    let view = LoadView {
-        engine: EngineLoad {
-            running: 4,
-            waiting,
-            kv_usage: 0.2,
-        },
-        healthy: true,
-        done_since_scrape: done,
-        last_scrape_age: Some(Duration::from_millis(5)),
-        ..Default::default()
-    };
-    (EndpointId(id), view)
 }
 
 /// A pick of `tenant` with a 4,000-token prompt of which `cached` tokens

@@ -16,7 +16,7 @@ fn cfg(max_queued: usize, per_tenant: usize) -> FlowControlConfig {
 
 /// An endpoint scraped `age` ago with `waiting` queued, `done` reported
 /// done since.
-fn ep(id: u64, waiting: u32, done: u32) -> (EndpointId, LoadView) {
+pub(super) fn ep(id: u64, waiting: u32, done: u32) -> (EndpointId, LoadView) {
     let view = LoadView {
         engine: EngineLoad {
             running: 4,
