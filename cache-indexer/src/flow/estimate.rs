@@ -126,24 +126,14 @@ fn moved_on(
     }
 }
 
-/// The least saturated endpoint's saturation once `in_transit` picks (let
-/// through or released, not placed yet: their count and tokens) are
-/// placed, each where it finds the most room, each with an even part of
-/// the tokens as its queued prefill; `None` without endpoints. `loads` are
-/// each endpoint's view and what moved on it since its scrape. Stops adding
-/// once every endpoint is at `threshold` (the answer is then known).
-#[cfg(test)]
-pub(crate) fn least_saturation(
-    loads: &[(&LoadView, Since)],
-    in_transit: (usize, u64),
-    scale: &Scale,
-    threshold: f64,
-) -> Option<f64> {
-    freest(loads, in_transit, scale, threshold).map(|(_, s)| s)
-}
-
-/// [`least_saturation`] with the position in `loads` of the endpoint that
-/// has it: the one a pick released now would find the most room on.
+/// The least saturated endpoint, by its position in `loads`, and its
+/// saturation once `in_transit` picks (let through or released, not placed
+/// yet: their count and tokens) are placed, each where it finds the most
+/// room, each with an even part of the tokens as its queued prefill;
+/// `None` without endpoints. That endpoint is the one a pick released now
+/// would find the most room on. `loads` are each endpoint's view and what
+/// moved on it since its scrape. Stops adding once every endpoint is at
+/// `threshold` (the answer is then known).
 pub(crate) fn freest(
     loads: &[(&LoadView, Since)],
     in_transit: (usize, u64),
@@ -189,6 +179,16 @@ fn argmin(sats: &[f64]) -> Option<(usize, f64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The saturation [`freest`] finds.
+    fn least_saturation(
+        loads: &[(&LoadView, Since)],
+        in_transit: (usize, u64),
+        scale: &Scale,
+        threshold: f64,
+    ) -> Option<f64> {
+        freest(loads, in_transit, scale, threshold).map(|(_, s)| s)
+    }
 
     fn view(running: u32, waiting: u32, kv_usage: f64, done: u32) -> LoadView {
         LoadView {
