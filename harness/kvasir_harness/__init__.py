@@ -15,6 +15,7 @@ Modules:
     redis      a throwaway redis-server (Redis, start_redis, redis_available)
     api        OpenAI-shaped bodies and SSE events
     kube       a real etcd + kube-apiserver (and Envoy Gateway) for the control-plane tests
+    examples   crds/examples/ as documents for a namespace, and the Envoy Gateway Gateway they attach to (PyYAML)
     picker     Envoy as an Inference Extension gateway calling the indexer's endpoint picker
     prometheus a real Prometheus server scraping the stack, queried over its HTTP API
     secret_scan  the end-of-run scan of every process log for the secrets the tests used

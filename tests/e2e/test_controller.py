@@ -39,6 +39,7 @@ import pytest
 import yaml
 
 from kvasir_harness import WASM, Proc, Processes, free_port, request, wait_until
+from kvasir_harness.examples import example_docs
 from kvasir_harness.kube import (ETCD_BIN, KUBE_APISERVER_BIN, KUBECTL, ApiServer, missing, start_apiserver,
                                  start_etcd, write_kubeconfig)
 from kvasir_harness.procs import Exited
@@ -47,7 +48,6 @@ REPO = Path(__file__).resolve().parents[2]
 # Overridable, to run these tests against another build of the binaries.
 CONTROLLER = Path(os.environ.get("KVASIR_CONTROLLER_BIN", REPO / "target" / "release" / "kvasir-controller"))
 KVASIRCTL = Path(os.environ.get("KVASIRCTL_BIN", REPO / "target" / "release" / "kvasirctl"))
-EXAMPLES = REPO / "crds" / "examples"
 UPSTREAM = REPO / "tests" / "upstream-crds"
 SHARED_UPSTREAM = REPO.parent / "shared" / "upstream-crds"
 WASM_URL = "http://kvasir-controller.kvasir-system.svc.cluster.local:8080/kvasir_filter-{sha256}.wasm"
@@ -150,13 +150,7 @@ def cluster():
 def examples(ns: str) -> list[dict]:
     """crds/examples/ (settings, tenants and their key Secrets, pools, the
     provider, the four policies) in namespace `ns`."""
-    out = []
-    for p in sorted(EXAMPLES.glob("*.yaml")):
-        for d in yaml.safe_load_all(p.read_text()):
-            if d:
-                d["metadata"]["namespace"] = ns
-                out.append(d)
-    return out
+    return example_docs(ns)
 
 
 def gateway(ns: str, name: str = GATEWAY) -> dict:

@@ -63,6 +63,7 @@ import yaml
 
 import kvasir_harness as h
 from kvasir_harness import prometheus as P
+from kvasir_harness.examples import eg_gateway, example_docs
 from kvasir_harness.kube import (EGCTL_BIN, ETCD_BIN, KUBE_APISERVER_BIN, KUBECTL, egctl_translate, missing,
                                  start_apiserver, start_etcd)
 
@@ -364,15 +365,7 @@ def start_control_plane(logdir: Path, procs: h.Processes) -> ControlPlane:
              if doc and doc.get("kind") == "CustomResourceDefinition"]
     api.kubectl("wait", "--for", "condition=Established", "--timeout", "60s", *[f"crd/{n}" for n in names], timeout=75)
     api.kubectl("create", "namespace", NS)
-    docs = []
-    for p in sorted((REPO / "crds" / "examples").glob("*.yaml")):
-        for doc in yaml.safe_load_all(p.read_text()):
-            if doc:
-                doc["metadata"]["namespace"] = NS
-                docs.append(doc)
-    docs.append({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-                 "metadata": {"name": GATEWAY, "namespace": NS},
-                 "spec": {"gatewayClassName": "eg", "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}})
+    docs = example_docs(NS) + [eg_gateway(GATEWAY, NS)]
     api.kubectl("apply", "--server-side", "--field-manager", "kvasir-tests", "-f", "-", input=yaml.safe_dump_all(docs))
     http, metrics = h.free_port(), h.free_port()
     argv = [str(CONTROLLER), "--http-addr", f"127.0.0.1:{http}", "--metrics-addr", f"127.0.0.1:{metrics}",

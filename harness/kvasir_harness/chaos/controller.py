@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from ..examples import eg_gateway, example_docs
 from ..paths import REPO, WASM
 from ..procs import Proc, Processes, free_port, request, wait_until
 from .load import Load, LoadConfig, summarize
@@ -24,7 +25,6 @@ from .result import Result, r3, timed_wait
 from .stack import chaos_stack
 
 CONTROLLER = Path(os.environ.get("KVASIR_CONTROLLER_BIN", REPO / "target" / "release" / "kvasir-controller"))
-EXAMPLES = REPO / "crds" / "examples"
 UPSTREAM = REPO / "tests" / "upstream-crds"
 GATEWAY = "inference-gateway"
 EEP = f"kvasir-gateway-{GATEWAY}"
@@ -35,16 +35,7 @@ POLICY = "cheaper-model-for-easy-prompts"
 
 
 def _docs() -> list[dict]:
-    out = []
-    for p in sorted(EXAMPLES.glob("*.yaml")):
-        for d in yaml.safe_load_all(p.read_text()):
-            if d:
-                d["metadata"]["namespace"] = NS
-                out.append(d)
-    out.append({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-                "metadata": {"name": GATEWAY, "namespace": NS},
-                "spec": {"gatewayClassName": "eg", "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}})
-    return out
+    return example_docs(NS) + [eg_gateway(GATEWAY, NS)]
 
 
 def _objects(api) -> dict[str, str]:
